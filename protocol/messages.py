@@ -1,0 +1,159 @@
+"""Message types of the host-state protocol (protocol version 1).
+
+Data plane (broadcast on the stream, read by every scheduler):
+
+* :class:`Snapshot` – a source's whole document at (epoch, seq).
+* :class:`Delta` – the ops that turn (epoch, seq-1) into (epoch, seq), and the
+  ids of the claims whose consumption those ops include.
+* :class:`Heartbeat` – (epoch, seq) and the digest of the document there.
+* :class:`Batch` – many of the three above, of any sources, in one message.
+
+Control plane (point to point):
+
+* :class:`ResyncRequest` – scheduler -> source: "I hold (epoch, seq); send me what I miss".
+* :class:`ResyncAnswer` – source -> scheduler: deltas from the ring buffer, or a snapshot.
+* :class:`Claim` – scheduler -> source, with the build request.
+* :class:`ClaimResult` – source -> scheduler: accepted, or rejected with a
+  reason and a correction (what the scheduler had not seen).
+
+Versions: ``epoch`` is a totally ordered integer that changes when a source may
+have lost its past; ``seq`` starts at 0 in each epoch and grows by one per
+delta.  :data:`NO_EPOCH` / seq 0 in a resync request means "I hold nothing".
+
+The classes are plain data; :mod:`protocol.codec` turns them into bytes and
+back, validating everything that comes from the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.document import Document, Op
+
+PROTOCOL_VERSION = 1
+NO_EPOCH = -1
+
+
+@dataclass(slots=True)
+class Snapshot:
+    source: str
+    epoch: int
+    seq: int
+    doc: Document
+    #: ids of recently accepted claims whose consumption ``doc`` includes
+    claims: list[str] = field(default_factory=list)
+
+    TYPE = "snapshot"
+
+
+@dataclass(slots=True)
+class Delta:
+    source: str
+    epoch: int
+    seq: int
+    ops: list[Op]
+    claims: list[str] = field(default_factory=list)
+
+    TYPE = "delta"
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    source: str
+    epoch: int
+    seq: int
+    digest: bytes
+
+    TYPE = "heartbeat"
+
+
+DataItem = Snapshot | Delta | Heartbeat
+
+
+@dataclass(slots=True)
+class Batch:
+    items: list[DataItem]
+
+    TYPE = "batch"
+
+
+@dataclass(slots=True)
+class ResyncRequest:
+    source: str
+    requester: str
+    epoch: int
+    seq: int
+    #: ask for a snapshot even if deltas would do (used after a digest mismatch)
+    full: bool = False
+
+    TYPE = "resync_request"
+
+
+@dataclass(slots=True)
+class ResyncAnswer:
+    source: str
+    requester: str
+    items: list[Snapshot | Delta]
+
+    TYPE = "resync_answer"
+
+
+@dataclass(slots=True)
+class Claim:
+    claim_id: str
+    scheduler: str
+    source: str
+    #: the version of the source's document the decision was based on
+    epoch: int
+    seq: int
+    resources: dict[str, int]
+    #: the instance this claim is for; accepted claims add it to ``instances``
+    instance: str = ""
+    #: the build request travelling with the claim (JSON-like, opaque to the arbiter)
+    request: dict[str, Any] = field(default_factory=dict)
+
+    TYPE = "claim"
+
+
+@dataclass(slots=True)
+class ClaimResult:
+    claim_id: str
+    scheduler: str
+    source: str
+    accepted: bool
+    #: accepted: the version whose delta lists the claim; rejected: the version judged
+    epoch: int
+    seq: int
+    reason: str = ""
+    #: rejected: what the scheduler missed, oldest first (deltas or one snapshot)
+    correction: list[Snapshot | Delta] = field(default_factory=list)
+
+    TYPE = "claim_result"
+
+
+Message = (
+    Snapshot | Delta | Heartbeat | Batch | ResyncRequest | ResyncAnswer | Claim | ClaimResult
+)
+
+
+def speaker(msg: Message) -> str:
+    """Who is allowed to have sent ``msg`` (whose key signs it)."""
+    if isinstance(msg, (Claim, ResyncRequest)):
+        return msg.scheduler if isinstance(msg, Claim) else msg.requester
+    if isinstance(msg, Batch):
+        raise TypeError("a batch has no single speaker; its items are signed one by one")
+    return msg.source
+
+
+@dataclass(slots=True, frozen=True)
+class Send:
+    """An instruction from a state machine to its edge: send ``message``.
+
+    ``to`` is None for the data plane (the stream every scheduler reads), the
+    source id for control messages to a compute node, or the scheduler name for
+    control messages to a scheduler.
+    """
+
+    to: str | None
+    message: Message

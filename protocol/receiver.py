@@ -1,0 +1,467 @@
+"""The receiver-side state machine: a scheduler's view of every source.
+
+Theory of operation
+-------------------
+We do not have guaranteed delivery: messages are lost, duplicated, delayed
+and reordered, sources restart, and schedulers start late.  The machine keeps,
+per source, the document at the newest version it could reach *in order*, and
+repairs everything else by asking that one source to resync.
+
+Per-source life cycle::
+
+        (any message of an unknown source / newer epoch)
+    UNKNOWN ----------------------------------------------> SYNCING --(snapshot or resync answer)--> ACTIVE
+                                                                ^                                   |  ^
+                               (gap not closed in the reorder   |                                   |  |
+                                window, heartbeat ahead, digest +-----------------------------------+  |
+                                mismatch, newer epoch)                                                 |
+                                                          ACTIVE --(no word for down_interval)--> DOWN-+
+                                                                       (any message: up again)
+
+Rules for a delta of the held epoch: seq = held+1 applies (then any buffered
+successors); seq <= held is a duplicate (dropped, counted); seq > held+1 is a
+gap: the delta waits in a reorder buffer, and if the gap does not close within
+``reorder_timeout`` (or the buffer overflows) the source is asked to resync
+from the held version.  An older epoch is dropped; a newer one is established
+only by a snapshot (or a resync answer), never by a delta.  Resync requests
+are rate-limited per source with exponential backoff.
+
+Pending-claim ledger (per source)::
+
+    add_claim() --> PENDING --(delta or snapshot lists it)-----> retired: "included"
+                          |---(claim result: rejected)-------> retired: "rejected"
+                          |---(source's epoch changes)-------> retired: "epoch_changed"
+                          +---(deadline passes, no word)-----> retired: "expired" (counted)
+
+A claim is retired exactly once, in the same step that makes its consumption
+part of the document, so the usable view (document minus this scheduler's own
+pending claims) never subtracts a claim twice nor forgets it early.
+
+Rules: the clock is an argument; nothing here does I/O; every step returns
+the :class:`~protocol.messages.Send` instructions (resync requests) it needs.
+The edge drains :meth:`ReceiverMachine.drain_changed` (sources whose view
+changed, for incremental indexes) and :meth:`drain_outcomes` (claim outcomes).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.document import Document, apply_ops, copy_document, digest
+from protocol.errors import LocalProtocolError
+from protocol.messages import (
+    NO_EPOCH,
+    Batch,
+    Claim,
+    ClaimResult,
+    Delta,
+    Heartbeat,
+    Message,
+    ResyncAnswer,
+    ResyncRequest,
+    Send,
+    Snapshot,
+)
+
+
+class Status(enum.Enum):
+    SYNCING = "syncing"
+    ACTIVE = "active"
+    DOWN = "down"
+
+
+class Outcome(str, enum.Enum):
+    ACCEPTED = "accepted"  # informational: the arbiter said yes; still pending until included
+    INCLUDED = "included"
+    REJECTED = "rejected"
+    EPOCH_CHANGED = "epoch_changed"
+    EXPIRED = "expired"
+
+
+@dataclass(slots=True)
+class PendingClaim:
+    claim: Claim
+    deadline: float
+    accepted: bool = False
+
+
+@dataclass(slots=True)
+class SourceView:
+    """What one scheduler holds of one source."""
+
+    source: str
+    epoch: int = NO_EPOCH
+    seq: int = 0
+    doc: Document | None = None
+    last_heard: float = 0.0
+    down: bool = False
+    buffer: dict[int, Delta] = field(default_factory=dict)
+    gap_since: float | None = None
+    resync_sent_at: float | None = None
+    resync_attempts: int = 0
+    want_full: bool = False
+    pending: dict[str, PendingClaim] = field(default_factory=dict)
+    pending_usage: dict[str, int] = field(default_factory=dict)
+    _digest: bytes | None = None
+
+    @property
+    def status(self) -> Status:
+        if self.doc is None:
+            return Status.SYNCING
+        return Status.DOWN if self.down else Status.ACTIVE
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return self.epoch, self.seq
+
+    def digest(self) -> bytes | None:
+        if self.doc is None:
+            return None
+        if self._digest is None:
+            self._digest = digest(self.doc)
+        return self._digest
+
+
+STAT_KEYS = (
+    "applied", "duplicates", "stale", "gaps", "buffered", "buffer_overflows", "snapshots",
+    "resyncs_requested", "heartbeat_resyncs", "divergences", "epochs_changed", "went_down",
+    "came_up", "claims_added", "claims_included", "claims_rejected", "claims_expired",
+    "claims_epoch_retired", "claim_results_late",
+)
+
+
+class ReceiverMachine:
+    """One scheduler's view of all sources; see the module docstring."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        reorder_window: int = 64,
+        reorder_timeout: float = 0.2,
+        resync_timeout: float = 2.0,
+        resync_backoff_max: float = 30.0,
+        down_interval: float = 30.0,
+        claim_deadline: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.reorder_window = reorder_window
+        self.reorder_timeout = reorder_timeout
+        self.resync_timeout = resync_timeout
+        self.resync_backoff_max = resync_backoff_max
+        self.down_interval = down_interval
+        self.claim_deadline = claim_deadline
+        self.sources: dict[str, SourceView] = {}
+        self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
+        self._troubled: set[str] = set()
+        self._deadlines: list[tuple[float, str, str]] = []
+        self._changed: set[str] = set()
+        self._outcomes: list[tuple[str, str, Outcome]] = []
+        self._next_down_scan = 0.0
+
+    # -- reading ---------------------------------------------------------------
+
+    def view(self, source: str) -> SourceView | None:
+        return self.sources.get(source)
+
+    def drain_changed(self) -> set[str]:
+        """Sources whose document, liveness or pending claims changed since last drained."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def drain_outcomes(self) -> list[tuple[str, str, Outcome]]:
+        """(claim_id, source, outcome) for every claim event since last drained."""
+        out, self._outcomes = self._outcomes, []
+        return out
+
+    def pending_claims(self) -> int:
+        return sum(len(v.pending) for v in self.sources.values())
+
+    # -- input -------------------------------------------------------------------
+
+    def receive(self, msg: Message, now: float) -> list[Send]:
+        out: list[Send] = []
+        t = type(msg)
+        if t is Batch:
+            for item in msg.items:
+                self._data(item, now, out)
+        elif t in (Delta, Snapshot, Heartbeat):
+            self._data(msg, now, out)
+        elif t is ResyncAnswer:
+            for item in msg.items:
+                self._data(item, now, out)
+            view = self.sources.get(msg.source)
+            if view is not None:
+                view.last_heard = now
+                view.resync_sent_at = None  # answered: a further need may ask again at once
+                self._settle(view, now, out)
+        elif t is ClaimResult:
+            self._claim_result(msg, now, out)
+        else:
+            raise LocalProtocolError(f"a receiver does not handle {t.__name__}")
+        return out
+
+    def _view(self, source: str, now: float) -> SourceView:
+        view = self.sources.get(source)
+        if view is None:
+            view = self.sources[source] = SourceView(source, last_heard=now)
+        return view
+
+    def _data(self, item: Any, now: float, out: list[Send]) -> None:
+        view = self._view(item.source, now)
+        view.last_heard = now
+        if view.down:
+            view.down = False
+            self.stats["came_up"] += 1
+            self._changed.add(view.source)
+        t = type(item)
+        if t is Delta:
+            self._delta(view, item, now, out)
+        elif t is Snapshot:
+            self._snapshot(view, item, now, out)
+        else:
+            self._heartbeat(view, item, now, out)
+
+    def _delta(self, view: SourceView, delta: Delta, now: float, out: list[Send]) -> None:
+        if view.doc is None or delta.epoch > view.epoch:
+            # Only a snapshot can establish a source or a new epoch; the one we ask
+            # for is cut after this delta was sent, so dropping it loses nothing.
+            self._resync(view, now, out)
+            return
+        if delta.epoch < view.epoch:
+            self.stats["stale"] += 1
+            return
+        if delta.seq <= view.seq:
+            self.stats["duplicates"] += 1
+            return
+        if delta.seq == view.seq + 1:
+            self._apply(view, delta)
+            self._drain_buffer(view)
+            self._settle(view, now, out)
+            return
+        if delta.seq in view.buffer:
+            self.stats["duplicates"] += 1
+            return
+        if view.gap_since is None:
+            view.gap_since = now
+            self.stats["gaps"] += 1
+        if len(view.buffer) >= self.reorder_window:
+            self.stats["buffer_overflows"] += 1
+            view.buffer.clear()
+            self._resync(view, now, out)
+            return
+        view.buffer[delta.seq] = delta
+        self.stats["buffered"] += 1
+        self._troubled.add(view.source)
+
+    def _apply(self, view: SourceView, delta: Delta) -> None:
+        apply_ops(view.doc, delta.ops)  # type: ignore[arg-type]
+        view.seq = delta.seq
+        view._digest = None
+        self.stats["applied"] += 1
+        self._changed.add(view.source)
+        if delta.claims and view.pending:
+            for claim_id in delta.claims:
+                if claim_id in view.pending:
+                    self._retire(view, claim_id, Outcome.INCLUDED)
+
+    def _drain_buffer(self, view: SourceView) -> None:
+        buffer = view.buffer
+        if not buffer:
+            return
+        while True:
+            nxt = buffer.pop(view.seq + 1, None)
+            if nxt is None:
+                break
+            self._apply(view, nxt)
+        for seq in [s for s in buffer if s <= view.seq]:
+            del buffer[seq]
+
+    def _snapshot(self, view: SourceView, snap: Snapshot, now: float, out: list[Send]) -> None:
+        if view.doc is not None:
+            if snap.epoch < view.epoch:
+                self.stats["stale"] += 1
+                return
+            if snap.epoch == view.epoch and (
+                snap.seq < view.seq or (snap.seq == view.seq and not view.want_full)
+            ):
+                self.stats["duplicates"] += 1
+                return
+        if snap.epoch != view.epoch:
+            if view.doc is not None:
+                self.stats["epochs_changed"] += 1
+            for claim_id in list(view.pending):
+                self._retire(view, claim_id, Outcome.EPOCH_CHANGED)
+            view.buffer.clear()
+        view.doc = copy_document(snap.doc)
+        view.epoch = snap.epoch
+        view.seq = snap.seq
+        view._digest = None
+        view.want_full = False
+        self.stats["snapshots"] += 1
+        self._changed.add(view.source)
+        if view.pending:
+            for claim_id in snap.claims:
+                if claim_id in view.pending:
+                    self._retire(view, claim_id, Outcome.INCLUDED)
+        self._drain_buffer(view)
+        self._settle(view, now, out)
+
+    def _heartbeat(self, view: SourceView, hb: Heartbeat, now: float, out: list[Send]) -> None:
+        if view.doc is None or hb.epoch > view.epoch:
+            self._resync(view, now, out)
+        elif hb.epoch < view.epoch:
+            self.stats["stale"] += 1
+        elif hb.seq > view.seq:
+            if view.resync_sent_at is None:
+                self.stats["heartbeat_resyncs"] += 1
+            self._resync(view, now, out)
+        elif hb.seq == view.seq and hb.digest != view.digest():
+            self.stats["divergences"] += 1
+            view.want_full = True
+            self._resync(view, now, out)
+
+    # -- resync ----------------------------------------------------------------
+
+    def _resync(self, view: SourceView, now: float, out: list[Send]) -> None:
+        self._troubled.add(view.source)
+        if view.resync_sent_at is not None:
+            wait = min(self.resync_timeout * 2 ** max(view.resync_attempts - 1, 0),
+                       self.resync_backoff_max)
+            if now - view.resync_sent_at < wait:
+                return
+        view.resync_sent_at = now
+        view.resync_attempts += 1
+        self.stats["resyncs_requested"] += 1
+        held = view.doc is not None
+        out.append(Send(view.source, ResyncRequest(
+            view.source, self.name, view.epoch if held else NO_EPOCH, view.seq if held else 0,
+            view.want_full or not held)))
+
+    def _settle(self, view: SourceView, now: float, out: list[Send]) -> None:
+        """Forget a source's trouble once it is in order again."""
+        if view.buffer:
+            if view.gap_since is None:
+                view.gap_since = now
+            return
+        view.gap_since = None
+        if view.doc is not None and not view.want_full:
+            view.resync_sent_at = None
+            view.resync_attempts = 0
+            self._troubled.discard(view.source)
+
+    # -- claims ----------------------------------------------------------------
+
+    def add_claim(self, claim: Claim, now: float) -> None:
+        """Deduct a claim this scheduler decided, until the source resolves it."""
+        view = self.sources.get(claim.source)
+        if view is None or view.doc is None:
+            raise LocalProtocolError(f"claim on {claim.source!r}, which this view does not hold")
+        if claim.claim_id in view.pending:
+            raise LocalProtocolError(f"claim {claim.claim_id} is already pending")
+        deadline = now + self.claim_deadline
+        view.pending[claim.claim_id] = PendingClaim(claim, deadline)
+        usage = view.pending_usage
+        for resource, amount in claim.resources.items():
+            usage[resource] = usage.get(resource, 0) + amount
+        heapq.heappush(self._deadlines, (deadline, claim.claim_id, claim.source))
+        self.stats["claims_added"] += 1
+        self._changed.add(claim.source)
+
+    def _retire(self, view: SourceView, claim_id: str, outcome: Outcome) -> None:
+        pending = view.pending.pop(claim_id)
+        usage = view.pending_usage
+        for resource, amount in pending.claim.resources.items():
+            left = usage.get(resource, 0) - amount
+            if left:
+                usage[resource] = left
+            else:
+                usage.pop(resource, None)
+        self.stats[f"claims_{'epoch_retired' if outcome is Outcome.EPOCH_CHANGED else outcome.value}"] += 1
+        self._outcomes.append((claim_id, view.source, outcome))
+        self._changed.add(view.source)
+
+    def _claim_result(self, result: ClaimResult, now: float, out: list[Send]) -> None:
+        view = self.sources.get(result.source)
+        if view is None:
+            return
+        view.last_heard = now
+        for item in result.correction:
+            self._data(item, now, out)
+        pending = view.pending.get(result.claim_id)
+        if pending is None:
+            # An acceptance usually arrives after the delta that listed the claim
+            # retired it; only a rejection for an already-retired claim is late.
+            if not result.accepted:
+                self.stats["claim_results_late"] += 1
+            return
+        if result.accepted:
+            if not pending.accepted:
+                pending.accepted = True
+                self._outcomes.append((result.claim_id, view.source, Outcome.ACCEPTED))
+        else:
+            self._retire(view, result.claim_id, Outcome.REJECTED)
+
+    # -- time ------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Send]:
+        """Expire claims, mark silent sources down, and chase gaps and unanswered resyncs."""
+        out: list[Send] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, claim_id, source = heapq.heappop(deadlines)
+            view = self.sources.get(source)
+            if view is not None and claim_id in view.pending:
+                self._retire(view, claim_id, Outcome.EXPIRED)
+        for source in list(self._troubled):
+            view = self.sources[source]
+            if view.buffer and view.gap_since is not None and now - view.gap_since >= self.reorder_timeout:
+                self._resync(view, now, out)
+            elif view.resync_sent_at is not None or view.doc is None or view.want_full:
+                self._resync(view, now, out)
+        if now >= self._next_down_scan:
+            self._next_down_scan = now + min(1.0, self.down_interval / 4)
+            limit = now - self.down_interval
+            for view in self.sources.values():
+                if not view.down and view.last_heard < limit:
+                    view.down = True
+                    self.stats["went_down"] += 1
+                    self._changed.add(view.source)
+        return out
+
+    def next_deadline(self) -> float:
+        """Clock value by which :meth:`tick` should run again."""
+        nxt = self._next_down_scan
+        if self._deadlines:
+            nxt = min(nxt, self._deadlines[0][0])
+        if self._troubled:
+            nxt = min(nxt, min(
+                (v.gap_since + self.reorder_timeout) if v.buffer and v.gap_since is not None
+                else (v.resync_sent_at or 0.0) + self.resync_timeout
+                for v in (self.sources[s] for s in self._troubled)))
+        return nxt
+
+    def add_source_hint(self, source: str, now: float) -> list[Send]:
+        """Ask a source we know of (e.g. from configuration) for its state on cold start."""
+        out: list[Send] = []
+        view = self._view(source, now)
+        if view.doc is None:
+            self._resync(view, now, out)
+        return out
+
+    def forget(self, source: str) -> None:
+        """Drop a source entirely (an operator removed it); its pending claims expire now."""
+        view = self.sources.get(source)
+        if view is None:
+            return
+        for claim_id in list(view.pending):
+            self._retire(view, claim_id, Outcome.EXPIRED)
+        del self.sources[source]
+        self._troubled.discard(source)
+        self._changed.add(source)
+
+
+__all__ = ["ReceiverMachine", "SourceView", "Status", "Outcome", "PendingClaim", "ResyncRequest"]
