@@ -73,7 +73,7 @@ class Status(enum.Enum):
     DOWN = "down"
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     ACCEPTED = "accepted"  # informational: the arbiter said yes; still pending until included
     INCLUDED = "included"
     REJECTED = "rejected"
