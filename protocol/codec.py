@@ -84,6 +84,8 @@ class Encoder:
         t = type(msg)
         if t is Batch:
             m = {"t": "batch", "m": [self._wrap(i) for i in msg.items]}
+            if msg.origin:
+                m["o"] = msg.origin
         elif t is ResyncAnswer:
             m = {"t": "resync_answer", "s": msg.source, "r": msg.requester,
                  "m": [self._wrap(i) for i in msg.items]}
@@ -304,7 +306,11 @@ class Decoder:
     _STATE = frozenset(["delta", "snapshot"])
 
     def _batch(self, m: dict) -> Batch:
-        return Batch([self._item(i, allowed=self._DATA) for i in _list(m, "m", "batch")])
+        items = [self._item(i, allowed=self._DATA) for i in _list(m, "m", "batch")]
+        origin = m.get("o", "")
+        if type(origin) is not str or len(origin) > MAX_NAME_LEN:
+            raise errors.FieldError("batch: field 'o' (origin) must be a short string")
+        return Batch(items, origin)
 
     def _resync_request(self, m: dict) -> ResyncRequest:
         source = self._source(m, "resync_request")

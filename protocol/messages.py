@@ -74,6 +74,10 @@ DataItem = Snapshot | Delta | Heartbeat
 @dataclass(slots=True)
 class Batch:
     items: list[DataItem]
+    #: control-plane address of the publisher, which answers resyncs and claims
+    #: for the sources in ``items`` (lets a scheduler reach a source it does not
+    #: hold yet); empty when unknown
+    origin: str = ""
 
     TYPE = "batch"
 

@@ -444,6 +444,15 @@ class ReceiverMachine:
                 for v in (self.sources[s] for s in self._troubled)))
         return nxt
 
+    def request_resync(self, source: str, now: float, *, full: bool = False) -> list[Send]:
+        """Ask ``source`` for what this view misses (e.g. the stream lost our offset)."""
+        out: list[Send] = []
+        view = self._view(source, now)
+        if full:
+            view.want_full = True
+        self._resync(view, now, out)
+        return out
+
     def add_source_hint(self, source: str, now: float) -> list[Send]:
         """Ask a source we know of (e.g. from configuration) for its state on cold start."""
         out: list[Send] = []

@@ -1,0 +1,147 @@
+"""The reporter's core: the source machines of every host it serves, and its endpoints.
+
+:class:`ReporterManager` has no threads and no transport.  It is fed
+
+* tracker changes (it is the :class:`~compute_reporter.tracker.TrackerSink`),
+* decoded control messages (:meth:`claim`, :meth:`resync_request` – the
+  endpoints, as in a nova ``manager.py``),
+* time (:meth:`poll`),
+
+and returns what to send: data-plane items to publish (batched by
+:meth:`poll`) and control messages addressed to schedulers.  The threaded
+service (:mod:`compute_reporter.service`) and the simulator drive the same
+object, so what a simulation shows is what a deployment does.
+
+Thread-safety: every public method takes one lock; callers may use it from a
+tracker thread, a control-plane thread and a loop thread at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from typing import Any
+
+from protocol.batching import batches
+from protocol.document import SET, Document, Op
+from protocol.messages import Batch, Claim, Message, ResyncRequest, Send
+from protocol.source import SourceMachine
+
+
+class ReporterManager:
+    def __init__(
+        self,
+        name: str,
+        documents: dict[str, Document],
+        epochs: dict[str, int],
+        *,
+        coalesce_window: float = 0.05,
+        heartbeat_interval: float = 10.0,
+        ring_size: int = 512,
+        max_batch_items: int = 500,
+    ) -> None:
+        self.name = name
+        self.max_batch_items = max_batch_items
+        self._lock = threading.Lock()
+        self.machines: dict[str, SourceMachine] = {}
+        for source, doc in documents.items():
+            doc = {ns: dict(entries) for ns, entries in doc.items()}
+            # Schedulers learn where to send claims for this source from its document.
+            doc.setdefault("service", {})["endpoint"] = name
+            self.machines[source] = SourceMachine(
+                source, epochs[source], doc, coalesce_window=coalesce_window,
+                heartbeat_interval=heartbeat_interval, ring_size=ring_size)
+        self._heap: list[tuple[float, str]] = [(float("-inf"), s) for s in self.machines]
+        heapq.heapify(self._heap)
+        self._data: list[Any] = []  # data-plane items waiting for the next poll
+        self._control: list[Send] = []
+        self.stats = {"claims": 0, "resync_requests": 0, "unknown_source": 0, "changes": 0}
+
+    # -- TrackerSink -------------------------------------------------------------
+
+    def change(self, source: str, ops: list[Op], now: float) -> None:
+        with self._lock:
+            machine = self.machines[source]
+            machine.change(ops, now)
+            self.stats["changes"] += 1
+            self._schedule(machine)
+
+    def release(self, source: str, instance: str, now: float) -> bool:
+        with self._lock:
+            machine = self.machines[source]
+            done = machine.release(instance, now)
+            self._schedule(machine)
+            return done
+
+    def instances(self, source: str) -> list[str]:
+        with self._lock:
+            return list(self.machines[source].document.get("instances", {}))
+
+    def set_service(self, source: str, now: float, **fields: Any) -> None:
+        """Change the service namespace (disable/enable, forced_down)."""
+        self.change(source, [[SET, "service", k, v] for k, v in fields.items()], now)
+
+    # -- endpoints -----------------------------------------------------------------
+
+    def handle(self, msg: Message, now: float) -> None:
+        """Dispatch one decoded control message (a claim or a resync request)."""
+        with self._lock:
+            machine = self.machines.get(getattr(msg, "source", ""))
+            if machine is None:
+                self.stats["unknown_source"] += 1
+                return
+            if isinstance(msg, Claim):
+                self.stats["claims"] += 1
+            elif isinstance(msg, ResyncRequest):
+                self.stats["resync_requests"] += 1
+            self._route(machine.handle(msg, now))
+            self._schedule(machine)
+
+    # -- time ------------------------------------------------------------------------
+
+    def poll(self, now: float) -> tuple[list[Batch], list[Send]]:
+        """Everything due by ``now``: batches to publish and control messages to cast."""
+        with self._lock:
+            heap = self._heap
+            while heap and heap[0][0] <= now:
+                _, source = heapq.heappop(heap)
+                machine = self.machines[source]
+                deadline = machine.next_deadline()
+                if deadline is not None and deadline <= now:
+                    self._route(machine.poll(now))
+                    deadline = machine.next_deadline()
+                if deadline is not None:
+                    heapq.heappush(heap, (deadline, source))
+            items, self._data = self._data, []
+            control, self._control = self._control, []
+        out = batches(items, self.max_batch_items)
+        for b in out:
+            b.origin = self.name
+        return out, control
+
+    def next_deadline(self) -> float | None:
+        with self._lock:
+            if self._data or self._control:
+                return float("-inf")
+            return self._heap[0][0] if self._heap else None
+
+    def flush_all(self, now: float) -> tuple[list[Batch], list[Send]]:
+        """Publish every pending change now (clean shutdown)."""
+        with self._lock:
+            for machine in self.machines.values():
+                self._route(machine.flush())
+        return self.poll(now)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _route(self, sends: list[Send]) -> None:
+        for send in sends:
+            if send.to is None:
+                self._data.append(send.message)
+            else:
+                self._control.append(send)
+
+    def _schedule(self, machine: SourceMachine) -> None:
+        deadline = machine.next_deadline()
+        if deadline is not None:
+            heapq.heappush(self._heap, (deadline, machine.source))

@@ -1,0 +1,185 @@
+"""The compute reporter as a running service: threads and transport around ReporterManager.
+
+Life cycle::
+
+    ReporterService(...) --start()--> running --stop()--> stopped
+        start(): allocate and persist new epochs, build the manager, open the
+                 stream publisher and the control client, start the control
+                 server and the loop thread, then the tracker.
+        running: tracker thread ---change/release---> manager ---+
+                 control thread ---claims/resyncs---> manager ---+--> loop thread: poll(),
+                                                                        publish batches, cast answers
+        stop():  stop the tracker and the control server, flush every
+                 pending change (one last publish), stop the loop, close.
+
+One loop thread does all sending, so a transport object is never used from two
+threads at once; the other threads only wake it.  A publish that fails is
+logged and counted; the lost items are repaired by the protocol (the next
+heartbeat shows the gap and schedulers resync).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from compute_reporter.epochs import EpochStore
+from compute_reporter.manager import ReporterManager
+from compute_reporter.tracker import ResourceTracker
+from protocol.codec import Decoder, Encoder
+from protocol.document import Op
+from protocol.errors import ProtocolError
+from protocol.messages import Claim, ResyncRequest
+from shared_host_manager.rpcapi import SchedulerAPI
+from transport.base import ControlPlane, DataPlane
+
+LOG = logging.getLogger(__name__)
+
+
+class _Sink:
+    """Adapts the manager to the tracker's clock-less TrackerSink interface."""
+
+    def __init__(self, service: ReporterService) -> None:
+        self._service = service
+
+    def change(self, source: str, ops: list[Op]) -> None:
+        self._service.manager.change(source, ops, self._service.clock())
+        self._service.wake()
+
+    def release(self, source: str, instance: str) -> bool:
+        done = self._service.manager.release(source, instance, self._service.clock())
+        self._service.wake()
+        return done
+
+    def instances(self, source: str) -> list[str]:
+        return self._service.manager.instances(source)
+
+
+class ReporterService:
+    def __init__(
+        self,
+        name: str,
+        tracker: ResourceTracker,
+        data_plane: DataPlane,
+        control_plane: ControlPlane,
+        *,
+        reporter_topic: str,
+        scheduler_topic: str,
+        encoder: Encoder | None = None,
+        decoder: Decoder | None = None,
+        state_dir: str | None = None,
+        coalesce_window: float = 0.05,
+        heartbeat_interval: float = 10.0,
+        ring_size: int = 512,
+        max_batch_items: int = 500,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.name = name
+        self.tracker = tracker
+        self._data_plane = data_plane
+        self._control_plane = control_plane
+        self._reporter_topic = reporter_topic
+        self._scheduler_topic = scheduler_topic
+        self._encoder = encoder or Encoder()
+        self._decoder = decoder or Decoder()
+        self._state_dir = state_dir
+        self._params = dict(coalesce_window=coalesce_window, heartbeat_interval=heartbeat_interval,
+                            ring_size=ring_size, max_batch_items=max_batch_items)
+        self.clock = clock
+        self._wall_ns = wall_ns
+        self._wake = threading.Condition()
+        self._woken = False
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self.manager: ReporterManager
+        self.stats = {"published": 0, "publish_errors": 0, "casts": 0, "cast_errors": 0,
+                      "invalid": 0}
+
+    # -- life cycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        hosts = self.tracker.hosts()
+        epochs = EpochStore(self._state_dir).new_epochs(hosts, self._wall_ns())
+        self.manager = ReporterManager(
+            self.name, {h: self.tracker.document(h) for h in hosts}, epochs, **self._params)
+        self._publisher = self._data_plane.stream_publisher()
+        self._client = self._control_plane.control_client()
+        self._scheduler_api = SchedulerAPI(self._client, self._encoder, self._scheduler_topic)
+        self._server = self._control_plane.control_server(
+            self._reporter_topic, self.name, self._on_control)
+        self._server.start()
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name=f"reporter-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+        self.tracker.start(_Sink(self))
+        LOG.info("reporter %s serving %d hosts", self.name, len(hosts))
+
+    def stop(self) -> None:
+        if not self._running:
+            return
+        self.tracker.stop()
+        self._server.stop()
+        self._running = False
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        batches, control = self.manager.flush_all(self.clock())
+        self._send(batches, control)
+        self._publisher.close()
+        self._client.close()
+        LOG.info("reporter %s stopped", self.name)
+
+    def wake(self) -> None:
+        with self._wake:
+            self._woken = True
+            self._wake.notify()
+
+    # -- threads -------------------------------------------------------------------
+
+    def _on_control(self, body: bytes) -> None:
+        try:
+            msg = self._decoder.decode(body)
+        except ProtocolError as exc:
+            self.stats["invalid"] += 1
+            LOG.warning("dropped invalid control message (%s): %s", exc.reason, exc)
+            return
+        if not isinstance(msg, (Claim, ResyncRequest)):
+            self.stats["invalid"] += 1
+            LOG.warning("dropped unexpected %s on the reporter's control plane", type(msg).__name__)
+            return
+        self.manager.handle(msg, self.clock())
+        self.wake()
+
+    def _loop(self) -> None:
+        while self._running:
+            try:
+                batches, control = self.manager.poll(self.clock())
+                self._send(batches, control)
+            except Exception:  # the loop must outlive any single failure
+                LOG.exception("reporter loop iteration failed")
+            deadline = self.manager.next_deadline()
+            timeout = 1.0 if deadline is None else max(0.0, min(1.0, deadline - self.clock()))
+            with self._wake:
+                if not self._woken and timeout > 0:
+                    self._wake.wait(timeout)
+                self._woken = False
+
+    def _send(self, batches: list, control: list) -> None:
+        for batch in batches:
+            try:
+                self._publisher.publish(self._encoder.encode(batch))
+                self.stats["published"] += 1
+            except Exception as exc:
+                self.stats["publish_errors"] += 1
+                LOG.warning("publish of %d items failed: %s", len(batch.items), exc)
+        for send in control:
+            try:
+                self._scheduler_api.send(send.to, send.message)
+                self.stats["casts"] += 1
+            except Exception as exc:
+                self.stats["cast_errors"] += 1
+                LOG.warning("cast to scheduler %s failed: %s", send.to, exc)

@@ -1,0 +1,75 @@
+"""Options of the scheduler-side host-state cache (group ``[cache]``)."""
+
+from __future__ import annotations
+
+import socket
+
+from oslo_config import cfg
+
+GROUP = "cache"
+
+cache_opts = [
+    cfg.StrOpt("name", default=socket.gethostname(), sample_default="<hostname>",
+               help="""
+Name of this scheduler process. It is the control-plane server name that
+compute reporters answer resync requests and claims to, and the scheduler
+named in every claim, so it must be unique among running schedulers.
+
+Related options: [control_plane] topic names.
+"""),
+    cfg.IntOpt("reorder_window", default=64, min=1,
+               help="""
+How many out-of-order deltas of one source are held while waiting for the
+missing one. When the buffer would overflow, the source is asked to resync at
+once.
+
+Related options: reorder_timeout.
+"""),
+    cfg.FloatOpt("reorder_timeout", default=0.2, min=0.0,
+                 help="""
+Seconds a gap in one source's deltas may stay open before that source is asked
+to resync from the version held. Larger values tolerate more reordering at the
+price of staler views after a real loss.
+"""),
+    cfg.FloatOpt("resync_timeout", default=2.0, min=0.01,
+                 help="""
+Seconds to wait for a resync answer before asking again. Repeated attempts
+back off exponentially up to resync_backoff_max.
+"""),
+    cfg.FloatOpt("resync_backoff_max", default=30.0, min=0.01,
+                 help="Upper bound, in seconds, of the resync retry interval."),
+    cfg.FloatOpt("down_interval", default=30.0, min=0.1,
+                 help="""
+Seconds without any message from a source (heartbeats included) after which
+it is marked down and no longer eligible. It is not forgotten: its next message
+brings it back. Should be at least three times [reporter] heartbeat_interval.
+"""),
+    cfg.FloatOpt("claim_deadline", default=30.0, min=0.1,
+                 help="""
+Seconds a claim stays pending (deducted from the host in this scheduler's view)
+without word from the compute node before it expires and is counted. Accepted
+claims retire as soon as a delta lists them, so this only matters when a claim
+or its answer is lost.
+"""),
+    cfg.FloatOpt("tick_interval", default=0.05, min=0.001,
+                 help="Seconds between timer checks (gaps, resync retries, claim deadlines)."),
+    cfg.StrOpt("state_dir",
+               help="""
+Directory where the cache persists its stream offset and a periodic snapshot of
+every source's document. On restart the scheduler loads it and resumes reading
+the stream after that offset instead of resyncing every source. Unset: every
+start is a cold start (stream from its retained start, then resyncs).
+"""),
+    cfg.FloatOpt("snapshot_interval", default=30.0, min=0.1,
+                 help="Seconds between local snapshots written to state_dir."),
+    cfg.IntOpt("max_message_bytes", default=8 * 1024 * 1024, min=1024,
+               help="Largest message accepted from the bus; larger ones are dropped and counted."),
+]
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    conf.register_opts(cache_opts, group=GROUP)
+
+
+def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    return [(GROUP, cache_opts)]

@@ -1,0 +1,154 @@
+"""Reporters and schedulers as real services (threads) on the in-process bus."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from svc_harness import converged, make_reporter, make_scheduler, quiesce, wait_for
+
+from protocol.messages import Claim
+from protocol.receiver import Outcome
+from transport.inprocess import InProcessBus
+
+
+@pytest.fixture
+def bus():
+    b = InProcessBus(threaded=True)
+    yield b
+    b.close()
+
+
+def _claim(sched, source, resources, instance=None):
+    with sched.cache.lock:
+        view = sched.receiver.sources[source]
+        claim = Claim(uuid.uuid4().hex, sched.name, source, view.epoch, view.seq, resources,
+                      instance or uuid.uuid4().hex)
+        sched.receiver.add_claim(claim, sched.clock())
+    assert sched.send_claim(claim)
+    return claim
+
+
+def test_reporters_and_schedulers_converge(bus):
+    reporters = [make_reporter(bus, bus, f"r{i}", hosts=20, seed=i) for i in range(3)]
+    schedulers = [make_scheduler(bus, bus, f"s{i}") for i in range(2)]
+    for s in schedulers:
+        s.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: all(len(s.receiver.sources) == 60 for s in schedulers), what="all sources")
+        quiesce(reporters)
+        wait_for(lambda: converged(reporters, schedulers), what="convergence")
+    finally:
+        for r in reporters:
+            r.stop()
+        for s in schedulers:
+            s.stop()
+
+
+def test_claim_accepted_then_rejected_with_correction(bus):
+    reporter = make_reporter(bus, bus, "r", hosts=2, seed=7, change_interval=0)
+    sched = make_scheduler(bus, bus, "s")
+    sched.start()
+    reporter.start()
+    try:
+        wait_for(lambda: len(sched.receiver.sources) == 2, what="sources")
+        source = sorted(sched.receiver.sources)[0]
+        ok = _claim(sched, source, {"vcpus": 1, "memory_mb": 512})
+        wait_for(lambda: not sched.receiver.sources[source].pending, what="claim retired")
+        outcomes = sched.receiver.drain_outcomes()
+        assert (ok.claim_id, source, Outcome.INCLUDED) in outcomes
+        assert sched.receiver.sources[source].doc["instances"][ok.instance]["claim"] == ok.claim_id
+        too_big = _claim(sched, source, {"vcpus": 10_000})
+        wait_for(lambda: not sched.receiver.sources[source].pending, what="rejection")
+        assert (too_big.claim_id, source, Outcome.REJECTED) in sched.receiver.drain_outcomes()
+        assert sched.receiver.stats["claims_rejected"] == 1
+    finally:
+        reporter.stop()
+        sched.stop()
+
+
+def test_late_scheduler_catches_up_from_stream(bus):
+    reporter = make_reporter(bus, bus, "r", hosts=30, seed=3)
+    reporter.start()
+    early = make_scheduler(bus, bus, "early")
+    early.start()
+    try:
+        wait_for(lambda: len(early.receiver.sources) == 30, what="early sources")
+        late = make_scheduler(bus, bus, "late")
+        late.start()
+        try:
+            quiesce([reporter])
+            wait_for(lambda: converged([reporter], [early, late]), what="late convergence")
+            # It learnt everything from the stream: the announcement snapshots are retained.
+            assert late.receiver.stats["resyncs_requested"] == 0
+        finally:
+            late.stop()
+    finally:
+        reporter.stop()
+        early.stop()
+
+
+def test_scheduler_restart_resumes_from_offset(bus, tmp_path):
+    reporter = make_reporter(bus, bus, "r", hosts=30, seed=5)
+    reporter.start()
+    sched = make_scheduler(bus, bus, "s", state_dir=str(tmp_path))
+    sched.start()
+    try:
+        wait_for(lambda: len(sched.receiver.sources) == 30, what="sources")
+        sched.stop()
+        # Changes keep flowing while the scheduler is down.
+        wait_for(lambda: reporter.stats["published"] > 5, what="publishing")
+        again = make_scheduler(bus, bus, "s", state_dir=str(tmp_path))
+        again.start()
+        try:
+            assert again.resumed_from is not None
+            quiesce([reporter])
+            wait_for(lambda: converged([reporter], [again]), what="convergence after restart")
+            assert again.receiver.stats["resyncs_requested"] == 0
+        finally:
+            again.stop()
+    finally:
+        reporter.stop()
+
+
+def test_reporter_restart_new_epoch_is_established(bus, tmp_path):
+    reporter = make_reporter(bus, bus, "r", hosts=5, seed=9, state_dir=str(tmp_path))
+    sched = make_scheduler(bus, bus, "s")
+    sched.start()
+    reporter.start()
+    try:
+        wait_for(lambda: len(sched.receiver.sources) == 5, what="sources")
+        source = sorted(sched.receiver.sources)[0]
+        first_epoch = sched.receiver.sources[source].epoch
+        reporter.stop()
+        reporter = make_reporter(bus, bus, "r", hosts=5, seed=9, state_dir=str(tmp_path))
+        reporter.start()
+        quiesce([reporter])
+        wait_for(lambda: converged([reporter], [sched]), what="re-established")
+        assert sched.receiver.sources[source].epoch > first_epoch
+    finally:
+        reporter.stop()
+        sched.stop()
+
+
+def test_garbage_on_stream_is_dropped_and_counted(bus):
+    reporter = make_reporter(bus, bus, "r", hosts=3, seed=1, change_interval=0)
+    sched = make_scheduler(bus, bus, "s")
+    sched.start()
+    reporter.start()
+    try:
+        wait_for(lambda: len(sched.receiver.sources) == 3, what="sources")
+        before = {s: (v.version, v.digest()) for s, v in sched.receiver.sources.items()}
+        pub = bus.stream_publisher()
+        pub.publish(b"\xc1garbage")
+        pub.publish(b"\x82\xa1v\x63\xa1t\xa5delta")  # protocol version 99
+        wait_for(lambda: sum(sched.cache.invalid.values()) == 2, what="invalid counted")
+        assert sched.cache.invalid["undecodable"] == 1
+        assert sched.cache.invalid["version"] == 1
+        after = {s: (v.version, v.digest()) for s, v in sched.receiver.sources.items()}
+        assert before == after
+    finally:
+        reporter.stop()
+        sched.stop()
