@@ -18,6 +18,7 @@ returns a message or raises a :class:`~protocol.errors.RemoteProtocolError`.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 import msgpack
@@ -99,7 +100,11 @@ class Encoder:
             return m
         payload = msgpack.packb(m, use_bin_type=True)
         name = m["r"] if t in (Claim, ResyncRequest) else m["s"]
-        return {"t": "sig", "p": payload, "h": self.keyring.sign(name, payload)}
+        try:
+            mac = self.keyring.sign(name, payload)
+        except KeyError:
+            raise errors.LocalProtocolError(f"no signing key for {name!r}") from None
+        return {"t": "sig", "p": payload, "h": mac}
 
     def encode(self, msg: Message) -> bytes:
         m = self._wrap(msg)
@@ -175,7 +180,7 @@ def _claim_ids(m: dict, t: str) -> list[str]:
         raise errors.FieldError(f"{t}: claim ids must be a list of at most {MAX_CLAIM_IDS}")
     for i in ids:
         if type(i) is not str or not i or len(i) > MAX_NAME_LEN:
-            raise errors.FieldError(f"{t}: claim id {i!r} must be a short non-empty string")
+            raise errors.FieldError(f"{t}: claim id {reprlib.repr(i)} must be a short non-empty string")
     return ids
 
 
@@ -224,7 +229,7 @@ class Decoder:
         v = m.get("v")
         if v != PROTOCOL_VERSION or type(v) is not int:
             raise errors.VersionError(
-                f"unsupported protocol version {v!r} (this side speaks {PROTOCOL_VERSION})"
+                f"unsupported protocol version {reprlib.repr(v)} (this side speaks {PROTOCOL_VERSION})"
             )
         return self._item(m, top=True)
 
@@ -238,7 +243,8 @@ class Decoder:
             m = self._unsign(m)
             t = m.get("t")
         elif self.keyring is not None and self.keyring.required and t != "batch":
-            raise errors.SignatureError(f"unsigned {t!r} message while signatures are required")
+            raise errors.SignatureError(
+                f"unsigned {reprlib.repr(t)} message while signatures are required")
         if type(t) is not str:
             raise errors.FieldError(f"message type must be a string, got {type(t).__name__}")
         parser = self._parsers.get(t)
@@ -262,12 +268,12 @@ class Decoder:
         who_key = "r" if t in ("claim", "resync_request") else "s"
         who = inner.get(who_key)
         if type(who) is not str:
-            raise errors.FieldError(f"signed {t!r} names no speaker")
+            raise errors.FieldError(f"signed {reprlib.repr(t)} names no speaker")
         ok = self.keyring.verify(who, payload, mac)
         if ok is None:
             raise errors.UnknownSourceError(f"no key for {who[:MAX_NAME_LEN]!r}", sender=who)
         if not ok:
-            raise errors.SignatureError(f"bad signature on {t!r} from {who!r}", sender=who)
+            raise errors.SignatureError(f"bad signature on {reprlib.repr(t)} from {who!r}", sender=who)
         if t == "batch" or t == "sig":
             raise errors.FieldError(f"a {t!r} cannot be signed as a whole")
         return inner

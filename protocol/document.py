@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import reprlib
 from typing import Any
 
 import msgpack
@@ -74,6 +75,19 @@ def copy_document(doc: Document) -> Document:
     return {ns: dict(entries) for ns, entries in doc.items()}
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Equality as the canonical encoding sees it: ``0``, ``0.0`` and ``False`` differ,
+    at any depth (Python's ``==`` says they are equal)."""
+    t = type(a)
+    if t is not type(b):
+        return False
+    if t is list:
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if t is dict:
+        return a.keys() == b.keys() and all(same_value(v, b[k]) for k, v in a.items())
+    return a == b
+
+
 def diff(old: Document, new: Document) -> list[Op]:
     """The ops that turn ``old`` into ``new`` (key granularity)."""
     ops: list[Op] = []
@@ -83,7 +97,7 @@ def diff(old: Document, new: Document) -> list[Op]:
             ops.extend([SET, ns, k, v] for k, v in new_entries.items())
             continue
         for k, v in new_entries.items():
-            if k not in old_entries or old_entries[k] != v or type(old_entries[k]) is not type(v):
+            if k not in old_entries or not same_value(old_entries[k], v):
                 ops.append([SET, ns, k, v])
         ops.extend([DEL, ns, k] for k in old_entries if k not in new_entries)
     ops.extend([DROP, ns] for ns in old if ns not in new and old[ns])
@@ -193,9 +207,18 @@ def check_ops(ops: Any, where: str) -> list[Op]:
             if not ns or len(ns) > MAX_NAME_LEN or not key or len(key) > MAX_NAME_LEN:
                 raise ValueRangeError(f"{where}: op {i} namespace/key length out of range")
             value = op[3]
-            if type(value) not in _SCALARS:
-                check_value(value, f"{where}: op {i} {ns}.{key}")
-            elif type(value) is str and len(value) > MAX_STR_LEN:
+            vt = type(value)
+            # scalars are checked inline; check_value (same rules as a snapshot's) raises
+            if vt is int:
+                if not MIN_INT <= value <= MAX_INT:
+                    check_value(value, f"{where}: op {i} {ns}.{key}")
+            elif vt is float:
+                if not math.isfinite(value):
+                    check_value(value, f"{where}: op {i} {ns}.{key}")
+            elif vt is str:
+                if len(value) > MAX_STR_LEN:
+                    check_value(value, f"{where}: op {i} {ns}.{key}")
+            elif vt is not bool and value is not None:
                 check_value(value, f"{where}: op {i} {ns}.{key}")
             check_namespace_entry(ns, key, value, f"{where}: op {i}")
         elif code == DEL and type(code) is int and n == 3:
@@ -204,7 +227,7 @@ def check_ops(ops: Any, where: str) -> list[Op]:
         elif code == DROP and type(code) is int and n == 2:
             check_name(op[1], f"{where}: op {i} namespace")
         else:
-            raise FieldError(f"{where}: op {i} has unknown code {code!r} or wrong arity {n}")
+            raise FieldError(f"{where}: op {i} has unknown code {reprlib.repr(code)} or wrong arity {n}")
     return ops
 
 
@@ -222,6 +245,6 @@ def check_document(doc: Any, where: str) -> Document:
             raise FieldError(f"{where}: namespace {ns} must be a map")
         for key, value in entries.items():
             check_name(key, f"{where}: key in {ns}")
-            check_value(value, f"{where}: {ns}.{key}", 1)
+            check_value(value, f"{where}: {ns}.{key}")
             check_namespace_entry(ns, key, value, where)
     return doc

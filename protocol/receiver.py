@@ -160,6 +160,7 @@ class ReceiverMachine:
         self._deadlines: list[tuple[float, str, str]] = []
         self._changed: set[str] = set()
         self._outcomes: list[tuple[str, str, Outcome]] = []
+        self._alerts: list[str] = []
         self._next_down_scan = 0.0
 
     # -- reading ---------------------------------------------------------------
@@ -175,6 +176,11 @@ class ReceiverMachine:
     def drain_outcomes(self) -> list[tuple[str, str, Outcome]]:
         """(claim_id, source, outcome) for every claim event since last drained."""
         out, self._outcomes = self._outcomes, []
+        return out
+
+    def drain_alerts(self) -> list[str]:
+        """Problems an operator must see (digest divergences), for the edge to log."""
+        out, self._alerts = self._alerts, []
         return out
 
     def pending_claims(self) -> int:
@@ -195,7 +201,7 @@ class ReceiverMachine:
                 self._data(item, now, out)
             view = self.sources.get(msg.source)
             if view is not None:
-                view.last_heard = now
+                self._heard(view, now)
                 view.resync_sent_at = None  # answered: a further need may ask again at once
                 self._settle(view, now, out)
         elif t is ClaimResult:
@@ -210,13 +216,17 @@ class ReceiverMachine:
             view = self.sources[source] = SourceView(source, last_heard=now)
         return view
 
-    def _data(self, item: Any, now: float, out: list[Send]) -> None:
-        view = self._view(item.source, now)
+    def _heard(self, view: SourceView, now: float) -> None:
+        """Any message from a source is proof of life (a delta as much as a heartbeat)."""
         view.last_heard = now
         if view.down:
             view.down = False
             self.stats["came_up"] += 1
             self._changed.add(view.source)
+
+    def _data(self, item: Any, now: float, out: list[Send]) -> None:
+        view = self._view(item.source, now)
+        self._heard(view, now)
         t = type(item)
         if t is Delta:
             self._delta(view, item, now, out)
@@ -321,6 +331,9 @@ class ReceiverMachine:
             self._resync(view, now, out)
         elif hb.seq == view.seq and hb.digest != view.digest():
             self.stats["divergences"] += 1
+            self._alerts.append(
+                f"view of {view.source} diverged at version {view.epoch}:{view.seq} "
+                f"(digest {view.digest().hex()} != source's {hb.digest.hex()}); full resync")
             view.want_full = True
             self._resync(view, now, out)
 
@@ -388,7 +401,7 @@ class ReceiverMachine:
         view = self.sources.get(result.source)
         if view is None:
             return
-        view.last_heard = now
+        self._heard(view, now)
         for item in result.correction:
             self._data(item, now, out)
         pending = view.pending.get(result.claim_id)
@@ -402,6 +415,10 @@ class ReceiverMachine:
             if not pending.accepted:
                 pending.accepted = True
                 self._outcomes.append((result.claim_id, view.source, Outcome.ACCEPTED))
+                # The arbiter answered: the delta listing the claim (or a snapshot after
+                # a gap) will retire it. The deadline restarts only as a safety net.
+                pending.deadline = now + self.claim_deadline
+                heapq.heappush(self._deadlines, (pending.deadline, result.claim_id, view.source))
         else:
             self._retire(view, result.claim_id, Outcome.REJECTED)
 
@@ -414,7 +431,8 @@ class ReceiverMachine:
         while deadlines and deadlines[0][0] <= now:
             _, claim_id, source = heapq.heappop(deadlines)
             view = self.sources.get(source)
-            if view is not None and claim_id in view.pending:
+            pending = view.pending.get(claim_id) if view is not None else None
+            if pending is not None and pending.deadline <= now:
                 self._retire(view, claim_id, Outcome.EXPIRED)
         for source in list(self._troubled):
             view = self.sources[source]

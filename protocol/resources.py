@@ -48,7 +48,7 @@ def ratio_key(resource: str) -> str:
 def capacity(compute: Mapping[str, Any], resource: str) -> float | None:
     """Usable capacity of ``resource`` on a host, or None if it has none."""
     total = compute.get(resource)
-    if total is None:
+    if type(total) not in (int, float):  # absent, or a non-numeric key named by a claim
         return None
     reserved = compute.get(f"reserved_{resource}", 0)
     ratio = compute.get(ratio_key(resource), 1.0)

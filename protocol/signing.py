@@ -40,7 +40,9 @@ class Keyring:
     def key_for(self, name: str) -> bytes | None:
         key = self._keys.get(name)
         if key is None and self._master is not None:
-            key = self._keys[name] = derive_key(self._master, name)
+            # Derived on every use, not cached: names come from the wire, and a
+            # cache keyed by them would let a forger grow our memory.
+            key = derive_key(self._master, name)
         return key
 
     def sign(self, name: str, payload: bytes) -> bytes:

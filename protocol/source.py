@@ -52,6 +52,7 @@ from protocol.document import (
     diff,
     digest,
     merge_ops,
+    same_value,
 )
 from protocol.errors import LocalProtocolError
 from protocol.messages import (
@@ -172,10 +173,8 @@ class SourceMachine:
             entries = doc.get(ns)
             if code == SET:
                 key, value = op[2], op[3]
-                if entries is not None and key in entries:
-                    old = entries[key]
-                    if old == value and type(old) is type(value):
-                        continue
+                if entries is not None and key in entries and same_value(entries[key], value):
+                    continue
                 if entries is None:
                     doc[ns] = {key: value}
                 else:
@@ -226,9 +225,7 @@ class SourceMachine:
     def poll(self, now: float) -> list[Send]:
         out: list[Send] = []
         if not self._announced:
-            self._flush(out)
-            self._announced = True
-            out.append(Send(None, self.snapshot()))
+            self._announce(out)
             self._last_heartbeat = now
             return out
         if self._pending_since is not None and now - self._pending_since >= self.coalesce_window:
@@ -247,7 +244,26 @@ class SourceMachine:
         self._flush(out)
         return out
 
+    def _announce(self, out: list[Send]) -> None:
+        """Publish the first snapshot of this epoch.
+
+        Changes made before it get a version of their own that only this
+        snapshot carries: publishing them as a delta would reach receivers
+        before the snapshot that establishes the source and only cause resyncs,
+        and folding them into version 0 would give one version two documents.
+        """
+        if self._pending or self._pending_claims:
+            self.seq += 1
+        self._pending = {}
+        self._pending_claims = []
+        self._pending_since = None
+        self._announced = True
+        out.append(Send(None, self.snapshot()))
+
     def _flush(self, out: list[Send]) -> None:
+        if not self._announced:
+            self._announce(out)
+            return
         if not self._pending and not self._pending_claims:
             return
         self.seq += 1
@@ -310,8 +326,10 @@ class SourceMachine:
             self._accept(claim, now)
             result = ClaimResult(claim.claim_id, claim.scheduler, self.source, True,
                                  self.epoch, self.seq + 1)
+            # Recorded before the flush: if that flush is the announcement, the
+            # snapshot must list the claim it includes.
+            self._included[claim.claim_id] = self.seq + 1
             self._flush(out)
-            self._included[claim.claim_id] = self.seq
             while len(self._included) > self._claim_memory:
                 self._included.popitem(last=False)
             self.stats["claims_accepted"] += 1
@@ -330,8 +348,11 @@ class SourceMachine:
     def _judge(self, claim: Claim) -> str | None:
         if claim.source != self.source:
             return f"claim for {claim.source!r} sent to {self.source!r}"
-        if self._doc.get("service", {}).get("disabled"):
+        service = self._doc.get("service", {})
+        if service.get("disabled"):
             return "compute service is disabled"
+        if service.get("forced_down"):
+            return "compute service is forced down"
         if claim.instance and claim.instance in self._doc.get("instances", {}):
             return f"instance {claim.instance} is already on this host"
         return check_fit(self._doc.get("compute", {}), claim.resources)

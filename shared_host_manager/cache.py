@@ -96,6 +96,9 @@ class HostStateCache:
             sends = self.receiver.receive(msg, self.clock())
             self.offset = offset
             self.messages += 1
+            alerts = self.receiver.drain_alerts()
+        for alert in alerts:
+            LOG.error("host state divergence: %s", alert)
         self._dispatch(sends)
 
     def ingest_control(self, body: bytes) -> None:

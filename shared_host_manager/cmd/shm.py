@@ -12,6 +12,10 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "reporter": ("shared_host_manager.cmd.reporter:main",
+                 "run a compute reporter (--config-file FILE) until SIGTERM"),
+    "scheduler": ("shared_host_manager.cmd.scheduler:main",
+                  "run the scheduler-side host-state cache (--config-file FILE) until SIGTERM"),
     "bench": ("shared_host_manager.cmd.bench:main", "run a benchmark (protocol, decisions)"),
 }
 

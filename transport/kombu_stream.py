@@ -1,0 +1,580 @@
+"""The RabbitMQ data plane: one stream queue, written and read with kombu.
+
+Role: carry opaque msgpack bodies (deltas, snapshots, heartbeats, already
+encoded by ``protocol``) through a RabbitMQ stream (``x-queue-type:
+stream``). The broker stores one copy; every scheduler reads it at its own
+offset and can resume where it stopped. Plain kombu/py-amqp is used, not
+oslo.messaging, which cannot carry raw bytes and double-wraps JSON
+(messaging.md §2.5).
+
+Life cycles managed here:
+
+* ``KombuStreamPublisher`` connects lazily on the first ``publish()``,
+  keeps one connection, and on any connection/channel error reconnects
+  with backoff and publishes the same message again, until it is stored
+  or ``publish_timeout`` passes (then ``PublishError``). ``close()`` ends
+  it. With publisher confirms (default) a message is stored at least once;
+  a retry after a lost confirm can store it twice, which consumers drop
+  (see below). Without confirms a message in flight when the connection
+  dies can be lost.
+* ``KombuStreamConsumer`` runs one daemon thread from ``start()`` to
+  ``stop()``. It (re)connects with backoff, declares the stream, attaches
+  at the wanted offset with ``basic.qos`` prefetch > 0 and manual acks
+  (both required for streams) and hands bodies to ``on_message`` in stream
+  order. After a lost connection it resumes right after the last message
+  it delivered, so nothing is skipped or delivered twice.
+
+Offsets are *not* contiguous message counters: RabbitMQ 3.10 puts
+non-message chunks into the offset space (measured here: 100 messages in
+11 segments ended at offset 111). So "first delivered > requested" alone
+would flag false retention gaps whenever ``last_offset + 1`` is such a
+chunk. The consumer therefore attaches one offset *earlier* than wanted
+(at the last message it already has): seeing that offset again proves the
+retained data reaches back far enough; if the broker starts later, the
+data was dropped by retention and ``on_retention_gap`` fires. The
+re-delivered message is skipped.
+
+Duplicates from publish retries are dropped by the consumer: each
+publisher stamps ``shm-pub`` (its random id) and ``shm-seq`` (1, 2, ...)
+headers, and a consumer skips a body whose seq it already saw from that
+publisher.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from typing import Any
+
+import amqp.exceptions
+import kombu.exceptions
+from kombu import Connection, Consumer, Producer, Queue
+
+from transport.backoff import Backoff
+from transport.base import (
+    OffsetSpec,
+    OnMessage,
+    OnRetentionGap,
+    PublishError,
+    validate_offset,
+)
+from transport.stream_declare import (
+    StreamConfigError,
+    declare_stream,
+    stream_arguments,
+    validate_max_age,
+)
+
+__all__ = [
+    "CONTENT_TYPE",
+    "KombuStreamConsumer",
+    "KombuStreamDataPlane",
+    "KombuStreamPublisher",
+    "StreamSettings",
+]
+
+LOG = logging.getLogger(__name__)
+
+CONTENT_TYPE = "application/x-msgpack"
+HEADER_PUBLISHER = "shm-pub"
+HEADER_SEQ = "shm-seq"
+HEADER_OFFSET = "x-stream-offset"
+
+# Errors after which the connection is discarded and the operation
+# retried on a new one. 541 INTERNAL_ERROR and 406 "no replica on the
+# local node" from the declare race (stream_declare) are among them.
+_RETRYABLE: tuple[type[BaseException], ...] = (
+    amqp.exceptions.AMQPError,
+    amqp.exceptions.MessageNacked,
+    kombu.exceptions.OperationalError,
+    OSError,  # includes socket.timeout / TimeoutError
+)
+
+# A consumer started at "next"/"last" that loses its connection before
+# the first message re-attaches by timestamp; chunk timestamps come from
+# the broker's clock, so step back a little to not miss anything.
+_TIMESTAMP_MARGIN = datetime.timedelta(seconds=2)
+
+# Publishers remembered for de-duplication; one per compute reporter
+# process lifetime, so this bounds memory, not correctness (a forgotten
+# publisher only loses dedup of its retry duplicates).
+_DEDUP_CAPACITY = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamSettings:
+    """Everything needed to reach and shape the stream (see transport.opts
+    for the meaning of each field)."""
+
+    url: str = "amqp://guest:guest@127.0.0.1:5672//"
+    name: str = "shm-hoststate"
+    max_age: str | None = "1h"
+    max_length_bytes: int | None = 1024 ** 3
+    max_segment_size_bytes: int | None = None
+    prefetch_count: int = 1000
+    publisher_confirms: bool = True
+    publish_timeout: float = 30.0
+    confirm_timeout: float = 10.0
+    connect_timeout: float = 5.0
+    heartbeat: int = 30
+    reconnect_interval: float = 0.1
+    reconnect_interval_max: float = 5.0
+    poll_interval: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.prefetch_count < 1:
+            raise ValueError("prefetch_count must be > 0 (streams require "
+                             "basic.qos with a prefetch)")
+        if self.max_age:
+            validate_max_age(self.max_age)
+        if self.publish_timeout <= 0 or self.confirm_timeout <= 0:
+            raise ValueError("publish and confirm timeouts must be > 0")
+        if not 0 < self.reconnect_interval <= self.reconnect_interval_max:
+            raise ValueError("need 0 < reconnect_interval <= "
+                             "reconnect_interval_max")
+
+    def queue_arguments(self) -> dict[str, Any]:
+        return stream_arguments(self.max_age, self.max_length_bytes,
+                                self.max_segment_size_bytes)
+
+    def backoff(self) -> Backoff:
+        return Backoff(initial=self.reconnect_interval,
+                       maximum=self.reconnect_interval_max)
+
+
+def _connection_name(role: str) -> str:
+    # Shown by `rabbitmqctl list_connections client_properties` and the
+    # management UI: lets an operator tell which process owns a connection.
+    return f"shm-{role}:{socket.gethostname()}:{os.getpid()}"
+
+
+def _discard(conn: Connection | None) -> None:
+    """Drop a connection that may be dead without touching the network."""
+    if conn is None:
+        return
+    try:
+        conn.collect()
+    except Exception:
+        LOG.debug("ignored error discarding a connection", exc_info=True)
+
+
+def _release(conn: Connection | None) -> None:
+    """Close a connection politely, falling back to discarding it."""
+    if conn is None:
+        return
+    try:
+        conn.release()
+    except Exception:
+        LOG.debug("ignored error closing a connection", exc_info=True)
+        _discard(conn)
+
+
+def _as_bytes(body: object) -> bytes:
+    if type(body) is bytes:
+        return body
+    if isinstance(body, (bytearray, memoryview)):
+        return bytes(body)
+    raise TypeError(f"message body must be bytes, got {type(body).__name__}")
+
+
+class KombuStreamPublisher:
+    """Publishes raw bodies to the stream; thread-safe (serialised)."""
+
+    def __init__(self, settings: StreamSettings) -> None:
+        self.settings = settings
+        self.publisher_id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._conn: Connection | None = None
+        self._producer: Producer | None = None
+        self._seq = 0
+        self.published = 0
+        self.published_bytes = 0
+        self.retries = 0
+
+    def publish(self, body: bytes) -> None:
+        body = _as_bytes(body)
+        s = self.settings
+        with self._lock:
+            if self._closed.is_set():
+                raise PublishError("publisher is closed")
+            self._seq += 1
+            headers = {HEADER_PUBLISHER: self.publisher_id,
+                       HEADER_SEQ: self._seq}
+            deadline = time.monotonic() + s.publish_timeout
+            backoff: Backoff | None = None  # built on first failure only
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    producer = self._producer or self._connect()
+                    remaining = max(0.1, deadline - time.monotonic())
+                    producer.publish(
+                        body, exchange="", routing_key=s.name,
+                        content_type=CONTENT_TYPE,
+                        content_encoding="binary", headers=headers,
+                        delivery_mode=2, retry=False,
+                        timeout=min(remaining, s.confirm_timeout),
+                        confirm_timeout=min(remaining, s.confirm_timeout))
+                except StreamConfigError as exc:
+                    self._reset()
+                    raise PublishError(str(exc)) from exc
+                except _RETRYABLE as exc:
+                    # The connection may be half-dead (e.g. a confirm
+                    # timed out mid-frame): never reuse it.
+                    self._reset()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise PublishError(
+                            f"stream {s.name}: message not stored after "
+                            f"{attempt} attempts in {s.publish_timeout}s: "
+                            f"{exc!r}") from exc
+                    self.retries += 1
+                    backoff = backoff or s.backoff()
+                    delay = min(backoff.next_delay(), remaining)
+                    LOG.warning("stream %s: publish attempt %d failed (%r); "
+                                "retrying in %.2fs", s.name, attempt, exc,
+                                delay)
+                    if self._closed.wait(delay):
+                        raise PublishError("publisher closed while "
+                                           "retrying") from exc
+                    continue
+                self.published += 1
+                self.published_bytes += len(body)
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            conn, self._conn, self._producer = self._conn, None, None
+        _release(conn)
+
+    def _connect(self) -> Producer:
+        s = self.settings
+        conn = Connection(
+            s.url, heartbeat=0, connect_timeout=s.connect_timeout,
+            transport_options={
+                "confirm_publish": s.publisher_confirms,
+                "client_properties": {
+                    "connection_name": _connection_name("stream-publisher")},
+            })
+        try:
+            # Not connect(): kombu would retry once after a fixed 2 s sleep,
+            # bypassing our backoff and the publish deadline.
+            conn.ensure_connection(max_retries=0)
+            channel = conn.channel()
+            declare_stream(conn, channel, s.name, s.queue_arguments())
+            producer = Producer(channel, routing_key=s.name,
+                                auto_declare=False)
+        except BaseException:
+            _discard(conn)
+            raise
+        self._conn, self._producer = conn, producer
+        return producer
+
+    def _reset(self) -> None:
+        conn, self._conn, self._producer = self._conn, None, None
+        _discard(conn)
+
+
+class KombuStreamConsumer:
+    """Reads the stream in a daemon thread and calls ``on_message``.
+
+    ``on_message`` runs in the consumer thread, which also answers broker
+    heartbeats: a handler blocking for more than two heartbeat intervals
+    gets the connection closed by the broker. Nothing is lost then (the
+    consumer resumes after the last delivered offset), but keep handlers
+    short or hand work to another thread.
+    """
+
+    def __init__(self, settings: StreamSettings,
+                 on_retention_gap: OnRetentionGap | None = None) -> None:
+        self.settings = settings
+        self.on_retention_gap = on_retention_gap
+        self._on_message: OnMessage | None = None
+        self._spec: OffsetSpec = "first"
+        self._last: int | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._attached = threading.Event()
+        # Resume state, owned by the consumer thread.
+        self._resume_from = 0
+        self._gap_check = False
+        self._first_attach_at: datetime.datetime | None = None
+        self._dedup: collections.OrderedDict[str, int] = (
+            collections.OrderedDict())
+        self._channel: Any = None
+        self._unacked_tag: int | None = None
+        self._unacked = 0
+        self._ack_every = max(1, settings.prefetch_count // 2)
+        self._got_message = False
+        self.delivered = 0
+        self.errors = 0
+        self.duplicates = 0
+        self.gaps = 0
+        self.reconnects = 0
+
+    @property
+    def last_offset(self) -> int | None:
+        return self._last
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait_attached(self, timeout: float) -> bool:
+        """Block until the consumer is attached to the stream (tests and
+        start-up ordering: a "next" consumer sees what is published after
+        this returns True)."""
+        return self._attached.wait(timeout)
+
+    def start(self, on_message: OnMessage,
+              offset: OffsetSpec = "first") -> None:
+        offset = validate_offset(offset)
+        if self.running:
+            raise RuntimeError("consumer already started")
+        self._on_message = on_message
+        self._spec = offset
+        self._stop.clear()
+        self._attached.clear()
+        self._first_attach_at = None
+        if isinstance(offset, int):
+            self._resume_from = offset
+            self._gap_check = True
+        else:
+            self._resume_from = 0
+            self._gap_check = False
+        self._thread = threading.Thread(
+            target=self._run, daemon=True,
+            name=f"shm-stream-consumer-{self.settings.name}")
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            LOG.error("stream %s: consumer thread did not stop within %ss",
+                      self.settings.name, timeout)
+        else:
+            self._thread = None
+
+    # -- consumer thread ---------------------------------------------------
+
+    def _run(self) -> None:
+        s = self.settings
+        backoff = s.backoff()
+        while not self._stop.is_set():
+            conn: Connection | None = None
+            try:
+                conn = self._attach()
+                self._drain(conn, backoff)
+            except StreamConfigError:
+                LOG.exception("stream %s: unusable; retrying slowly", s.name)
+                backoff = Backoff(s.reconnect_interval_max,
+                                  s.reconnect_interval_max)
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                level = (logging.WARNING if isinstance(exc, _RETRYABLE)
+                         else logging.ERROR)
+                LOG.log(level, "stream %s: consumer connection lost (%r); "
+                        "will resume after offset %s", s.name, exc,
+                        self._last, exc_info=level == logging.ERROR)
+            finally:
+                self._attached.clear()
+                self._channel = None
+                if self._stop.is_set():
+                    _release(conn)
+                else:
+                    _discard(conn)
+            if self._stop.is_set():
+                break
+            self.reconnects += 1
+            self._stop.wait(backoff.next_delay())
+
+    def _attach_argument(self) -> Any:
+        if self._last is not None:
+            # Re-read the last delivered message as proof of no gap.
+            return self._last
+        if isinstance(self._spec, int):
+            return max(0, self._spec - 1)
+        if self._spec == "first" or self._first_attach_at is None:
+            return self._spec
+        # "next"/"last" and the connection died before the first message:
+        # re-attaching with the same word would skip what was published
+        # meanwhile. A timestamp offset replays from (about) then.
+        return self._first_attach_at - _TIMESTAMP_MARGIN
+
+    def _attach(self) -> Connection:
+        s = self.settings
+        conn = Connection(
+            s.url, heartbeat=s.heartbeat, connect_timeout=s.connect_timeout,
+            transport_options={"client_properties": {
+                "connection_name": _connection_name("stream-consumer")}})
+        try:
+            # Not connect(): kombu would retry once after a fixed 2 s sleep,
+            # bypassing our backoff and the publish deadline.
+            conn.ensure_connection(max_retries=0)
+            channel = conn.channel()
+            declare_stream(conn, channel, s.name, s.queue_arguments())
+            attach_at = self._attach_argument()
+            queue = Queue(s.name, no_declare=True,
+                          consumer_arguments={HEADER_OFFSET: attach_at})
+            if self._first_attach_at is None:
+                self._first_attach_at = datetime.datetime.now(
+                    datetime.UTC)
+            consumer = Consumer(channel, queues=[queue], no_ack=False,
+                                auto_declare=False,
+                                on_message=self._on_raw_message,
+                                prefetch_count=s.prefetch_count)
+            consumer.consume()
+        except BaseException:
+            _discard(conn)
+            raise
+        self._channel = channel
+        # Every (re)attach by offset must prove again that the offset
+        # it resumes from is still retained.
+        self._gap_check = isinstance(attach_at, int)
+        self._unacked = 0
+        self._unacked_tag = None
+        self._got_message = False
+        LOG.info("stream %s: consumer attached at %r (resume from %d)",
+                 s.name, attach_at, self._resume_from)
+        self._attached.set()
+        return conn
+
+    def _drain(self, conn: Connection, backoff: Backoff) -> None:
+        s = self.settings
+        next_heartbeat = time.monotonic() + 1.0
+        while not self._stop.is_set():
+            try:
+                conn.drain_events(timeout=s.poll_interval)
+            except TimeoutError:
+                self._flush_ack()
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                # Also under load: drain_events then never times out.
+                conn.heartbeat_check()
+                next_heartbeat = now + 1.0
+                if self._got_message:
+                    backoff.reset()
+        self._flush_ack()
+
+    def _flush_ack(self) -> None:
+        if self._unacked_tag is not None and self._channel is not None:
+            self._channel.basic_ack(self._unacked_tag, multiple=True)
+            self._unacked_tag = None
+            self._unacked = 0
+
+    def _on_raw_message(self, message: Any) -> None:
+        # Acks on a stream only return flow-control credit (position is
+        # the offset), so ack in batches to save a frame per message.
+        self._unacked_tag = message.delivery_tag
+        self._unacked += 1
+        if self._unacked >= self._ack_every:
+            self._flush_ack()
+        if self._stop.is_set():
+            return
+        headers = message.headers or {}
+        offset = headers.get(HEADER_OFFSET)
+        if not isinstance(offset, int):
+            self.errors += 1
+            LOG.error("stream %s: message without %s header skipped",
+                      self.settings.name, HEADER_OFFSET)
+            return
+        self._got_message = True
+        if offset < self._resume_from:
+            # Chunk start before the wanted offset, or the re-read last
+            # message: proof that nothing between was lost.
+            self._gap_check = False
+            return
+        if self._gap_check:
+            self._gap_check = False
+            if offset > self._resume_from:
+                self._report_gap(self._resume_from, offset)
+        self._resume_from = offset + 1
+        if self._is_duplicate(headers):
+            self.duplicates += 1
+            return
+        assert self._on_message is not None
+        try:
+            self._on_message(message.body, offset)
+        except Exception:
+            self.errors += 1
+            LOG.exception("stream %s: on_message failed at offset %d; "
+                          "message skipped", self.settings.name, offset)
+        self._last = offset
+        self.delivered += 1
+
+    def _is_duplicate(self, headers: dict[str, Any]) -> bool:
+        publisher = headers.get(HEADER_PUBLISHER)
+        seq = headers.get(HEADER_SEQ)
+        if not isinstance(publisher, str) or not isinstance(seq, int):
+            return False
+        dedup = self._dedup
+        seen = dedup.get(publisher)
+        if seen is not None:
+            if seq <= seen:
+                return True
+            dedup.move_to_end(publisher)
+        elif len(dedup) >= _DEDUP_CAPACITY:
+            dedup.popitem(last=False)
+        dedup[publisher] = seq
+        return False
+
+    def _report_gap(self, requested: int, first: int) -> None:
+        self.gaps += 1
+        LOG.warning("stream %s: resume offset %d no longer retained; first "
+                    "delivered offset is %d", self.settings.name, requested,
+                    first)
+        hook = self.on_retention_gap
+        if hook is None:
+            return
+        try:
+            hook(requested, first)
+        except Exception:
+            self.errors += 1
+            LOG.exception("stream %s: on_retention_gap hook failed",
+                          self.settings.name)
+
+
+class KombuStreamDataPlane:
+    """``DataPlane`` factory for one RabbitMQ stream.
+
+    Publishers and consumers share nothing (each owns one connection);
+    the factory only remembers them so ``close()`` can stop leftovers.
+    """
+
+    def __init__(self, settings: StreamSettings) -> None:
+        self.settings = settings
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def stream_publisher(self) -> KombuStreamPublisher:
+        publisher = KombuStreamPublisher(self.settings)
+        self._made.add(publisher)
+        return publisher
+
+    def stream_consumer(self, on_retention_gap: OnRetentionGap | None = None,
+                        ) -> KombuStreamConsumer:
+        consumer = KombuStreamConsumer(self.settings,
+                                       on_retention_gap=on_retention_gap)
+        self._made.add(consumer)
+        return consumer
+
+    def close(self) -> None:
+        for obj in list(self._made):
+            if isinstance(obj, KombuStreamConsumer):
+                obj.stop()
+            else:
+                obj.close()
