@@ -135,3 +135,14 @@ def rabbitmqctl(rabbit_url: str) -> Callable[..., str]:
     except Exception as exc:
         _unavailable(f"rabbitmqctl cannot reach the local node: {exc}")
     return run
+
+
+@pytest.fixture(scope="session")
+def delete_broker_queues(rabbit_url: str) -> Callable[[list[str]], None]:
+    """``delete_broker_queues(names)``: remove queues a test created (once the broker answers)."""
+
+    def run(names: list[str]) -> None:
+        if wait_for_broker(30):
+            delete_queues(rabbit_url, names)
+
+    return run
