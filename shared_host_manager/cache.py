@@ -125,6 +125,17 @@ class HostStateCache:
         self._dispatch(sends)
         return len(sends)
 
+    def ask_sources(self, sources: dict[str, str]) -> int:
+        """Cold start without the stream's history: ask each source (-> its endpoint) for a snapshot."""
+        self.origins.update(sources)
+        with self.lock:
+            now = self.clock()
+            sends: list[Send] = []
+            for source in sources:
+                sends.extend(self.receiver.add_source_hint(source, now))
+        self._dispatch(sends)
+        return len(sends)
+
     def _decode(self, body: bytes, allowed: tuple[type, ...], where: str) -> Any:
         try:
             msg = self._decoder.decode(body)

@@ -16,6 +16,11 @@ Life cycle::
       stop():  stop the stream consumer, the control server and the timers,
                write a last snapshot, close the client.
 
+Cold start has two modes: read the stream from its retained start (the
+default: every announcement snapshot and delta still retained), or, given
+``known_sources`` (source -> reporter endpoint), read only new messages and ask
+every known source for a snapshot.
+
 If the stream no longer holds the offset we resume from (retention dropped it),
 the consumer reports a retention gap and every held source is asked to resync.
 """
@@ -26,7 +31,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from compute_reporter.rpcapi import ReporterAPI
 from protocol.codec import Decoder, Encoder
@@ -53,6 +58,7 @@ class SchedulerService:
         snapshot_interval: float = 30.0,
         tick_interval: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
+        known_sources: Mapping[str, str] | None = None,
         **receiver_params: float,
     ) -> None:
         self.name = name
@@ -72,6 +78,7 @@ class SchedulerService:
         self.retention_gaps = 0
         self.resumed_from: int | None = None
         self.running = False
+        self._known_sources = dict(known_sources or {})
 
     # -- life cycle ------------------------------------------------------------
 
@@ -84,7 +91,11 @@ class SchedulerService:
             self._scheduler_topic, self.name, self.cache.ingest_control)
         self._server.start()
         self._consumer = self._data_plane.stream_consumer(on_retention_gap=self._on_retention_gap)
-        self._consumer.start(self.cache.ingest_stream, "first" if offset is None else offset + 1)
+        if offset is None and self._known_sources:
+            self._consumer.start(self.cache.ingest_stream, "next")
+            self.cache.ask_sources(self._known_sources)
+        else:
+            self._consumer.start(self.cache.ingest_stream, "first" if offset is None else offset + 1)
         self._stop.clear()
         self._timer = threading.Thread(target=self._timers, name=f"scheduler-{self.name}-timers",
                                        daemon=True)

@@ -21,6 +21,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "simulator.bench_protocol:main",
         "deltas decoded+applied per second, delta vs snapshot bytes, digest cost",
     ),
+    "stream": (
+        "simulator.bench_stream:main",
+        "over RabbitMQ: staleness, sources per message, restart catch-up vs full resync",
+    ),
     # "decisions" (scheduling decisions per second) is registered here by its own module:
     # "decisions": ("<module>:main", "<one-line help>"),
 }

@@ -152,3 +152,22 @@ def test_garbage_on_stream_is_dropped_and_counted(bus):
     finally:
         reporter.stop()
         sched.stop()
+
+
+def test_cold_start_by_asking_every_known_source(bus):
+    reporter = make_reporter(bus, bus, "r", hosts=10, seed=11)
+    reporter.start()
+    try:
+        wait_for(lambda: reporter.stats["published"] > 0, what="publishing")
+        hosts = reporter.tracker.hosts()
+        sched = make_scheduler(bus, bus, "s", known_sources=dict.fromkeys(hosts, "r"))
+        sched.start()
+        try:
+            quiesce([reporter])
+            wait_for(lambda: converged([reporter], [sched]), what="convergence by resync")
+            # It skipped the stream's history and asked each source once.
+            assert sched.receiver.stats["resyncs_requested"] == len(hosts)
+        finally:
+            sched.stop()
+    finally:
+        reporter.stop()

@@ -1,0 +1,25 @@
+"""``oslo.config.opts`` entry points: every option group, for oslo-config-generator.
+
+``tox -e genconfig`` writes etc/shm.conf.sample from these namespaces, so the
+sample config is the operator's manual (each option's help says what it does,
+its possible values and its related options).
+"""
+
+from __future__ import annotations
+
+from oslo_config import cfg
+
+
+def list_common_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    """[DEFAULT] concurrency_backend and [signing], used by every service."""
+    from shared_host_manager.cmd import common
+    from shared_host_manager.conf import signing
+
+    return [("DEFAULT", common.common_opts), *signing.list_opts()]
+
+
+def list_scheduler_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    """The scheduler side: [cache] and the decision path."""
+    from shared_host_manager.conf import cache, scheduler
+
+    return [*cache.list_opts(), *scheduler.list_opts()]
