@@ -67,9 +67,13 @@ class ReporterManager:
             self._schedule(machine)
 
     def release(self, source: str, instance: str, now: float) -> bool:
+        """An instance left the host. Published at once, not coalesced: freed capacity
+        that schedulers cannot see yet turns into needless NoValidHost answers."""
         with self._lock:
             machine = self.machines[source]
             done = machine.release(instance, now)
+            if done:
+                self._route(machine.flush())
             self._schedule(machine)
             return done
 

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from compute_reporter.epochs import EpochStore
 from compute_reporter.manager import ReporterManager
@@ -76,6 +77,7 @@ class ReporterService:
         max_batch_items: int = 500,
         clock: Callable[[], float] = time.monotonic,
         wall_ns: Callable[[], int] = time.time_ns,
+        recorder: Any = None,
     ) -> None:
         self.name = name
         self.tracker = tracker
@@ -95,6 +97,9 @@ class ReporterService:
         self._running = False
         self._thread: threading.Thread | None = None
         self.manager: ReporterManager
+        #: optional update log (shared_host_manager.updatelog.Recorder): attached by start(),
+        #: records what is handled, published and cast; closed by stop()
+        self.recorder: Any = recorder
         self.stats = {"published": 0, "publish_errors": 0, "casts": 0, "cast_errors": 0,
                       "invalid": 0}
 
@@ -105,6 +110,8 @@ class ReporterService:
         epochs = EpochStore(self._state_dir).new_epochs(hosts, self._wall_ns())
         self.manager = ReporterManager(
             self.name, {h: self.tracker.document(h) for h in hosts}, epochs, **self._params)
+        if self.recorder is not None:
+            self.recorder.attach_reporter(self)
         self._publisher = self._data_plane.stream_publisher()
         self._client = self._control_plane.control_client()
         self._scheduler_api = SchedulerAPI(self._client, self._encoder, self._scheduler_topic)
@@ -131,6 +138,8 @@ class ReporterService:
         self._send(batches, control)
         self._publisher.close()
         self._client.close()
+        if self.recorder is not None:
+            self.recorder.close()
         LOG.info("reporter %s stopped", self.name)
 
     def wake(self) -> None:
@@ -146,12 +155,17 @@ class ReporterService:
         except ProtocolError as exc:
             self.stats["invalid"] += 1
             LOG.warning("dropped invalid control message (%s): %s", exc.reason, exc)
+            if self.recorder is not None:
+                self.recorder.dropped(body, "control", None, self.clock())
             return
         if not isinstance(msg, (Claim, ResyncRequest)):
             self.stats["invalid"] += 1
             LOG.warning("dropped unexpected %s on the reporter's control plane", type(msg).__name__)
             return
-        self.manager.handle(msg, self.clock())
+        now = self.clock()
+        self.manager.handle(msg, now)
+        if self.recorder is not None:
+            self.recorder.control(body, now)
         self.wake()
 
     def _loop(self) -> None:
@@ -169,9 +183,14 @@ class ReporterService:
                 self._woken = False
 
     def _send(self, batches: list, control: list) -> None:
+        recorder = self.recorder
+        now = self.clock() if recorder is not None else 0.0
         for batch in batches:
             try:
-                self._publisher.publish(self._encoder.encode(batch))
+                body = self._encoder.encode(batch)
+                self._publisher.publish(body)
+                if recorder is not None:
+                    recorder.published(body, now)
                 self.stats["published"] += 1
             except Exception as exc:
                 self.stats["publish_errors"] += 1
@@ -179,6 +198,8 @@ class ReporterService:
         for send in control:
             try:
                 self._scheduler_api.send(send.to, send.message)
+                if recorder is not None:
+                    recorder.sent(send.to, send.message, now)
                 self.stats["casts"] += 1
             except Exception as exc:
                 self.stats["cast_errors"] += 1

@@ -87,10 +87,16 @@ class SimulatedTracker:
 
     def __init__(self, n: int, *, seed: int = 0, prefix: str = "sim",
                  change_interval: float = 1.0, delete_probability: float = 0.05,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 documents: dict[str, Document] | None = None) -> None:
         self._rng = random.Random(seed)
-        self._ids = [f"{prefix}-{seed}-{i:05d}" for i in range(n)]
-        self._docs = {s: simulated_document(s, i, self._rng) for i, s in enumerate(self._ids)}
+        if documents is not None:
+            # hosts drawn elsewhere (the simulator's topology): drift only
+            self._ids = list(documents)
+            self._docs = documents
+        else:
+            self._ids = [f"{prefix}-{seed}-{i:05d}" for i in range(n)]
+            self._docs = {s: simulated_document(s, i, self._rng) for i, s in enumerate(self._ids)}
         self.change_interval = change_interval
         self.delete_probability = delete_probability
         self._clock = clock

@@ -30,7 +30,11 @@ and publishes at once a delta that lists the claim id.  Otherwise it answers
 the claiming scheduler with a rejection and a correction (the deltas it
 missed since the version it decided on, or a snapshot).  Answers are
 remembered by claim id, so a claim received twice is answered the same and
-applied once.
+applied once.  That memory does not survive a restart, so a claim decided on
+another epoch is rejected (with a snapshot as correction): every receiver
+retires such a claim as ``epoch_changed`` anyway, and accepting it could apply
+a duplicate a second time, or consume resources for a claim its scheduler
+already gave up on.
 
 Rules: the clock is an argument, never read; nothing here does I/O; the
 machine never emits seq N+1 before seq N.
@@ -39,6 +43,7 @@ machine never emits seq N+1 before seq N.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
@@ -115,6 +120,10 @@ class SourceMachine:
         self._announced = False
         self._last_heartbeat: float | None = None
         self._digest: bytes | None = None
+        #: optional observer of every effective change (ops as applied), for an edge
+        #: that mirrors the document elsewhere (nova's resource tracker writes its
+        #: database on every change) or measures when each version began
+        self.on_change: Callable[[SourceMachine, list[Op]], None] | None = None
         self.stats = {"deltas": 0, "heartbeats": 0, "snapshots": 0, "claims_accepted": 0,
                       "claims_rejected": 0, "claims_duplicate": 0, "resyncs_answered": 0}
 
@@ -197,6 +206,8 @@ class SourceMachine:
             self._digest = None
             if self._pending_since is None:
                 self._pending_since = now
+            if self.on_change is not None:
+                self.on_change(self, effective)
 
     def update_namespace(self, ns: str, entries: dict[str, Any], now: float) -> None:
         """Make namespace ``ns`` equal to ``entries`` (diffed into ops)."""
@@ -348,6 +359,10 @@ class SourceMachine:
     def _judge(self, claim: Claim) -> str | None:
         if claim.source != self.source:
             return f"claim for {claim.source!r} sent to {self.source!r}"
+        if claim.epoch != self.epoch:
+            # Decided on another epoch: this process may already have answered it
+            # before a restart (and a receiver retires it as epoch_changed anyway).
+            return f"claim based on epoch {claim.epoch}, source is at epoch {self.epoch}"
         service = self._doc.get("service", {})
         if service.get("disabled"):
             return "compute service is disabled"

@@ -68,6 +68,7 @@ class HostStateCache:
         *,
         decoder: Decoder | None = None,
         clock: Callable[[], float] = time.monotonic,
+        recorder: Any = None,
     ) -> None:
         self.receiver = receiver
         self.lock = threading.RLock()
@@ -79,6 +80,13 @@ class HostStateCache:
         self.invalid: Counter[str] = Counter()
         self.unroutable = 0
         self.messages = 0
+        #: called under :attr:`lock` after every receive and tick, e.g. to drain claim
+        #: outcomes into a request tracker as soon as they arrive
+        self.observers: list[Callable[[], None]] = []
+        #: optional update log (shared_host_manager.updatelog.Recorder); hooks run under the lock
+        self.recorder: Any = None
+        if recorder is not None:
+            recorder.attach_cache(self)
 
     # -- input -----------------------------------------------------------------
 
@@ -87,16 +95,22 @@ class HostStateCache:
         if msg is None:
             with self.lock:
                 self.offset = offset
+                if self.recorder is not None:
+                    self.recorder.dropped(body, "stream", offset, self.clock())
             return
         if type(msg) is Batch and msg.origin:
             origins = self.origins
             for item in msg.items:
                 origins[item.source] = msg.origin
         with self.lock:
-            sends = self.receiver.receive(msg, self.clock())
+            now = self.clock()
+            sends = self.receiver.receive(msg, now)
+            if self.recorder is not None:
+                self.recorder.stream(body, offset, now, sends)
             self.offset = offset
             self.messages += 1
             alerts = self.receiver.drain_alerts()
+            self._notify()
         for alert in alerts:
             LOG.error("host state divergence: %s", alert)
         self._dispatch(sends)
@@ -104,16 +118,34 @@ class HostStateCache:
     def ingest_control(self, body: bytes) -> None:
         msg = self._decode(body, _CONTROL_TYPES, "control plane")
         if msg is None:
+            if self.recorder is not None:
+                with self.lock:
+                    self.recorder.dropped(body, "control", None, self.clock())
             return
         with self.lock:
-            sends = self.receiver.receive(msg, self.clock())
+            now = self.clock()
+            sends = self.receiver.receive(msg, now)
+            if self.recorder is not None:
+                self.recorder.control(body, now, sends)
             self.messages += 1
+            self._notify()
         self._dispatch(sends)
 
     def tick(self) -> None:
         with self.lock:
-            sends = self.receiver.tick(self.clock())
+            now = self.clock()
+            sends = self.receiver.tick(now)
+            if self.recorder is not None:
+                self.recorder.tick(now, sends)
+            self._notify()
         self._dispatch(sends)
+
+    def _notify(self) -> None:
+        for observer in self.observers:
+            try:
+                observer()
+            except Exception:  # an observer's bug must not stop ingest
+                LOG.exception("cache observer failed")
 
     def resync_all(self, full: bool = False) -> int:
         """Ask every known source to resync (the stream lost our offset)."""
@@ -210,6 +242,8 @@ class HostStateCache:
             now = self.clock()
             for snap in snapshots:
                 self.receiver.receive(snap, now)
+                if self.recorder is not None:
+                    self.recorder.restored(snap, now)
             self.origins.update(state.get("origins") or {})
             self.offset = offset
         LOG.info("restored %d sources at stream offset %s from %s", len(snapshots), offset, path)

@@ -12,6 +12,8 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("shared_host_manager.cmd.sim:main",
+            "simulate N compute nodes and compare shared / legacy / caching host managers"),
     "reporter": ("shared_host_manager.cmd.reporter:main",
                  "run a compute reporter (--config-file FILE) until SIGTERM"),
     "scheduler": ("shared_host_manager.cmd.scheduler:main",

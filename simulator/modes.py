@@ -1,0 +1,358 @@
+"""The three host managers the simulator compares, behind one interface.
+
+Every mode decides with the same :class:`~shared_host_manager.scheduler.DecisionEngine`
+(same filters, same weighers); only where host state comes from differs:
+
+* ``shared`` – this project: a :class:`~shared_host_manager.service.SchedulerService`
+  keeps every host in memory from the stream; decisions read no database;
+  pending claims are deducted until the compute node's delta includes them;
+  a rejected claim moves to the next alternate after a re-check in the view
+  (:class:`~shared_host_manager.tracker.RequestTracker`).
+* ``legacy`` – nova's filter scheduler before this project: every request
+  reads all compute nodes (and, when it needs them, the instance lists) from
+  SQL; nothing is remembered between requests.
+* ``caching`` – nova's removed CachingScheduler: all compute nodes are read
+  from SQL every ``refresh_interval`` seconds; between refreshes each decision
+  consumes from the cached copy (and a failed build does not give it back).
+
+Compute nodes arbitrate claims in every mode.  The database modes get nova's
+compute-side claim and reschedule behaviour: a rejected build goes to the next
+alternate as chosen at decision time, without a second look.
+
+Life cycle of a mode object: ``start()``, then ``schedule(spec)`` from many
+client threads (it blocks until the request is placed or has failed), then
+``stop()``.  ``receiver`` is the view the staleness sampler reads.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from compute_reporter.rpcapi import ReporterAPI
+from protocol.codec import Decoder, Encoder
+from protocol.errors import ProtocolError
+from protocol.messages import Claim, ClaimResult, Snapshot
+from protocol.receiver import ReceiverMachine
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.request import RequestSpec
+from shared_host_manager.scheduler import DecisionEngine, NoValidHost, Selection
+from shared_host_manager.service import SchedulerService
+from shared_host_manager.tracker import RequestFinished, RequestTracker
+from simulator.database import HostDatabase
+from transport.base import ControlPlane, DataPlane
+
+#: seconds a client waits for a request before counting it lost
+REQUEST_TIMEOUT = 60.0
+
+
+@dataclass
+class Outcome:
+    """What happened to one request."""
+
+    placed: dict[str, str] = field(default_factory=dict)  # instance -> source
+    failed: dict[str, str] = field(default_factory=dict)  # instance -> reason
+    decision_s: float = 0.0
+    claims: int = 0
+    rejected: int = 0
+    timed_out: bool = False
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.outcome = Outcome()
+        self.remaining = 0  # instances not yet placed or failed (database modes)
+
+
+@dataclass(frozen=True)
+class ModeSettings:
+    name: str
+    scheduler_topic: str
+    reporter_topic: str
+    live_schedulers: int
+    seed: int
+    config: SchedulerConfig
+    down_interval: float = 6.0
+    claim_deadline: float = 30.0
+    refresh_interval: float = 60.0
+
+
+class _ClaimSender:
+    """Casts claims from a thread of its own: the engine only queues them (it runs under a lock)."""
+
+    def __init__(self, send: Callable[[Claim], Any]) -> None:
+        self._queue: queue.SimpleQueue[Claim | None] = queue.SimpleQueue()
+        self._send = send
+        self._thread = threading.Thread(target=self._run, name="claim-sender", daemon=True)
+        self._thread.start()
+
+    def put(self, claim: Claim) -> None:
+        self._queue.put(claim)
+
+    def _run(self) -> None:
+        while (claim := self._queue.get()) is not None:
+            try:
+                self._send(claim)
+            except Exception:  # a lost claim expires at its deadline; the run goes on
+                pass
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+
+class SharedScheduler:
+    """This project's scheduler: the stream-fed cache, the decision engine and the request tracker."""
+
+    def __init__(self, s: ModeSettings, data: DataPlane, control: ControlPlane) -> None:
+        self.name = s.name
+        self.service = SchedulerService(
+            s.name, data, control, reporter_topic=s.reporter_topic,
+            scheduler_topic=s.scheduler_topic, down_interval=s.down_interval,
+            claim_deadline=s.claim_deadline, reorder_timeout=0.1, resync_timeout=1.0)
+        self.receiver = self.service.receiver
+        self.lock = self.service.cache.lock
+        self._sender = _ClaimSender(self.service.send_claim)
+        self.engine = DecisionEngine(self.receiver, self._sender.put, config=s.config,
+                                     rng=random.Random(f"{s.seed}-{s.name}"),
+                                     live_schedulers=s.live_schedulers)
+        self.tracker = RequestTracker(self.engine, keep_finished=16)
+        self._waiters: dict[str, _Waiter] = {}
+        self.service.cache.observers.append(self._on_ingest)
+
+    def start(self) -> None:
+        self.service.start()
+
+    def stop(self) -> None:
+        self.service.stop()
+        self._sender.close()
+
+    def _on_ingest(self) -> None:  # under the cache lock
+        outcomes = self.receiver.drain_outcomes()
+        if not outcomes:
+            return
+        for event in self.tracker.process(outcomes, self.service.clock()):
+            if type(event) is RequestFinished:
+                waiter = self._waiters.pop(event.request_id, None)
+                if waiter is not None:
+                    request = self.tracker.finished[event.request_id]
+                    out = waiter.outcome
+                    out.placed = {u: sel.source for u, sel in event.placed.items()}
+                    out.failed = dict(event.failed)
+                    out.claims = sum(i.attempt + 1 for i in request.instances.values())
+                    out.rejected = sum(
+                        sum("claim rejected" in h for h in i.history)
+                        for i in request.instances.values())
+                    waiter.event.set()
+
+    def schedule(self, spec: RequestSpec) -> Outcome:
+        waiter = _Waiter()
+        with self.lock:
+            start = time.perf_counter()
+            try:
+                tracked = self.tracker.submit(spec, self.service.clock())
+            except NoValidHost as exc:
+                waiter.outcome.decision_s = time.perf_counter() - start
+                waiter.outcome.failed = {u: exc.reason for u in spec.instance_uuids}
+                return waiter.outcome
+            waiter.outcome.decision_s = time.perf_counter() - start
+            self._waiters[tracked.request_id] = waiter
+        if not waiter.event.wait(REQUEST_TIMEOUT):
+            waiter.outcome.timed_out = True
+        return waiter.outcome
+
+    def versions(self) -> dict[str, tuple[int, int]]:
+        with self.lock:
+            return {s: v.version for s, v in self.receiver.sources.items() if v.doc is not None}
+
+
+class _Attempt:
+    """One instance of a request being built, with the alternates chosen for it."""
+
+    def __init__(self, waiter: _Waiter, instance: str, hosts: list[Selection],
+                 resources: dict[str, int], payload: dict[str, Any]) -> None:
+        self.waiter = waiter
+        self.instance = instance
+        self.hosts = hosts
+        self.index = 0
+        self.resources = resources
+        self.payload = payload
+
+
+class DatabaseScheduler:
+    """nova's database-backed scheduler: ``refresh_interval=None`` reads per request (legacy),
+    a number reads that often and consumes locally in between (caching)."""
+
+    def __init__(self, s: ModeSettings, control: ControlPlane, db: HostDatabase,
+                 refresh_interval: float | None, endpoints: dict[str, str]) -> None:
+        self.name = s.name
+        #: source -> the reporter that serves it (nova: the compute host's RPC topic)
+        self.endpoints = endpoints
+        self._settings = s
+        self._db = db
+        self.refresh_interval = refresh_interval
+        self._control = control
+        self._encoder, self._decoder = Encoder(), Decoder()
+        self.lock = threading.RLock()
+        self._rng = random.Random(f"{s.seed}-{s.name}")
+        from shared_host_manager.plugins import load_filters, load_weighers
+
+        self._filters = load_filters(s.config.enabled_filters, s.config)
+        self._weighers = load_weighers(s.config.weight_classes, s.config)
+        self._outbox: list[Claim] = []
+        self.receiver = ReceiverMachine(s.name, down_interval=3600.0, claim_deadline=1e9)
+        self.engine = self._new_engine(self.receiver, self._outbox)
+        self._versions: dict[str, tuple[int, int]] = {}
+        self._attempts: dict[str, _Attempt] = {}
+        self._attempts_lock = threading.Lock()
+        self._stop = threading.Event()
+        self.refreshes = 0
+
+    def _new_engine(self, receiver: ReceiverMachine, outbox: list[Claim]) -> DecisionEngine:
+        # claims are collected, then cast once the decision is complete
+        return DecisionEngine(receiver, outbox.append, config=self._settings.config,
+                              rng=self._rng, filters=self._filters, weighers=self._weighers,
+                              live_schedulers=self._settings.live_schedulers)
+
+    # -- life cycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._client = self._control.control_client()
+        self._api = ReporterAPI(self._client, self._encoder, self._settings.reporter_topic)
+        self._server = self._control.control_server(self._settings.scheduler_topic, self.name,
+                                                    self._on_control)
+        self._server.start()
+        if self.refresh_interval is not None:
+            self._refresh()
+            self._refresher = threading.Thread(target=self._refresh_loop, daemon=True,
+                                               name=f"{self.name}-refresh")
+            self._refresher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._server.stop()
+        self._client.close()
+
+    # -- host state from the database ------------------------------------------------
+
+    def _read(self, with_instances: bool) -> tuple[ReceiverMachine, dict[str, tuple[int, int]]]:
+        rows = self._db.read_hosts()
+        inst = self._db.read_instances() if with_instances else {}
+        receiver = ReceiverMachine(self.name, down_interval=3600.0, claim_deadline=1e9)
+        now = time.monotonic()
+        versions = {}
+        for source, epoch, seq, doc in rows:
+            if with_instances:
+                doc["instances"] = inst.get(source, {})
+            receiver.receive(Snapshot(source, epoch, seq, doc), now)
+            versions[source] = (epoch, seq)
+        return receiver, versions
+
+    def _refresh(self) -> None:
+        receiver, versions = self._read(with_instances=True)
+        with self.lock:
+            self.receiver, self._versions = receiver, versions
+            self._outbox.clear()
+            self.engine = self._new_engine(receiver, self._outbox)
+            self.refreshes += 1
+
+    def _refresh_loop(self) -> None:
+        assert self.refresh_interval is not None
+        while not self._stop.wait(self.refresh_interval):
+            self._refresh()
+
+    @staticmethod
+    def _needs_instances(spec: RequestSpec) -> bool:
+        hints = spec.scheduler_hints or {}
+        return spec.instance_group is not None or "same_host" in hints or "different_host" in hints
+
+    # -- deciding --------------------------------------------------------------------
+
+    def schedule(self, spec: RequestSpec) -> Outcome:
+        waiter = _Waiter()
+        out = waiter.outcome
+        start = time.perf_counter()
+        if self.refresh_interval is None:
+            # legacy: this request's view is what the database says now, and nothing
+            # of it is kept (requests run concurrently, each with its own engine)
+            receiver, versions = self._read(with_instances=self._needs_instances(spec))
+            outbox: list[Claim] = []
+            engine = self._new_engine(receiver, outbox)
+            lock: Any = threading.Lock()
+            with self.lock:
+                self.receiver, self._versions = receiver, versions
+        else:
+            lock = self.lock
+        with lock:
+            if self.refresh_interval is not None:
+                engine, versions, outbox = self.engine, self._versions, self._outbox
+            try:
+                selections = engine.select_destinations(spec, time.monotonic())
+            except NoValidHost as exc:
+                out.decision_s = time.perf_counter() - start
+                out.failed = {u: exc.reason for u in spec.instance_uuids}
+                return out
+            out.decision_s = time.perf_counter() - start
+            claims = list(outbox)
+            outbox.clear()
+        payload = DecisionEngine.claim_payload(spec)
+        resources = dict(spec.resources)
+        pending = {}
+        for hosts, claim in zip(selections, claims, strict=True):
+            pending[claim.claim_id] = _Attempt(waiter, hosts[0].instance_uuid, list(hosts),
+                                               resources, payload)
+        with self._attempts_lock:
+            self._attempts.update(pending)
+            waiter.remaining = len(pending)
+        for claim in claims:
+            self._api.claim(self.endpoints[claim.source], claim)
+            out.claims += 1
+        if not waiter.event.wait(REQUEST_TIMEOUT):
+            out.timed_out = True
+        return out
+
+    def _on_control(self, body: bytes) -> None:
+        try:
+            result = self._decoder.decode(body)
+        except ProtocolError:
+            return
+        if type(result) is not ClaimResult:
+            return
+        with self._attempts_lock:
+            attempt = self._attempts.pop(result.claim_id, None)
+        if attempt is None:
+            return
+        out = attempt.waiter.outcome
+        if result.accepted:
+            out.placed[attempt.instance] = result.source
+        else:
+            out.rejected += 1
+            attempt.index += 1
+            if attempt.index < len(attempt.hosts):
+                # nova's conductor: the next alternate, as chosen at decision time
+                alt = attempt.hosts[attempt.index]
+                epoch, seq = self._versions.get(alt.source, (-1, 0))
+                claim = Claim(f"{result.claim_id}.{attempt.index}", self.name, alt.source,
+                              epoch, seq, attempt.resources, attempt.instance, attempt.payload)
+                with self._attempts_lock:
+                    self._attempts[claim.claim_id] = attempt
+                out.claims += 1
+                self._api.claim(self.endpoints[claim.source], claim)
+                return
+            out.failed[attempt.instance] = f"Exceeded max scheduling attempts {len(attempt.hosts)}"
+        waiter = attempt.waiter
+        with self._attempts_lock:
+            waiter.remaining -= 1
+            done = waiter.remaining == 0
+        if done:
+            waiter.event.set()
+
+    def versions(self) -> dict[str, tuple[int, int]]:
+        with self.lock:
+            return dict(self._versions)

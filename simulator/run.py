@@ -1,0 +1,600 @@
+"""One simulation run: a cloud of compute nodes, schedulers of one host-manager mode, and clients.
+
+Life cycle of :func:`run_mode`::
+
+    build the seeded cloud and workload (pre-filled to ``fill``)
+      -> start the transport (in-process bus, or RabbitMQ), the reporters
+         (each a real ReporterService serving ``hosts_per_reporter`` nodes,
+         arbitrating every claim) and, for the database modes, the database
+      -> start the schedulers of the mode and wait until they see every host
+      -> ``clients`` closed-loop client threads issue the workload's requests,
+         round robin over the schedulers, for ``duration`` seconds or
+         ``requests`` requests; every server that boots is matched by the
+         deletion of a random running one (steady occupancy)
+         (meanwhile: a progress bar, and a sampler comparing every
+          scheduler's view with the sources at the same instant)
+      -> quiesce: clients stop, in-flight requests finish, background drift
+         stops; wait for the views to converge
+      -> measure, stop everything, return the figures.
+
+All parties run in this process as threads (the GIL makes them share one
+core's worth of Python, whatever the mode, so the modes compare fairly).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from compute_reporter.service import ReporterService
+from compute_reporter.tracker import SimulatedTracker
+from protocol.document import Op, copy_document
+from protocol.messages import Snapshot
+from protocol.receiver import ReceiverMachine
+from protocol.resources import overcommitted
+from protocol.source import SourceMachine
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.scheduler import DecisionEngine, NoValidHost
+from simulator.database import HostDatabase
+from simulator.modes import DatabaseScheduler, ModeSettings, Outcome, SharedScheduler
+from simulator.topology import build_cloud
+from simulator.workload import Workload
+from transport.inprocess import InProcessBus
+
+MODES = ("shared", "legacy", "caching")
+NVH_ORACLE_CHECKS = 50
+
+
+@dataclass
+class SimConfig:
+    host_manager: str = "all"
+    nodes: int = 1000
+    schedulers: int = 2
+    clients: int = 8
+    duration: float = 20.0
+    requests: int | None = None
+    seed: int = 42
+    fill: float = 0.8
+    transport: str = "fake"
+    db_url: str | None = None
+    refresh_interval: float = 60.0
+    hosts_per_reporter: int = 500
+    drift_interval: float = 10.0
+    heartbeat_interval: float = 2.0
+    coalesce_window: float = 0.02
+    host_subset_size: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class Metrics:
+    decision_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
+    requests: int = 0
+    scheduled: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    claims: int = 0
+    rejected: int = 0
+    instances: int = 0
+    no_valid_host: int = 0
+    nvh_checked: int = 0
+    nvh_wrong: int = 0
+    nvh_inconclusive: int = 0
+    staleness_s: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class _Transport:
+    """The in-process bus, or RabbitMQ (a kombu stream and oslo.messaging RPC) for one run."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        suffix = uuid.uuid4().hex[:8]
+        self.topics = (f"shm-sim-reporter-{suffix}", f"shm-sim-scheduler-{suffix}")
+        self.bus: InProcessBus | None = None
+        if spec in ("fake", "inprocess"):
+            self.bus = InProcessBus(threaded=True)
+            self.data = self.control = self.bus
+            return
+        if not spec.startswith("rabbit://"):
+            raise ValueError(f"--transport must be 'fake' or a rabbit:// URL, got {spec!r}")
+        from oslo_config import cfg
+
+        from transport import no_eventlet  # noqa: F401  (before oslo_messaging)
+        from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
+        from transport.oslo_rpc import OsloRpcControlPlane
+
+        conf = cfg.ConfigOpts()
+        conf([])
+        self.stream = f"shm-sim-{suffix}"
+        self.kombu_url = "amqp://" + spec[len("rabbit://"):]
+        self.data = KombuStreamDataPlane(StreamSettings(url=self.kombu_url, name=self.stream))
+        self.control = OsloRpcControlPlane(conf, spec)
+
+    def stats(self) -> tuple[int, int] | None:
+        """(messages, bytes) carried so far on both planes, when the transport counts them."""
+        if self.bus is None:
+            return None
+        s = self.bus.stats()
+        return s.stream_messages + s.control_messages, s.stream_bytes + s.control_bytes
+
+    def close(self) -> None:
+        if self.bus is not None:
+            self.bus.close()
+            return
+        self.control.close()
+        self.data.close()
+        from kombu import Connection
+
+        try:
+            with Connection(self.kombu_url, connect_timeout=5) as conn:
+                channel = conn.channel()
+                for name in (self.stream, *self.topics):
+                    try:
+                        channel.queue_delete(queue=name)
+                    except Exception:
+                        channel = conn.channel()
+        except Exception as exc:  # cleanup is best effort; say so
+            print(f"warning: could not delete the run's queues: {exc}", file=sys.stderr)
+
+
+class _Progress:
+    """A progress bar on a terminal; a line every few seconds otherwise (logs, CI)."""
+
+    def __init__(self, label: str, total_s: float | None, total_n: int | None, enabled: bool) -> None:
+        self.label, self.total_s, self.total_n = label, total_s, total_n
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.start = time.monotonic()
+        self._last_line = self.start
+
+    def show(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not self.tty:
+            if now - self._last_line >= 5.0:
+                self._last_line = now
+                elapsed = now - self.start
+                sys.stderr.write(f"{self.label}: {elapsed:.0f}s, {done} requests\n")
+            return
+        elapsed = now - self.start
+        frac = done / self.total_n if self.total_n else elapsed / (self.total_s or 1)
+        frac = max(0.0, min(1.0, frac))
+        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+        rate = done / elapsed if elapsed > 0 else 0.0
+        sys.stderr.write(f"\r{self.label:8} [{bar}] {elapsed:5.1f}s {done:7d} requests "
+                         f"{rate:8.1f}/s")
+        sys.stderr.flush()
+
+    def end(self, done: int) -> None:
+        if self.enabled and self.tty:
+            self.show(done)
+            sys.stderr.write("\n")
+
+
+class Simulation:
+    """Everything one mode's run needs; see the module docstring."""
+
+    def __init__(self, cfg: SimConfig, mode: str) -> None:
+        self.cfg = cfg
+        self.mode = mode
+        self.cloud = build_cloud(cfg.nodes, cfg.seed)
+        self.workload = Workload(cfg.seed)
+        self.prefilled = self.workload.prefill(self.cloud.documents, cfg.fill)
+        self.metrics = Metrics()
+        self._workload_lock = threading.Lock()
+        self._first_change: dict[tuple[str, int, int], float] = {}
+        self.db: HostDatabase | None = None
+        self.reporters: list[ReporterService] = []
+        self.reporter_of: dict[str, ReporterService] = {}
+        self.schedulers: list[Any] = []
+        self.client_errors: list[str] = []
+        self.clock = time.monotonic
+
+    # -- set-up -----------------------------------------------------------------
+
+    def _scheduler_config(self) -> SchedulerConfig:
+        config = SchedulerConfig()
+        if self.cfg.host_subset_size is not None:
+            config.host_subset_size_min = config.host_subset_size_max = self.cfg.host_subset_size
+        return config
+
+    def _on_change(self, machine: SourceMachine, ops: list[Op]) -> None:
+        # called under the reporter's lock, at the source, for every change
+        key = (machine.source, machine.epoch, machine.seq + 1)
+        if key not in self._first_change:
+            self._first_change[key] = self.clock()
+        if self.db is not None:
+            self.db.write(machine.source, machine.epoch, machine.seq + 1, machine.document, ops)
+
+    def start(self) -> None:
+        cfg = self.cfg
+        self.transport = _Transport(cfg.transport if self.mode == "shared" else "fake")
+        rtopic, stopic = self.transport.topics
+        sources = sorted(self.cloud.documents)
+        for i in range(0, len(sources), cfg.hosts_per_reporter):
+            docs = {s: self.cloud.documents[s] for s in sources[i:i + cfg.hosts_per_reporter]}
+            tracker = SimulatedTracker(0, seed=cfg.seed + i, documents=docs,
+                                       change_interval=cfg.drift_interval, delete_probability=0)
+            reporter = ReporterService(
+                f"reporter-{i // cfg.hosts_per_reporter}", tracker, self.transport.data,
+                self.transport.control, reporter_topic=rtopic, scheduler_topic=stopic,
+                heartbeat_interval=cfg.heartbeat_interval, coalesce_window=cfg.coalesce_window)
+            self.reporters.append(reporter)
+            for s in docs:
+                self.reporter_of[s] = reporter
+        if self.mode != "shared":
+            self.db = HostDatabase(cfg.db_url or f"sqlite:///{_tempdb()}")
+        for reporter in self.reporters:
+            reporter.start()
+            with reporter.manager._lock:
+                for machine in reporter.manager.machines.values():
+                    machine.on_change = self._on_change
+        if self.db is not None:
+            self.db.reset(self._truth())
+        settings = [ModeSettings(f"{self.mode}-{i}", stopic, rtopic, cfg.schedulers, cfg.seed,
+                                 self._scheduler_config(), down_interval=3 * cfg.heartbeat_interval,
+                                 refresh_interval=cfg.refresh_interval)
+                    for i in range(cfg.schedulers)]
+        endpoints = {s: r.name for s, r in self.reporter_of.items()}
+        for s in settings:
+            if self.mode == "shared":
+                sched: Any = SharedScheduler(s, self.transport.data, self.transport.control)
+            else:
+                refresh = None if self.mode == "legacy" else cfg.refresh_interval
+                assert self.db is not None
+                sched = DatabaseScheduler(s, self.transport.control, self.db, refresh, endpoints)
+            self.schedulers.append(sched)
+        for sched in self.schedulers:
+            sched.start()
+        if self.mode == "shared":
+            self._wait(lambda: all(len(s.versions()) == len(sources) for s in self.schedulers),
+                       120, "schedulers to see every host")
+
+    def _truth(self) -> dict[str, tuple[int, int, dict]]:
+        """Every source's authoritative (epoch, seq, document), read under its reporter's lock."""
+        out = {}
+        for reporter in self.reporters:
+            with reporter.manager._lock:
+                for s, m in reporter.manager.machines.items():
+                    seq = m.seq + (1 if m.has_pending else 0)
+                    out[s] = (m.epoch, seq, copy_document(m.document))
+        return out
+
+    @staticmethod
+    def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.05)
+        print(f"warning: gave up waiting for {what} after {timeout:.0f}s", file=sys.stderr)
+        return False
+
+    # -- the run ---------------------------------------------------------------------
+
+    def _client(self, index: int, stop: threading.Event) -> None:
+        try:
+            self._client_loop(index, stop)
+        except Exception as exc:  # a broken client must show, not silently shrink the load
+            self.client_errors.append(f"client {index}: {type(exc).__name__}: {exc}")
+            stop.set()
+
+    def _client_loop(self, index: int, stop: threading.Event) -> None:
+        sched = self.schedulers[index % len(self.schedulers)]
+        cfg, m = self.cfg, self.metrics
+        while not stop.is_set():
+            with self._workload_lock:
+                if cfg.requests is not None and self.workload.issued >= cfg.requests:
+                    return
+                spec = self.workload.next_request()
+            start = time.perf_counter()
+            decided_at = self.clock()
+            outcome: Outcome = sched.schedule(spec)
+            e2e = time.perf_counter() - start
+            if outcome.failed:
+                self._check_no_valid_host(spec, decided_at)
+            with m.lock:
+                m.requests += 1
+                m.decision_s.append(outcome.decision_s)
+                m.e2e_s.append(e2e)
+                m.claims += outcome.claims
+                m.rejected += outcome.rejected
+                m.instances += len(spec.instance_uuids)
+                m.timed_out += outcome.timed_out
+                if outcome.failed:
+                    m.failed += 1
+                    m.no_valid_host += len(outcome.failed)
+                elif not outcome.timed_out:
+                    m.scheduled += 1
+            if outcome.placed:
+                self._churn(spec, outcome.placed)
+
+    def _churn(self, spec: Any, placed: dict[str, str]) -> None:
+        with self._workload_lock:
+            self.workload.booted(spec, placed)
+            deletions = [d for d in (self.workload.pick_deletion() for _ in placed) if d]
+        for instance, source in deletions:
+            self.reporter_of[source].manager.release(source, instance, self.clock())
+            self.reporter_of[source].wake()
+
+    def _check_no_valid_host(self, spec: Any, decided_at: float) -> None:
+        """Was this NoValidHost wrong: did the request fit the sources' true state?
+
+        The oracle places every instance of the request on the sources' state
+        now.  If it finds hosts whose state has not changed since the decision
+        began, that capacity existed when the scheduler said there was none:
+        wrong.  If the hosts it finds changed since (a deletion freed them),
+        the verdict is inconclusive and counted apart.
+        """
+        m = self.metrics
+        with m.lock:
+            if m.nvh_checked >= NVH_ORACLE_CHECKS:
+                return
+            m.nvh_checked += 1
+        oracle = ReceiverMachine("oracle", down_interval=3600.0)
+        now = self.clock()
+        truth = self._truth()
+        for s, (e, q, doc) in truth.items():
+            oracle.receive(Snapshot(s, e, q, doc), now)
+        engine = DecisionEngine(oracle, lambda claim: None, config=self._scheduler_config())
+        try:
+            # every instance of the request, as the scheduler would have placed them
+            selections = engine.select_destinations(spec, now, return_alternates=False)
+        except NoValidHost:
+            return
+        changed = any(self._first_change.get((row[0].source, *truth[row[0].source][:2]), 0.0)
+                      > decided_at for row in selections)
+        with m.lock:
+            if changed:
+                m.nvh_inconclusive += 1
+            else:
+                m.nvh_wrong += 1
+
+    def _sample_staleness(self, stop: threading.Event) -> None:
+        rng = random.Random(self.cfg.seed)
+        sources = sorted(self.cloud.documents)
+        while not stop.wait(0.1):
+            sample = rng.sample(sources, min(20, len(sources)))
+            now = self.clock()
+            truth = {}
+            for s in sample:
+                manager = self.reporter_of[s].manager
+                with manager._lock:
+                    m = manager.machines[s]
+                    truth[s] = (m.epoch, m.seq, m.has_pending)
+            for sched in self.schedulers:
+                views = sched.versions()
+                for s in sample:
+                    epoch, seq, pending = truth[s]
+                    held = views.get(s)
+                    if held is None:
+                        continue
+                    if held[0] != epoch:
+                        behind_since = self._first_change.get((s, epoch, 1), now)
+                    elif held[1] < seq or (held[1] == seq and pending):
+                        behind_since = self._first_change.get((s, epoch, held[1] + 1), now)
+                    else:
+                        behind_since = now
+                    self.metrics.staleness_s.append(max(0.0, now - behind_since))
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        stop = threading.Event()
+        sampler_stop = threading.Event()
+        progress = _Progress(self.mode, None if cfg.requests else cfg.duration, cfg.requests,
+                             cfg.progress)
+        sampler = threading.Thread(target=self._sample_staleness, args=(sampler_stop,), daemon=True)
+        clients = [threading.Thread(target=self._client, args=(i, stop), daemon=True,
+                                    name=f"client-{i}") for i in range(cfg.clients)]
+        bus_before = self.transport.stats()
+        db_before = self.db.statements if self.db else 0
+        start = time.monotonic()
+        sampler.start()
+        for c in clients:
+            c.start()
+        deadline = None if cfg.requests else start + cfg.duration
+        while any(c.is_alive() for c in clients):
+            if deadline is not None and time.monotonic() >= deadline:
+                stop.set()
+            progress.show(self.metrics.requests)
+            time.sleep(0.25)
+        elapsed = time.monotonic() - start
+        progress.end(self.metrics.requests)
+        sampler_stop.set()
+        sampler.join()
+        if self.client_errors:
+            raise RuntimeError("simulation clients failed: " + "; ".join(self.client_errors[:3]))
+        bus_after = self.transport.stats()
+        db_statements = (self.db.statements - db_before) if self.db else 0
+        # quiesce: no more drift, let the views catch up
+        for reporter in self.reporters:
+            reporter.tracker.stop()
+        converged = self._converged(timeout=2 * cfg.heartbeat_interval + 2)
+        truth = self._truth()
+        over = sum(1 for _, _, doc in truth.values() if overcommitted(doc.get("compute", {})))
+        return self._figures(elapsed, converged, over, bus_before, bus_after, db_statements)
+
+    def _converged(self, timeout: float) -> bool:
+        if self.mode == "shared":
+            def same() -> bool:
+                truth = {}
+                for reporter in self.reporters:
+                    with reporter.manager._lock:
+                        for s, m in reporter.manager.machines.items():
+                            if m.has_pending:
+                                return False
+                            truth[s] = (m.version, m.published_digest())
+                for sched in self.schedulers:
+                    with sched.lock:
+                        for s, (version, dig) in truth.items():
+                            view = sched.receiver.sources.get(s)
+                            if view is None or view.version != version or view.digest() != dig:
+                                return False
+                return True
+            return self._wait(same, timeout, "the shared views to converge")
+        # database modes: the database must hold every source's state, and each
+        # scheduler's view must be what it read from it
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            truth = self._truth()
+            rows = {s: (e, q) for s, e, q, _ in self.db.read_hosts()}  # type: ignore[union-attr]
+            if all(rows.get(s) == (e, q) for s, (e, q, _) in truth.items()):
+                break
+            time.sleep(0.1)
+        else:
+            return False
+        if self.mode == "legacy":
+            return True  # its next request reads exactly this
+        versions = {s: (e, q) for s, (e, q, _) in self._truth().items()}
+        return all(sched.versions() == versions for sched in self.schedulers)
+
+    def _figures(self, elapsed: float, converged: bool, over: int, bus_before: Any,
+                 bus_after: Any, db_statements: int) -> dict[str, Any]:
+        m = self.metrics
+
+        def ms(values: list[float], q: float) -> float | None:
+            p = _pct(values, q)
+            return None if p is None else round(1000 * p, 3)
+
+        retries = max(0, m.claims - (m.instances - m.no_valid_host)) if m.instances else 0
+        out: dict[str, Any] = {
+            "requests": m.requests,
+            "scheduled": m.scheduled,
+            "elapsed_s": round(elapsed, 3),
+            "scheduled_per_s": round(m.scheduled / elapsed, 2) if elapsed else 0.0,
+            "decision_ms_p50": ms(m.decision_s, 0.50),
+            "decision_ms_p99": ms(m.decision_s, 0.99),
+            "e2e_ms_p50": ms(m.e2e_s, 0.50),
+            "e2e_ms_p99": ms(m.e2e_s, 0.99),
+            "claims": m.claims,
+            "claims_rejected": m.rejected,
+            "retries_per_request": round(m.rejected / m.requests, 4) if m.requests else 0.0,
+            "extra_claims": retries,
+            "no_valid_host": m.no_valid_host,
+            "no_valid_host_checked": m.nvh_checked,
+            "no_valid_host_wrong": m.nvh_wrong,
+            "no_valid_host_inconclusive": m.nvh_inconclusive,
+            "timed_out": m.timed_out,
+            "staleness_ms_p50": ms(m.staleness_s, 0.50),
+            "staleness_ms_p99": ms(m.staleness_s, 0.99),
+            "staleness_ms_max": round(1000 * max(m.staleness_s), 3) if m.staleness_s else None,
+            "staleness_samples": len(m.staleness_s),
+            "overcommitted_hosts": over,
+            "converged": converged,
+            "prefilled_instances": self.prefilled,
+            "db_statements_per_s": round(db_statements / elapsed, 1) if self.db else 0.0,
+        }
+        if bus_before is not None and bus_after is not None:
+            out["broker_messages_per_s"] = round((bus_after[0] - bus_before[0]) / elapsed, 1)
+            out["broker_bytes_per_s"] = round((bus_after[1] - bus_before[1]) / elapsed, 1)
+        else:
+            published = sum(r.stats["published"] + r.stats["casts"] for r in self.reporters)
+            out["broker_messages_per_s"] = round(published / elapsed, 1)
+            out["broker_bytes_per_s"] = None
+        out["_staleness_s"] = m.staleness_s
+        out["_decision_s"] = m.decision_s
+        out["_e2e_s"] = m.e2e_s
+        return out
+
+    def stop(self) -> None:
+        for sched in self.schedulers:
+            try:
+                sched.stop()
+            except Exception as exc:
+                print(f"warning: stopping {sched.name}: {exc}", file=sys.stderr)
+        for reporter in self.reporters:
+            reporter.stop()
+        if self.db is not None:
+            self.db.close()
+        self.transport.close()
+
+
+def _tempdb() -> str:
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="shm-sim-", suffix=".sqlite")
+    os.close(fd)
+    return path
+
+
+def run_mode(cfg: SimConfig, mode: str) -> dict[str, Any]:
+    sim = Simulation(cfg, mode)
+    try:
+        sim.start()
+        return sim.run()
+    finally:
+        sim.stop()
+
+
+def run(cfg: SimConfig) -> dict[str, Any]:
+    modes = MODES if cfg.host_manager == "all" else (cfg.host_manager,)
+    results = {mode: run_mode(cfg, mode) for mode in modes}
+    report: dict[str, Any] = {"config": asdict(cfg), "results": results}
+    if "shared" in results:
+        shared = results["shared"]["scheduled_per_s"]
+        ratios = {}
+        for other in ("legacy", "caching"):
+            if other in results and results[other]["scheduled_per_s"]:
+                ratios[f"shared_vs_{other}_scheduled_per_s"] = round(
+                    shared / results[other]["scheduled_per_s"], 2)
+        report["ratios"] = ratios
+    return report
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    rows = [
+        ("scheduled requests/s", "scheduled_per_s"),
+        ("decision ms p50", "decision_ms_p50"),
+        ("decision ms p99", "decision_ms_p99"),
+        ("end-to-end ms p50", "e2e_ms_p50"),
+        ("end-to-end ms p99", "e2e_ms_p99"),
+        ("claims rejected", "claims_rejected"),
+        ("retries per request", "retries_per_request"),
+        ("NoValidHost (wrong)", None),
+        ("staleness ms p50", "staleness_ms_p50"),
+        ("staleness ms p99", "staleness_ms_p99"),
+        ("staleness ms max", "staleness_ms_max"),
+        ("broker messages/s", "broker_messages_per_s"),
+        ("database statements/s", "db_statements_per_s"),
+        ("overcommitted hosts", "overcommitted_hosts"),
+        ("converged at the end", "converged"),
+    ]
+    results = report["results"]
+    names = list(results)
+    width = max(len(r[0]) for r in rows) + 2
+    lines = [f"{'':{width}}" + "".join(f"{n:>14}" for n in names)]
+    for label, key in rows:
+        cells = []
+        for n in names:
+            r = results[n]
+            if key is None:
+                value: Any = f"{r['no_valid_host']} ({r['no_valid_host_wrong']})"
+            else:
+                value = r.get(key)
+            if isinstance(value, float):
+                value = f"{value:.2f}"
+            cells.append(f"{'-' if value is None else value!s:>14}")
+        lines.append(f"{label:{width}}" + "".join(cells))
+    for key, value in (report.get("ratios") or {}).items():
+        lines.append(f"{key}: {value}x")
+    return "\n".join(lines)
+
+
+__all__ = ["SimConfig", "run", "run_mode", "summary_table"]
