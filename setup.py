@@ -28,6 +28,13 @@ setup(
         "stevedore>=5.0",
         "numpy>=1.26",
         "SQLAlchemy>=2.0",
+        # threading backend of oslo.service (nova 34 runs native threads)
+        "oslo.service[threading]>=4.0",
+        # --plot of the simulator
+        "matplotlib>=3.7",
+        # --db-url for MariaDB / PostgreSQL in the simulator's legacy baseline
+        "PyMySQL>=1.1",
+        "psycopg2-binary>=2.9",
     ],
     extras_require={
         "test": [
@@ -41,6 +48,35 @@ setup(
     entry_points={
         "console_scripts": [
             "shm = shared_host_manager.cmd.shm:main",
+        ],
+        "oslo.config.opts": [
+            "shm.common = shared_host_manager.conf.opts:list_common_opts",
+            "shm.transport = transport.opts:list_opts",
+            "shm.reporter = compute_reporter.conf:list_opts",
+            "shm.scheduler = shared_host_manager.conf.opts:list_scheduler_opts",
+        ],
+        # one class per filter / weigher, by nova's names (see shared_host_manager.plugins)
+        "shm.scheduler.filters": [
+            "ComputeFilter = shared_host_manager.filters.compute_filter:ComputeFilter",
+            "ResourceFitFilter = shared_host_manager.filters.resource_fit_filter:ResourceFitFilter",
+            "AvailabilityZoneFilter = shared_host_manager.filters.availability_zone_filter:AvailabilityZoneFilter",
+            "AggregateInstanceExtraSpecsFilter = shared_host_manager.filters.aggregate_instance_extra_specs:AggregateInstanceExtraSpecsFilter",
+            "AggregateMultiTenancyIsolation = shared_host_manager.filters.aggregate_multitenancy_isolation:AggregateMultiTenancyIsolation",
+            "ImagePropertiesFilter = shared_host_manager.filters.image_props_filter:ImagePropertiesFilter",
+            "ServerGroupAffinityFilter = shared_host_manager.filters.server_group_affinity_filter:ServerGroupAffinityFilter",
+            "ServerGroupAntiAffinityFilter = shared_host_manager.filters.server_group_anti_affinity_filter:ServerGroupAntiAffinityFilter",
+            "SameHostFilter = shared_host_manager.filters.same_host_filter:SameHostFilter",
+            "DifferentHostFilter = shared_host_manager.filters.different_host_filter:DifferentHostFilter",
+            "NumInstancesFilter = shared_host_manager.filters.num_instances_filter:NumInstancesFilter",
+            "IoOpsFilter = shared_host_manager.filters.io_ops_filter:IoOpsFilter",
+            "VolumeLocalityFilter = shared_host_manager.filters.volume_locality_filter:VolumeLocalityFilter",
+        ],
+        "shm.scheduler.weighers": [
+            "RAMWeigher = shared_host_manager.weights.ram:RAMWeigher",
+            "CPUWeigher = shared_host_manager.weights.cpu:CPUWeigher",
+            "DiskWeigher = shared_host_manager.weights.disk:DiskWeigher",
+            "NumInstancesWeigher = shared_host_manager.weights.num_instances:NumInstancesWeigher",
+            "IoOpsWeigher = shared_host_manager.weights.io_ops:IoOpsWeigher",
         ],
     },
 )

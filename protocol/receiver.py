@@ -341,11 +341,8 @@ class ReceiverMachine:
 
     def _resync(self, view: SourceView, now: float, out: list[Send]) -> None:
         self._troubled.add(view.source)
-        if view.resync_sent_at is not None:
-            wait = min(self.resync_timeout * 2 ** max(view.resync_attempts - 1, 0),
-                       self.resync_backoff_max)
-            if now - view.resync_sent_at < wait:
-                return
+        if view.resync_sent_at is not None and now < self._retry_at(view):
+            return
         view.resync_sent_at = now
         view.resync_attempts += 1
         self.stats["resyncs_requested"] += 1
@@ -353,6 +350,11 @@ class ReceiverMachine:
         out.append(Send(view.source, ResyncRequest(
             view.source, self.name, view.epoch if held else NO_EPOCH, view.seq if held else 0,
             view.want_full or not held)))
+
+    def _retry_at(self, view: SourceView) -> float:
+        """When an unanswered resync request may be repeated (exponential backoff)."""
+        wait = min(self.resync_timeout * 2 ** max(view.resync_attempts - 1, 0), self.resync_backoff_max)
+        return view.resync_sent_at + wait  # type: ignore[operator]
 
     def _settle(self, view: SourceView, now: float, out: list[Send]) -> None:
         """Forget a source's trouble once it is in order again."""
@@ -456,9 +458,12 @@ class ReceiverMachine:
         if self._deadlines:
             nxt = min(nxt, self._deadlines[0][0])
         if self._troubled:
+            # an unanswered request is repeated only after its backoff, even for a
+            # timed-out gap (else this deadline stays in the past and the edge spins)
             nxt = min(nxt, min(
-                (v.gap_since + self.reorder_timeout) if v.buffer and v.gap_since is not None
-                else (v.resync_sent_at or 0.0) + self.resync_timeout
+                self._retry_at(v) if v.resync_sent_at is not None
+                else (v.gap_since + self.reorder_timeout) if v.buffer and v.gap_since is not None
+                else self.resync_timeout
                 for v in (self.sources[s] for s in self._troubled)))
         return nxt
 

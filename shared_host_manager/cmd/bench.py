@@ -25,8 +25,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "simulator.bench_stream:main",
         "over RabbitMQ: staleness, sources per message, restart catch-up vs full resync",
     ),
-    # "decisions" (scheduling decisions per second) is registered here by its own module:
-    # "decisions": ("<module>:main", "<one-line help>"),
+    "decisions": (
+        "shared_host_manager.bench_decisions:main",
+        "scheduling decisions per second (fast columnar path vs per-host path)",
+    ),
 }
 
 

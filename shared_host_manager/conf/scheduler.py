@@ -1,0 +1,196 @@
+"""Options of the decision path (groups ``[scheduler]`` and ``[filter_scheduler]``, nova's names).
+
+Role: the operator's manual for filtering, weighing, alternates and collision
+avoidance, generated into the sample config through :func:`list_opts`
+(entry point ``oslo.config.opts``: ``shm.scheduler =
+shared_host_manager.conf.scheduler:list_opts``).
+
+The decision path itself never reads a global ConfigOpts: the service layer
+calls :func:`register_opts` once and hands :meth:`SchedulerConfig.from_conf`
+to the engine, so the engine, filters and weighers stay plain objects that
+tests build with keyword arguments.  Life cycle: options are read when the
+engine is built; a SIGHUP-style reload means building a new engine.
+
+Option names, defaults and meanings follow nova 34 (``nova/conf/scheduler.py``)
+where nova has the option; ``host_subset_size_min``/``_max`` and the
+``claim_rejection_*`` options replace nova's fixed ``host_subset_size`` with an
+adaptive one (see :mod:`shared_host_manager.subset`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from oslo_config import cfg
+
+SCHEDULER_GROUP = "scheduler"
+FILTER_GROUP = "filter_scheduler"
+
+#: nova's default filters, plus what placement decides in nova (ResourceFitFilter,
+#: AvailabilityZoneFilter for the AZ prefilter) and the filters that are no-ops
+#: unless the request asks for them (hints, extra specs, tenant isolation).
+DEFAULT_FILTERS = (
+    "ComputeFilter",
+    "ResourceFitFilter",
+    "AvailabilityZoneFilter",
+    "ImagePropertiesFilter",
+    "ServerGroupAntiAffinityFilter",
+    "ServerGroupAffinityFilter",
+    "SameHostFilter",
+    "DifferentHostFilter",
+    "AggregateInstanceExtraSpecsFilter",
+    "AggregateMultiTenancyIsolation",
+    "VolumeLocalityFilter",
+)
+DEFAULT_WEIGHERS = ("RAMWeigher", "CPUWeigher", "DiskWeigher", "NumInstancesWeigher", "IoOpsWeigher")
+
+scheduler_opts = [
+    cfg.IntOpt("max_attempts", default=3, min=1, help="""
+The maximum number of hosts tried for one instance: the selected host plus
+``max_attempts - 1`` alternates. When a compute node rejects a claim (or the
+claim expires without an answer), the request tracker claims the next
+alternate, after re-checking that it still fits in this scheduler's view; when
+all are used up the instance fails with NoValidHost.
+
+nova: [scheduler] max_attempts (same default).
+
+Possible values: a positive integer; 1 disables alternates.
+"""),
+]
+
+filter_opts = [
+    cfg.ListOpt("enabled_filters", default=list(DEFAULT_FILTERS), help="""
+Filters applied, in order, to every host for every request. A host must pass
+all of them. Names are looked up in the ``shm.scheduler.filters`` entry point
+group, then in the built-in table, so a plugin only needs an entry point.
+
+The built-in filters keep nova's names and semantics: ComputeFilter,
+ResourceFitFilter (what placement decides in nova: vcpus, memory_mb, disk_gb
+fit with allocation ratios, minus this scheduler's pending claims),
+AvailabilityZoneFilter, ImagePropertiesFilter, ServerGroupAffinityFilter,
+ServerGroupAntiAffinityFilter, SameHostFilter, DifferentHostFilter,
+AggregateInstanceExtraSpecsFilter, AggregateMultiTenancyIsolation,
+NumInstancesFilter, IoOpsFilter, and VolumeLocalityFilter (hint
+``near_volume``: only hosts local to the volume backend holding the volume).
+
+Related options: max_instances_per_host, max_io_ops_per_host.
+"""),
+    cfg.ListOpt("weight_classes", default=list(DEFAULT_WEIGHERS), help="""
+Weighers applied to the hosts that passed every filter. Each weigher's raw
+value is normalised to 0..1 over those hosts (nova's BaseWeightHandler) and
+multiplied by its multiplier; the host weight is the sum. Names are looked up
+in the ``shm.scheduler.weighers`` entry point group, then the built-in table.
+
+Related options: the *_weight_multiplier options.
+"""),
+    cfg.FloatOpt("ram_weight_multiplier", default=1.0, help="""
+Multiplier of the RAMWeigher (free RAM, without allocation ratio). Positive
+spreads instances over hosts, negative stacks them. An aggregate's
+``ram_weight_multiplier`` metadata overrides it for its hosts (the minimum
+wins when a host is in several).
+"""),
+    cfg.FloatOpt("cpu_weight_multiplier", default=1.0, help="""
+Multiplier of the CPUWeigher (vcpus * cpu_allocation_ratio - vcpus_used).
+Positive spreads, negative stacks. Aggregate metadata
+``cpu_weight_multiplier`` overrides it.
+"""),
+    cfg.FloatOpt("disk_weight_multiplier", default=1.0, help="""
+Multiplier of the DiskWeigher (free disk, without allocation ratio). Positive
+spreads, negative stacks. Aggregate metadata ``disk_weight_multiplier``
+overrides it.
+"""),
+    cfg.FloatOpt("num_instances_weight_multiplier", default=0.0, help="""
+Multiplier of the NumInstancesWeigher. Positive prefers hosts with more
+instances (stacking), negative prefers fewer (spreading); 0 ignores it.
+Aggregate metadata ``num_instances_weight_multiplier`` overrides it.
+"""),
+    cfg.FloatOpt("io_ops_weight_multiplier", default=-1.0, help="""
+Multiplier of the IoOpsWeigher (builds, resizes and snapshots in flight,
+including this scheduler's pending claims). Negative prefers idle hosts.
+Aggregate metadata ``io_ops_weight_multiplier`` overrides it.
+"""),
+    cfg.IntOpt("max_instances_per_host", default=50, min=1, help="""
+NumInstancesFilter: hosts with this many instances (our pending claims
+included) or more are filtered out.
+"""),
+    cfg.IntOpt("max_io_ops_per_host", default=8, min=1, help="""
+IoOpsFilter: hosts with this many concurrent I/O-heavy operations (our
+pending claims included) or more are filtered out.
+"""),
+    cfg.IntOpt("host_subset_size_min", default=1, min=1, help="""
+Smallest number of best-weighed hosts the selected host is chosen from at
+random. With one live scheduler and no claim rejections the subset stays at
+this size (1 = always the best host, nova's default host_subset_size).
+
+Related options: host_subset_size_max, claim_rejection_target.
+"""),
+    cfg.IntOpt("host_subset_size_max", default=16, min=1, help="""
+Largest random subset. Several schedulers deciding on the same view pick the
+same best host and all but one get their claim rejected; the subset grows
+with the number of live schedulers and with the observed rejection rate,
+trading a little placement quality for fewer collisions, up to this bound.
+Set equal to host_subset_size_min for a fixed size (nova's host_subset_size).
+"""),
+    cfg.FloatOpt("claim_rejection_target", default=0.05, min=0.0001, max=1.0, help="""
+Claim rejection rate (rejected / resolved claims, as an EWMA) at which the
+subset doubles the share that comes from concurrent schedulers.
+"""),
+    cfg.FloatOpt("claim_rejection_ewma_alpha", default=0.05, min=0.0001, max=1.0, help="""
+Weight of each new claim outcome in the rejection-rate EWMA: larger reacts
+faster, smaller is steadier.
+"""),
+    cfg.StrOpt("default_availability_zone", default="nova", help="""
+Availability zone of hosts in no aggregate with ``availability_zone``
+metadata (nova: [DEFAULT] default_availability_zone), used by
+AvailabilityZoneFilter.
+"""),
+    cfg.StrOpt("image_properties_default_architecture", help="""
+Architecture assumed by ImagePropertiesFilter when the image has no
+``hw_architecture`` property (nova option of the same name). Unset: no
+assumption.
+"""),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Plain values of the options above (what the engine, filters and weighers read)."""
+
+    enabled_filters: tuple[str, ...] = DEFAULT_FILTERS
+    weight_classes: tuple[str, ...] = DEFAULT_WEIGHERS
+    ram_weight_multiplier: float = 1.0
+    cpu_weight_multiplier: float = 1.0
+    disk_weight_multiplier: float = 1.0
+    num_instances_weight_multiplier: float = 0.0
+    io_ops_weight_multiplier: float = -1.0
+    max_instances_per_host: int = 50
+    max_io_ops_per_host: int = 8
+    max_attempts: int = 3
+    host_subset_size_min: int = 1
+    host_subset_size_max: int = 16
+    claim_rejection_target: float = 0.05
+    claim_rejection_ewma_alpha: float = 0.05
+    default_availability_zone: str = "nova"
+    image_properties_default_architecture: str | None = None
+
+    @classmethod
+    def from_conf(cls, conf: cfg.ConfigOpts) -> SchedulerConfig:
+        values = {}
+        groups = {SCHEDULER_GROUP: conf[SCHEDULER_GROUP], FILTER_GROUP: conf[FILTER_GROUP]}
+        for f in fields(cls):
+            group = groups[SCHEDULER_GROUP if f.name == "max_attempts" else FILTER_GROUP]
+            value = group[f.name]
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+        return cls(**values)
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    conf.register_opts(scheduler_opts, group=SCHEDULER_GROUP)
+    conf.register_opts(filter_opts, group=FILTER_GROUP)
+
+
+def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    return [(SCHEDULER_GROUP, scheduler_opts), (FILTER_GROUP, filter_opts)]
+
+
+__all__ = ["DEFAULT_FILTERS", "DEFAULT_WEIGHERS", "SchedulerConfig", "list_opts", "register_opts"]

@@ -1,0 +1,33 @@
+"""The decisions benchmark runs end to end and writes its JSON (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from shared_host_manager import bench_decisions
+
+
+def test_bench_decisions_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = bench_decisions.main(["--hosts", "50", "--runs", "2", "--decisions", "20",
+                               "--slow-decisions", "3", "--json", str(out)],
+                              prog="shm bench decisions")
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["hosts"] == 50
+    assert result["decisions_per_s"] > 0 and result["slow_decisions_per_s"] > 0
+    assert result["ratio"] > 0
+    assert len(result["fast"]["runs"]) == 2 and len(result["slow"]["runs"]) == 2
+    assert result["fast"]["no_valid_host"] == [0, 0]
+    assert "fast path" in capsys.readouterr().out
+
+
+def test_bench_plugs_into_the_shm_bench_registry(tmp_path, monkeypatch):
+    from shared_host_manager.cmd import bench
+
+    monkeypatch.setitem(bench.BENCHMARKS, "decisions", (
+        "shared_host_manager.bench_decisions:main", "scheduling decisions per second"))
+    out = tmp_path / "b.json"
+    assert bench.main(["decisions", "--hosts", "20", "--runs", "1", "--decisions", "5",
+                       "--slow-decisions", "2", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["hosts"] == 20

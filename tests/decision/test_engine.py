@@ -1,0 +1,210 @@
+"""select_destinations: selection, alternates, multi-instance consumption, claims, NoValidHost."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from protocol.resources import check_fit
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.decision_fixtures import host_doc, load_receiver
+from shared_host_manager.request import Flavor, InstanceGroup, RequestSpec
+from shared_host_manager.scheduler import DecisionEngine, NoValidHost
+from shared_host_manager.subset import AdaptiveSubset
+
+PATHS = ("fast", "slow")
+
+
+def _engine(docs, path="fast", seed=1, **cfg):
+    rec = load_receiver(docs, down_interval=1e9)
+    sent = []
+    engine = DecisionEngine(rec, sent.append, config=SchedulerConfig(**cfg), path=path,
+                            rng=random.Random(seed))
+    return engine, sent
+
+
+def _docs(n=5, **kw):
+    # host i has i*1024 MB free beyond the base, so RAM weighing orders them h4 > h3 > ...
+    return {f"cn{i}": host_doc(f"h{i}", memory_mb=8192 + 1024 * i, **kw) for i in range(n)}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_best_host_claimed_with_alternates(path):
+    engine, sent = _engine(_docs(), path)
+    spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512), instance_uuids=["vm1"])
+    [[chosen, *alts]] = engine.select_destinations(spec, 0.0)
+    assert (chosen.source, chosen.instance_uuid) == ("cn4", "vm1") and chosen.claim_id
+    assert [a.source for a in alts] == ["cn3", "cn2"] and all(a.claim_id is None for a in alts)
+    # the claim is pending in the receiver and was handed to send_claim
+    [claim] = sent
+    view = engine.receiver.sources["cn4"]
+    assert claim.claim_id in view.pending and claim.instance == "vm1"
+    assert (claim.epoch, claim.seq) == view.version
+    assert claim.resources == {"vcpus": 1, "memory_mb": 512}
+    assert view.pending_usage == {"vcpus": 1, "memory_mb": 512}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_multi_instance_consumes_as_it_goes(path):
+    # each host fits exactly one 4-vcpu instance
+    docs = {f"cn{i}": host_doc(f"h{i}", vcpus=4, cpu_ratio=1.0, memory_mb=8192 + i) for i in range(3)}
+    engine, sent = _engine(docs, path)
+    spec = RequestSpec(flavor=Flavor(vcpus=4, memory_mb=1024), num_instances=3)
+    result = engine.select_destinations(spec, 0.0)
+    assert sorted(r[0].source for r in result) == ["cn0", "cn1", "cn2"]
+    assert len({c.claim_id for c in sent}) == 3
+    # nothing is left for a fourth, and the failure claims nothing
+    with pytest.raises(NoValidHost, match="ResourceFitFilter"):
+        engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1)), 0.0)
+    assert len(sent) == 3
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_all_or_nothing(path):
+    docs = {f"cn{i}": host_doc(f"h{i}", vcpus=4, cpu_ratio=1.0) for i in range(2)}
+    engine, sent = _engine(docs, path)
+    with pytest.raises(NoValidHost, match="instance 3 of 3"):
+        engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=4), num_instances=3), 0.0)
+    assert sent == [] and engine.receiver.pending_claims() == 0
+    # and the hosts are still whole for the next request
+    assert len(engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=4), num_instances=2),
+                                          0.0)) == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_anti_affinity_within_one_request(path):
+    engine, _ = _engine(_docs(3), path)
+    group = InstanceGroup("anti-affinity")
+    result = engine.select_destinations(
+        RequestSpec(flavor=Flavor(vcpus=1), num_instances=3, instance_group=group), 0.0)
+    assert len({r[0].source for r in result}) == 3
+    with pytest.raises(NoValidHost):
+        engine.select_destinations(
+            RequestSpec(flavor=Flavor(vcpus=1), num_instances=4, instance_group=group), 0.0)
+    assert group.hosts == [] and group.members == []  # the caller's spec is not mutated
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_affinity_within_one_request_and_across_requests(path):
+    engine, _ = _engine(_docs(4), path)
+    group = InstanceGroup("affinity")
+    result = engine.select_destinations(
+        RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["a", "b", "c"], instance_group=group), 0.0)
+    assert len({r[0].source for r in result}) == 1
+    # a later request of the same group follows its members (pending claims count)
+    group.members = ["a", "b", "c"]
+    [[later, *_]] = engine.select_destinations(
+        RequestSpec(flavor=Flavor(vcpus=1), instance_group=group), 0.0)
+    assert later.source == result[0][0].source
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_force_and_ignore_hosts(path):
+    engine, _ = _engine(_docs(), path)
+    [[s, *alts]] = engine.select_destinations(RequestSpec(force_hosts=["H1"]), 0.0)
+    assert s.source == "cn1" and alts == []
+    [[s, *_]] = engine.select_destinations(RequestSpec(ignore_hosts=["h4", "h3"]), 0.0)
+    assert s.source == "cn2"
+    [[s, *_]] = engine.select_destinations(RequestSpec(force_nodes=["h0"]), 0.0)
+    assert s.source == "cn0"
+    # forcing skips ordinary filters but not what placement decides (resource fit)
+    engine2, _ = _engine(_docs(), path, enabled_filters=("ComputeFilter", "ResourceFitFilter",
+                                                         "AvailabilityZoneFilter"))
+    [[s, *_]] = engine2.select_destinations(RequestSpec(force_hosts=["h1"], availability_zone="x"), 0.0)
+    assert s.source == "cn1"
+    with pytest.raises(NoValidHost):
+        engine2.select_destinations(RequestSpec(force_hosts=["h1"], flavor=Flavor(vcpus=1000)), 0.0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_alternates_stay_in_the_cell(path):
+    docs = _docs(6)
+    for i in (5, 3, 1):
+        docs[f"cn{i}"]["compute"]["cell_uuid"] = "cell2"
+    engine, _ = _engine(docs, path)
+    [[s, *alts]] = engine.select_destinations(RequestSpec(), 0.0)
+    assert s.source == "cn5" and [a.source for a in alts] == ["cn3", "cn1"]
+
+
+def test_claim_ids_are_unique_and_carry_the_version():
+    engine, sent = _engine(_docs(), "fast")
+    for _ in range(20):
+        engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=1)), 0.0)
+    ids = [c.claim_id for c in sent]
+    assert len(set(ids)) == 20
+    assert all(c.claim_id.endswith(f"@{c.epoch}.{c.seq}") for c in sent)
+    other, sent2 = _engine(_docs(), "fast", seed=2)
+    other.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=1)), 0.0)
+    assert sent2[0].claim_id not in ids  # another engine (e.g. after a restart) has another nonce
+
+
+def test_subset_size_spreads_choices_among_the_best():
+    # RAM only: zero-sized claims change nothing it weighs (IoOpsWeigher would count them)
+    engine, _ = _engine(_docs(8), "fast", host_subset_size_min=1, host_subset_size_max=4,
+                        weight_classes=("RAMWeigher",))
+    chosen = {engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0)), 0.0,
+                                         live_schedulers=4)[0][0].source for _ in range(40)}
+    assert chosen == {"cn7", "cn6", "cn5", "cn4"}
+    one = {engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0)), 0.0,
+                                      live_schedulers=1)[0][0].source for _ in range(5)}
+    assert len(one) == 1
+
+
+def test_adaptive_subset():
+    s = AdaptiveSubset(1, 10, target=0.05, alpha=0.5)
+    assert s.size(1) == 1 and s.size(4) == 4
+    for _ in range(5):
+        s.observe(True)
+    assert s.size(4) == 10 and s.size(1) > 1
+    for _ in range(20):
+        s.observe(False)
+    assert s.size(1) == 1 and s.size(4) == 4
+    with pytest.raises(ValueError):
+        AdaptiveSubset(3, 2)
+
+
+def test_selected_hosts_fit_in_the_scheduler_view():
+    engine, sent = _engine(_docs(3, vcpus=4, cpu_ratio=1.0), "fast")
+    placed = 0
+    while True:
+        try:
+            engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=3, memory_mb=100)), 0.0)
+            placed += 1
+        except NoValidHost:
+            break
+    assert placed == 3
+    for view in engine.receiver.sources.values():
+        assert check_fit(view.doc["compute"], {}, view.pending_usage) is None
+        assert view.pending_usage.get("vcpus", 0) <= 4
+
+
+def test_ordered_hosts_matches_between_paths_and_explains():
+    docs = _docs(6)
+    docs["cn2"]["service"]["disabled"] = True
+    fast, _ = _engine(docs, "fast")
+    slow, _ = _engine(docs, "slow")
+    spec = RequestSpec(flavor=Flavor(vcpus=1))
+    assert fast.ordered_hosts(spec) == slow.ordered_hosts(spec)
+    assert "cn2" not in dict(fast.ordered_hosts(spec))
+    for engine in (fast, slow):
+        with pytest.raises(NoValidHost) as err:
+            engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=10_000)), 0.0)
+        assert "ComputeFilter: (start: 6, end: 5)" in str(err.value)
+        assert "ResourceFitFilter: (start: 5, end: 0)" in str(err.value)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_decisions_never_write_to_the_receivers_documents(path):
+    engine, sent = _engine(_docs(6, aggregates={"a": {"name": "a", "metadata": {"x": "1"}}}), path)
+    before = {s: (v.digest(), v.version) for s, v in engine.receiver.sources.items()}
+    group = InstanceGroup("affinity")
+    for i in range(10):
+        engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1), num_instances=2,
+                                               instance_group=group if i % 2 else None,
+                                               build_request={"image": "cirros"},
+                                               request_id=f"r{i}"), 0.0)
+    for s, v in engine.receiver.sources.items():
+        v._digest = None  # recompute from the document itself
+        assert (v.digest(), v.version) == before[s]
+    assert sent[0].request == {"image": "cirros", "request_id": "r0"}

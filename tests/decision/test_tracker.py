@@ -1,0 +1,158 @@
+"""The request tracker: rejections and expiries move to alternates; acceptances complete."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from protocol.document import SET
+from protocol.messages import ClaimResult, Delta
+from protocol.receiver import Outcome
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.decision_fixtures import host_doc, load_receiver
+from shared_host_manager.request import Flavor, RequestSpec
+from shared_host_manager.scheduler import DecisionEngine, NoValidHost
+from shared_host_manager.tracker import (
+    InstanceFailed,
+    InstanceRescheduled,
+    InstanceScheduled,
+    InstanceState,
+    RequestFinished,
+    RequestTracker,
+)
+
+
+def _setup(n=3, **cfg):
+    docs = {f"cn{i}": host_doc(f"h{i}", vcpus=4, cpu_ratio=1.0, memory_mb=8192 + 1024 * i)
+            for i in range(n)}
+    rec = load_receiver(docs, down_interval=1e9, claim_deadline=5.0)
+    sent = []
+    engine = DecisionEngine(rec, sent.append, config=SchedulerConfig(**cfg), rng=random.Random(0))
+    return RequestTracker(engine), rec, sent
+
+
+def _reject(rec, claim, now=1.0):
+    rec.receive(ClaimResult(claim.claim_id, rec.name, claim.source, False, claim.epoch, claim.seq,
+                            "no room"), now)
+
+
+def _accept(rec, claim, now=1.0):
+    rec.receive(ClaimResult(claim.claim_id, rec.name, claim.source, True, claim.epoch,
+                            claim.seq + 1), now)
+
+
+def test_rejection_claims_the_next_alternate_then_acceptance_completes():
+    tracker, rec, sent = _setup()
+    req = tracker.submit(RequestSpec(flavor=Flavor(vcpus=2), instance_uuids=["vm"]), 0.0)
+    assert [s.source for s in req.selections[0]] == ["cn2", "cn1", "cn0"]
+    _reject(rec, sent[0])
+    [event] = tracker.process(rec.drain_outcomes(), 1.0)
+    assert isinstance(event, InstanceRescheduled) and event.outcome is Outcome.REJECTED
+    assert event.selection.source == "cn1" and sent[-1].source == "cn1"
+    assert sent[-1].claim_id in rec.sources["cn1"].pending
+    assert tracker.engine.subset.observed == 1 and tracker.engine.subset.rate > 0
+    _accept(rec, sent[-1])
+    events = tracker.process(rec.drain_outcomes(), 2.0)
+    assert isinstance(events[0], InstanceScheduled) and events[0].selection.source == "cn1"
+    assert isinstance(events[1], RequestFinished) and set(events[1].placed) == {"vm"}
+    # the INCLUDED that follows (delta listing the claim) changes nothing
+    rec.receive(Delta("cn1", 1, 1, [[SET, "compute", "vcpus_used", 2]], [sent[-1].claim_id]), 3.0)
+    assert tracker.process(rec.drain_outcomes(), 3.0) == []
+    assert tracker.request(req.request_id).instances["vm"].state is InstanceState.DONE
+
+
+def test_exhausted_alternates_fail_with_no_valid_host():
+    tracker, rec, sent = _setup(max_attempts=2)
+    req = tracker.submit(RequestSpec(flavor=Flavor(vcpus=2), instance_uuids=["vm"]), 0.0)
+    assert len(req.selections[0]) == 2
+    _reject(rec, sent[0])
+    tracker.process(rec.drain_outcomes(), 1.0)
+    _reject(rec, sent[1])
+    events = tracker.process(rec.drain_outcomes(), 2.0)
+    assert isinstance(events[0], InstanceFailed)
+    assert isinstance(events[0].error, NoValidHost)
+    assert "Exceeded max scheduling attempts 2" in str(events[0].error)
+    assert isinstance(events[1], RequestFinished) and set(events[1].failed) == {"vm"}
+    assert tracker.in_flight() == 0
+
+
+def test_expired_claim_moves_on_and_an_alternate_that_no_longer_fits_is_skipped():
+    tracker, rec, sent = _setup()
+    tracker.submit(RequestSpec(flavor=Flavor(vcpus=3), instance_uuids=["vm"]), 0.0)
+    # cn1 (the first alternate) filled up meanwhile
+    rec.receive(Delta("cn1", 1, 1, [[SET, "compute", "vcpus_used", 4]]), 1.0)
+    rec.tick(10.0)  # the claim on cn2 expires without an answer
+    [event] = tracker.process(rec.drain_outcomes(), 10.0)
+    assert isinstance(event, InstanceRescheduled) and event.outcome is Outcome.EXPIRED
+    assert event.selection.source == "cn0"
+    inst = next(iter(tracker.requests.values())).instances["vm"]
+    assert inst.history == ["h2: claim expired", "h1: insufficient vcpus: requested 3, used 4, "
+                            "capacity 4"]
+
+
+def test_accepted_claim_is_never_retried_even_if_it_later_expires():
+    tracker, rec, sent = _setup()
+    tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["vm"]), 0.0)
+    _accept(rec, sent[0])
+    assert isinstance(tracker.process(rec.drain_outcomes(), 1.0)[0], InstanceScheduled)
+    rec.tick(100.0)  # the including delta never came: the receiver expires the pending claim
+    assert [o for _, _, o in rec.drain_outcomes()] == [Outcome.EXPIRED]
+    assert len(sent) == 1
+
+
+def test_multi_instance_request_finishes_when_every_instance_is_resolved():
+    tracker, rec, sent = _setup(n=4)
+    req = tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), num_instances=2), 0.0)
+    assert len(sent) == 2
+    _accept(rec, sent[0])
+    events = tracker.process(rec.drain_outcomes(), 1.0)
+    assert [type(e) for e in events] == [InstanceScheduled]
+    _accept(rec, sent[1])
+    events = tracker.process(rec.drain_outcomes(), 1.0)
+    assert [type(e) for e in events] == [InstanceScheduled, RequestFinished]
+    assert tracker.request(req.request_id).finished
+
+
+def test_no_valid_host_at_submit_propagates():
+    tracker, rec, sent = _setup()
+    with pytest.raises(NoValidHost):
+        tracker.submit(RequestSpec(flavor=Flavor(vcpus=100)), 0.0)
+    assert tracker.stats["no_valid_host_at_once"] == 1 and not tracker.requests
+
+
+def test_outcomes_of_unknown_claims_are_ignored():
+    tracker, rec, sent = _setup()
+    assert tracker.process([("nope", "cn1", Outcome.REJECTED)], 0.0) == []
+
+
+def test_alternate_failing_a_filter_now_is_skipped():
+    # anti-affinity: after the decision, a member of the group shows up on the first alternate
+    tracker, rec, sent = _setup()
+    from shared_host_manager.request import InstanceGroup
+
+    group = InstanceGroup("anti-affinity", members=["m1"])
+    tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["vm"],
+                               instance_group=group), 0.0)
+    rec.receive(Delta("cn1", 1, 1, [[SET, "instances", "m1", {"claim": "x"}]]), 1.0)
+    _reject(rec, sent[0])
+    [event] = tracker.process(rec.drain_outcomes(), 1.0)
+    assert isinstance(event, InstanceRescheduled) and event.selection.source == "cn0"
+    inst = next(iter(tracker.requests.values())).instances["vm"]
+    assert inst.history[-1] == "h1: ServerGroupAntiAffinityFilter no longer passes"
+
+
+def test_rejected_siblings_do_not_meet_on_a_shared_alternate():
+    from shared_host_manager.request import InstanceGroup
+
+    tracker, rec, sent = _setup(n=3)
+    req = tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["a", "b"],
+                                     instance_group=InstanceGroup("anti-affinity")), 0.0)
+    assert [s.source for s in req.selections[0][1:]] == ["cn0"] == [
+        s.source for s in req.selections[1][1:]]
+    _reject(rec, sent[0])
+    _reject(rec, sent[1])
+    events = tracker.process(rec.drain_outcomes(), 1.0)
+    assert isinstance(events[0], InstanceRescheduled) and events[0].selection.source == "cn0"
+    assert isinstance(events[1], InstanceFailed)
+    assert "ServerGroupAntiAffinityFilter no longer passes" in str(events[1].error)

@@ -1,0 +1,132 @@
+"""Weighers: nova's raw values, normalisation, multipliers and aggregate overrides; fast == slow."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.decision_fixtures import host_doc, load_receiver
+from shared_host_manager.hoststate import HostView
+from shared_host_manager.request import RequestSpec
+from shared_host_manager.scheduler import DecisionEngine
+from shared_host_manager.weights import get_weight_multiplier, normalize, weigh_hosts
+from shared_host_manager.weights.cpu import CPUWeigher
+from shared_host_manager.weights.disk import DiskWeigher
+from shared_host_manager.weights.io_ops import IoOpsWeigher
+from shared_host_manager.weights.num_instances import NumInstancesWeigher
+from shared_host_manager.weights.ram import RAMWeigher
+
+
+def _hosts(docs):
+    rec = load_receiver(docs)
+    return rec, [HostView(v) for v in rec.sources.values()]
+
+
+def _ranked(weighers, docs):
+    rec, hosts = _hosts(docs)
+    return [(w.obj.uuid, round(w.weight, 6)) for w in weigh_hosts(weighers, hosts, RequestSpec())]
+
+
+def _ram_docs():
+    # nova's test_ram weigher fixture shape: free RAM 512, 1024, 3072, 8192 MB
+    return {f"host{i}": host_doc(f"host{i}", memory_mb=free, memory_mb_used=0)
+            for i, free in enumerate((512, 1024, 3072, 8192), start=1)}
+
+
+def test_normalize_is_novas():
+    assert normalize([1, 2, 3], 1, 3) == [0.0, 0.5, 1.0]
+    assert normalize([5, 5], 5, 5) == [0.0, 0.0]
+    assert normalize([], 0, 0) == []
+
+
+def test_ram_weigher_spreads_by_default_and_stacks_with_negative_multiplier():
+    ranked = _ranked([RAMWeigher()], _ram_docs())
+    assert ranked[0] == ("host4", 1.0) and ranked[-1] == ("host1", 0.0)
+    stack = _ranked([RAMWeigher(SchedulerConfig(ram_weight_multiplier=-1.0))], _ram_docs())
+    assert stack[0] == ("host1", 0.0) and stack[-1] == ("host4", -1.0)
+    double = _ranked([RAMWeigher(SchedulerConfig(ram_weight_multiplier=2.0))], _ram_docs())
+    assert double[0] == ("host4", 2.0)
+
+
+def test_ram_weigher_ignores_ratio_and_counts_reserved():
+    docs = {"ratio": host_doc("ratio", memory_mb=1000, ram_ratio=10.0),
+            "reserved": host_doc("reserved", memory_mb=2000, reserved={"memory_mb": 500}),
+            "plain": host_doc("plain", memory_mb=1600)}
+    _, hosts = _hosts(docs)
+    free = {h.uuid: h.free_ram_mb for h in hosts}
+    assert free == {"ratio": 1000, "reserved": 1500, "plain": 1600}
+
+
+def test_cpu_weigher_uses_ratio():
+    docs = {"a": host_doc("a", vcpus=8, vcpus_used=4, cpu_ratio=16.0),  # 124 free
+            "b": host_doc("b", vcpus=32, vcpus_used=0, cpu_ratio=1.0),  # 32 free
+            "c": host_doc("c", vcpus=16, vcpus_used=16, cpu_ratio=4.0)}  # 48 free
+    assert [s for s, _ in _ranked([CPUWeigher()], docs)] == ["a", "c", "b"]
+
+
+def test_disk_weigher_free_disk_mb():
+    docs = {"a": host_doc("a", disk_gb=100, disk_gb_used=50), "b": host_doc("b", disk_gb=100)}
+    _, hosts = _hosts(docs)
+    assert {h.uuid: h.free_disk_mb for h in hosts} == {"a": 50 * 1024, "b": 100 * 1024}
+    assert _ranked([DiskWeigher()], docs)[0][0] == "b"
+
+
+def test_num_instances_weigher_default_zero_and_stacking():
+    docs = {"busy": host_doc("busy", num_instances=10), "idle": host_doc("idle", num_instances=0)}
+    assert {w for _, w in _ranked([NumInstancesWeigher()], docs)} == {0.0}
+    stack = NumInstancesWeigher(SchedulerConfig(num_instances_weight_multiplier=1.0))
+    assert _ranked([stack], docs)[0] == ("busy", 1.0)
+
+
+def test_io_ops_weigher_prefers_idle_hosts():
+    docs = {"busy": host_doc("busy", num_io_ops=6), "idle": host_doc("idle", num_io_ops=1),
+            "mid": host_doc("mid", num_io_ops=3)}
+    assert [s for s, _ in _ranked([IoOpsWeigher()], docs)] == ["idle", "mid", "busy"]
+
+
+def test_aggregate_override_takes_the_minimum():
+    docs = {"both": host_doc("both", aggregates={
+        "x": {"name": "x", "metadata": {"ram_weight_multiplier": "3.0"}},
+        "y": {"name": "y", "metadata": {"ram_weight_multiplier": "-2.5"}}}),
+        "bad": host_doc("bad", aggregates={"z": {"name": "z", "metadata": {
+            "ram_weight_multiplier": "lots"}}}),
+        "none": host_doc("none")}
+    _, hosts = _hosts(docs)
+    by = {h.uuid: h for h in hosts}
+    assert get_weight_multiplier(by["both"], "ram_weight_multiplier", 1.0) == -2.5
+    assert get_weight_multiplier(by["bad"], "ram_weight_multiplier", 1.0) == 1.0
+    assert get_weight_multiplier(by["none"], "ram_weight_multiplier", 1.0) == 1.0
+
+
+def test_single_host_weighs_zero():
+    docs = {"only": host_doc("only")}
+    assert _ranked([RAMWeigher()], docs) == [("only", 0.0)]
+
+
+def test_ties_are_ordered_by_source_id():
+    docs = {name: host_doc(name) for name in ("c", "a", "b")}
+    assert [s for s, _ in _ranked([RAMWeigher(), CPUWeigher()], docs)] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fast_weights_are_bit_identical_to_slow(seed):
+    rng = random.Random(seed)
+    docs = {}
+    for i in range(40):
+        aggs = {}
+        if rng.random() < 0.3:
+            aggs["m"] = {"name": "m", "metadata": {
+                rng.choice(("ram_weight_multiplier", "cpu_weight_multiplier",
+                            "io_ops_weight_multiplier")): rng.choice(("0.5", "2", "-1"))}}
+        docs[f"cn{i}"] = host_doc(
+            f"h{i}", vcpus=rng.choice((4, 8, 16)), vcpus_used=rng.randrange(8),
+            cpu_ratio=rng.choice((1.0, 1.5, 16.0)), memory_mb=rng.randrange(1024, 65536, 512),
+            memory_mb_used=rng.randrange(0, 1024, 256), disk_gb=rng.randrange(10, 500),
+            num_io_ops=rng.randrange(5), num_instances=rng.randrange(9), aggregates=aggs)
+    cfg = SchedulerConfig(num_instances_weight_multiplier=rng.choice((0.0, 1.0, -0.3)))
+    spec = RequestSpec()
+    fast = DecisionEngine(load_receiver(docs), lambda c: None, config=cfg, path="fast")
+    slow = DecisionEngine(load_receiver(docs), lambda c: None, config=cfg, path="slow")
+    assert fast.ordered_hosts(spec) == slow.ordered_hosts(spec)

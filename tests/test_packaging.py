@@ -1,0 +1,17 @@
+"""setup.py declares exactly the filters and weighers the loader knows."""
+
+import os
+import re
+
+from shared_host_manager.plugins import entry_point_lines
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_entry_points_match_the_builtin_tables():
+    setup_py = open(os.path.join(TOP, "setup.py"), encoding="utf-8").read()
+    for group, lines in entry_point_lines().items():
+        block = re.search(rf'"{re.escape(group)}": \[(.*?)\]', setup_py, re.S)
+        assert block, f"setup.py has no {group} entry points"
+        declared = re.findall(r'"([^"]+ = [^"]+)"', block.group(1))
+        assert declared == lines, group
