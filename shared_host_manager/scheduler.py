@@ -80,7 +80,7 @@ from shared_host_manager.index import (
 )
 from shared_host_manager.plugins import load_filters, load_weighers
 from shared_host_manager.request import RequestSpec, RequestView
-from shared_host_manager.subset import AdaptiveSubset
+from shared_host_manager.subset import AdaptiveSubset, PeerOwnership, RendezvousChoice
 from shared_host_manager.weights import BaseHostWeigher, weigh_hosts
 from shared_host_manager.world import IndexWorld, ReceiverWorld
 
@@ -207,12 +207,15 @@ class DecisionEngine:
         self.subset = AdaptiveSubset(self.config.host_subset_size_min, self.config.host_subset_size_max,
                                      self.config.claim_rejection_target,
                                      self.config.claim_rejection_ewma_alpha)
+        self._rendezvous = (RendezvousChoice(receiver.name)
+                            if self.config.host_subset_choice == "rendezvous" else None)
+        self._ownership: PeerOwnership | None = None
         # claim ids: scheduler name, a per-engine nonce (a restarted scheduler must not
         # reuse an id a compute node still remembers), a counter, the view's version
         self._nonce = f"{self.rng.getrandbits(32):08x}"
         self._claims = 0
         self.stats = {"requests": 0, "instances": 0, "no_valid_host": 0, "claims_sent": 0,
-                      "alternates_claimed": 0}
+                      "alternates_claimed": 0, "owned_choices": 0}
 
     # -- public API ------------------------------------------------------------------
 
@@ -237,17 +240,19 @@ class DecisionEngine:
         uuids = self.instance_uuids(spec)
         req = self.request_view(spec, fast, uuids)
         k = self.subset.size(live_schedulers if live_schedulers is not None else self.live_schedulers)
+        # with known peers, look deeper: about k of the top k*peers hosts are ours
+        depth = k * len(self._ownership.peers) if self._ownership is not None else k
         rank = self._rank_fast if fast else self._rank_slow
         picks: list[tuple[str, str, float]] = []
         ranking: Any = None
         for i, uuid in enumerate(uuids):
             req.begin(i, uuid)
             ranking = rank(req)
-            top = list(islice(ranking, k))
+            top = list(islice(ranking, depth))
             if not top:
                 self.stats["no_valid_host"] += 1
                 raise NoValidHost(self._explain(req, fast, i, len(uuids)))
-            source, weight = top[self.rng.randrange(len(top))]
+            source, weight = top[self._choose(top, k)]
             req.consume(source, self._host_of(source), uuid)
             picks.append((uuid, source, weight))
 
@@ -279,6 +284,34 @@ class DecisionEngine:
         self.stats["instances"] += len(uuids)
         self.stats["claims_sent"] += len(claims)
         return out
+
+    def set_peers(self, peers: Sequence[str]) -> None:
+        """The live schedulers (this one included): each claims first the best host it owns.
+
+        An empty or single-name list turns ownership off (plain subset choice).
+        """
+        names = set(peers) | {self.receiver.name}
+        self._ownership = PeerOwnership(self.receiver.name, list(names)) if len(names) > 1 else None
+        self.live_schedulers = len(names)
+
+    def _choose(self, top: list[tuple[str, float]], k: int) -> int:
+        """Which host of the ranked ``top`` to claim.
+
+        The best host this scheduler owns among its peers, if any is in ``top``;
+        otherwise one of the best ``k`` (see [filter_scheduler] host_subset_choice).
+        """
+        if self._ownership is not None:
+            owns = self._ownership.owns
+            for i, (source, _) in enumerate(top):
+                if owns(source):
+                    self.stats["owned_choices"] += 1
+                    return i
+            top = top[:k]
+        if len(top) == 1:
+            return 0
+        if self._rendezvous is not None:
+            return self._rendezvous.index([s for s, _ in top])
+        return self.rng.randrange(len(top))
 
     def ordered_hosts(self, spec: RequestSpec, *, path: str | None = None) -> list[tuple[str, float]]:
         """Every host passing the filters for the first instance, best first (a dry run)."""

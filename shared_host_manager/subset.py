@@ -23,6 +23,8 @@ Pure and deterministic (no clock, no randomness).
 
 from __future__ import annotations
 
+import zlib
+
 
 class AdaptiveSubset:
     __slots__ = ("k_min", "k_max", "target", "alpha", "rate", "observed")
@@ -54,4 +56,60 @@ class AdaptiveSubset:
         return max(self.k_min, min(self.k_max, k))
 
 
-__all__ = ["AdaptiveSubset"]
+class RendezvousChoice:
+    """Pick from a subset the host this scheduler prefers: highest hash of (scheduler, host).
+
+    Schedulers deciding on the same view then spread over the subset without
+    talking to each other (rendezvous hashing), while each one keeps choosing
+    its preferred host until its own pending claims push it out of the subset.
+    The hash is stable across processes and runs (CRC32, not Python's salted
+    ``hash``), so a seeded simulation is reproducible.
+    """
+
+    __slots__ = ("_prefix", "_rank")
+
+    def __init__(self, scheduler: str) -> None:
+        self._prefix = scheduler.encode() + b"/"
+        self._rank: dict[str, int] = {}
+
+    def rank(self, source: str) -> int:
+        r = self._rank.get(source)
+        if r is None:
+            r = self._rank[source] = zlib.crc32(self._prefix + source.encode())
+        return r
+
+    def index(self, sources: list[str]) -> int:
+        """Position in ``sources`` of the preferred one."""
+        ranks = [self.rank(s) for s in sources]
+        return ranks.index(max(ranks))
+
+
+class PeerOwnership:
+    """Which hosts this scheduler *owns* among its live peers (rendezvous hashing).
+
+    Every host has exactly one owner among the peers: the peer with the highest
+    CRC32 of (peer name, host).  Each scheduler computes the same answer from
+    the same peer list without talking to the others, so when each claims the
+    best host *it owns*, concurrent decisions on the same view land on different
+    hosts.  A peer missing from the list (down, or not yet known) only means its
+    hosts are reached through the fallback (the ordinary subset choice).
+    """
+
+    __slots__ = ("me", "peers", "_prefixes", "_owned")
+
+    def __init__(self, me: str, peers: list[str]) -> None:
+        self.me = me
+        self.peers = sorted(set(peers) | {me})
+        self._prefixes = [(p, p.encode() + b"/") for p in self.peers]
+        self._owned: dict[str, bool] = {}
+
+    def owns(self, source: str) -> bool:
+        owned = self._owned.get(source)
+        if owned is None:
+            key = source.encode()
+            owner = max(self._prefixes, key=lambda pp: zlib.crc32(pp[1] + key))[0]
+            owned = self._owned[source] = owner == self.me
+        return owned
+
+
+__all__ = ["AdaptiveSubset", "PeerOwnership", "RendezvousChoice"]

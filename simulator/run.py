@@ -23,6 +23,7 @@ core's worth of Python, whatever the mode, so the modes compare fairly).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import threading
@@ -69,6 +70,8 @@ class SimConfig:
     heartbeat_interval: float = 2.0
     coalesce_window: float = 0.02
     host_subset_size: int | None = None
+    host_subset_choice: str = "rendezvous"
+    peer_ownership: bool = True
     progress: bool = True
 
 
@@ -209,10 +212,10 @@ class Simulation:
     # -- set-up -----------------------------------------------------------------
 
     def _scheduler_config(self) -> SchedulerConfig:
-        config = SchedulerConfig()
+        changes: dict[str, Any] = {"host_subset_choice": self.cfg.host_subset_choice}
         if self.cfg.host_subset_size is not None:
-            config.host_subset_size_min = config.host_subset_size_max = self.cfg.host_subset_size
-        return config
+            changes["host_subset_size_min"] = changes["host_subset_size_max"] = self.cfg.host_subset_size
+        return dataclasses.replace(SchedulerConfig(), **changes)
 
     def _on_change(self, machine: SourceMachine, ops: list[Op]) -> None:
         # called under the reporter's lock, at the source, for every change
@@ -260,6 +263,10 @@ class Simulation:
                 assert self.db is not None
                 sched = DatabaseScheduler(s, self.transport.control, self.db, refresh, endpoints)
             self.schedulers.append(sched)
+        if self.mode == "shared" and cfg.peer_ownership:
+            names = [s.name for s in self.schedulers]
+            for sched in self.schedulers:
+                sched.engine.set_peers(names)
         for sched in self.schedulers:
             sched.start()
         if self.mode == "shared":

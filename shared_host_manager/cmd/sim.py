@@ -49,6 +49,11 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval", type=float, default=d.heartbeat_interval)
     p.add_argument("--host-subset-size", type=int,
                    help="fixed host_subset_size (default: adaptive within the configured bounds)")
+    p.add_argument("--host-subset-choice", choices=["rendezvous", "random"], default=d.host_subset_choice,
+                   help="how a scheduler picks among the best hosts (default: %(default)s)")
+    p.add_argument("--no-peer-ownership", dest="peer_ownership", action="store_false",
+                   help="shared mode: do not tell schedulers about each other (each then picks "
+                        "only by host_subset_choice)")
     p.add_argument("--json", help="write the figures to this JSON file")
     p.add_argument("--plot", help="write a PNG: throughput and latency per host manager, staleness CDF")
     p.add_argument("--quiet", action="store_true", help="no progress output")

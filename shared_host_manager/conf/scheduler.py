@@ -131,6 +131,17 @@ with the number of live schedulers and with the observed rejection rate,
 trading a little placement quality for fewer collisions, up to this bound.
 Set equal to host_subset_size_min for a fixed size (nova's host_subset_size).
 """),
+    cfg.StrOpt("host_subset_choice", default="rendezvous", choices=["rendezvous", "random"],
+               help="""
+How the selected host is chosen among the best-weighed subset. 'random':
+uniformly at random for every instance (nova's way): two concurrent
+decisions of different schedulers collide with probability 1/subset.
+'rendezvous': each scheduler prefers the subset host with the highest hash of
+(scheduler name, host); different schedulers then prefer different hosts for
+as long as the subset is stable, and collide only when their preferences meet.
+
+Related options: host_subset_size_min, host_subset_size_max.
+"""),
     cfg.FloatOpt("claim_rejection_target", default=0.05, min=0.0001, max=1.0, help="""
 Claim rejection rate (rejected / resolved claims, as an EWMA) at which the
 subset doubles the share that comes from concurrent schedulers.
@@ -168,6 +179,7 @@ class SchedulerConfig:
     max_attempts: int = 3
     host_subset_size_min: int = 1
     host_subset_size_max: int = 16
+    host_subset_choice: str = "rendezvous"
     claim_rejection_target: float = 0.05
     claim_rejection_ewma_alpha: float = 0.05
     default_availability_zone: str = "nova"

@@ -142,13 +142,30 @@ def test_claim_ids_are_unique_and_carry_the_version():
 def test_subset_size_spreads_choices_among_the_best():
     # RAM only: zero-sized claims change nothing it weighs (IoOpsWeigher would count them)
     engine, _ = _engine(_docs(8), "fast", host_subset_size_min=1, host_subset_size_max=4,
-                        weight_classes=("RAMWeigher",))
+                        weight_classes=("RAMWeigher",), host_subset_choice="random")
     chosen = {engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0)), 0.0,
                                          live_schedulers=4)[0][0].source for _ in range(40)}
     assert chosen == {"cn7", "cn6", "cn5", "cn4"}
     one = {engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0)), 0.0,
                                       live_schedulers=1)[0][0].source for _ in range(5)}
     assert len(one) == 1
+
+
+def test_rendezvous_choice_spreads_schedulers_not_decisions():
+    # Each scheduler keeps to its preferred host of the subset; different schedulers
+    # prefer different hosts, so concurrent decisions on one view rarely collide.
+    spec = RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0))
+    picks = {}
+    for name in [f"scheduler-{i}" for i in range(8)]:
+        rec = load_receiver(_docs(8), down_interval=1e9)
+        rec.name = name
+        engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
+            host_subset_size_min=4, host_subset_size_max=4, weight_classes=("RAMWeigher",)))
+        own = {engine.select_destinations(spec, 0.0)[0][0].source for _ in range(5)}
+        assert len(own) == 1, "one scheduler is stable while its subset is"
+        picks[name] = own.pop()
+        assert picks[name] in {"cn7", "cn6", "cn5", "cn4"}
+    assert len(set(picks.values())) >= 3, picks
 
 
 def test_adaptive_subset():
@@ -208,3 +225,28 @@ def test_decisions_never_write_to_the_receivers_documents(path):
         v._digest = None  # recompute from the document itself
         assert (v.digest(), v.version) == before[s]
     assert sent[0].request == {"image": "cirros", "request_id": "r0"}
+
+
+def test_peers_claim_hosts_they_own_so_concurrent_decisions_differ():
+    # Two schedulers with the same view and the same peer list: each claims the best host
+    # it owns, so their concurrent first choices never collide, and each owns about half.
+    from shared_host_manager.subset import PeerOwnership
+
+    spec = RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0))
+    engines = []
+    for name in ("sched-a", "sched-b"):
+        rec = load_receiver(_docs(8), down_interval=1e9)
+        rec.name = name
+        engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
+            host_subset_size_min=2, host_subset_size_max=2, weight_classes=("RAMWeigher",)))
+        engine.set_peers(["sched-a", "sched-b"])
+        engines.append(engine)
+    first = [e.select_destinations(spec, 0.0)[0][0].source for e in engines]
+    assert first[0] != first[1]
+    for engine, source in zip(engines, first, strict=True):
+        assert engine._ownership.owns(source)
+    owners = [PeerOwnership("sched-a", ["sched-b"]).owns(f"cn{i}") for i in range(200)]
+    assert 60 < sum(owners) < 140
+    # alone again: ownership off, plain subset choice
+    engines[0].set_peers([])
+    assert engines[0]._ownership is None and engines[0].live_schedulers == 1
