@@ -26,12 +26,10 @@ client threads (it blocks until the request is placed or has failed), then
 
 from __future__ import annotations
 
-import queue
 import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from compute_reporter.rpcapi import ReporterAPI
@@ -40,10 +38,10 @@ from protocol.errors import ProtocolError
 from protocol.messages import Claim, ClaimResult, Snapshot
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.manager import RequestResult, SchedulerManager
 from shared_host_manager.request import RequestSpec
 from shared_host_manager.scheduler import DecisionEngine, NoValidHost, Selection
 from shared_host_manager.service import SchedulerService
-from shared_host_manager.tracker import RequestFinished, RequestTracker
 from simulator.database import HostDatabase
 from transport.base import ControlPlane, DataPlane
 
@@ -51,23 +49,14 @@ from transport.base import ControlPlane, DataPlane
 REQUEST_TIMEOUT = 60.0
 
 
-@dataclass
-class Outcome:
-    """What happened to one request."""
-
-    placed: dict[str, str] = field(default_factory=dict)  # instance -> source
-    failed: dict[str, str] = field(default_factory=dict)  # instance -> reason
-    decision_s: float = 0.0
-    claims: int = 0
-    rejected: int = 0
-    timed_out: bool = False
+Outcome = RequestResult
 
 
 class _Waiter:
     def __init__(self) -> None:
         self.event = threading.Event()
         self.outcome = Outcome()
-        self.remaining = 0  # instances not yet placed or failed (database modes)
+        self.remaining = 0  # instances not yet placed or failed
 
 
 @dataclass(frozen=True)
@@ -83,93 +72,21 @@ class ModeSettings:
     refresh_interval: float = 60.0
 
 
-class _ClaimSender:
-    """Casts claims from a thread of its own: the engine only queues them (it runs under a lock)."""
-
-    def __init__(self, send: Callable[[Claim], Any]) -> None:
-        self._queue: queue.SimpleQueue[Claim | None] = queue.SimpleQueue()
-        self._send = send
-        self._thread = threading.Thread(target=self._run, name="claim-sender", daemon=True)
-        self._thread.start()
-
-    def put(self, claim: Claim) -> None:
-        self._queue.put(claim)
-
-    def _run(self) -> None:
-        while (claim := self._queue.get()) is not None:
-            try:
-                self._send(claim)
-            except Exception:  # a lost claim expires at its deadline; the run goes on
-                pass
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=10)
-
-
-class SharedScheduler:
-    """This project's scheduler: the stream-fed cache, the decision engine and the request tracker."""
+class SharedScheduler(SchedulerManager):
+    """This project's scheduler, as deployed: the manager over the stream-fed cache."""
 
     def __init__(self, s: ModeSettings, data: DataPlane, control: ControlPlane) -> None:
-        self.name = s.name
-        self.service = SchedulerService(
+        service = SchedulerService(
             s.name, data, control, reporter_topic=s.reporter_topic,
             scheduler_topic=s.scheduler_topic, down_interval=s.down_interval,
             claim_deadline=s.claim_deadline, reorder_timeout=0.1, resync_timeout=1.0)
-        self.receiver = self.service.receiver
-        self.lock = self.service.cache.lock
-        self._sender = _ClaimSender(self.service.send_claim)
-        self.engine = DecisionEngine(self.receiver, self._sender.put, config=s.config,
-                                     rng=random.Random(f"{s.seed}-{s.name}"),
-                                     live_schedulers=s.live_schedulers)
-        self.tracker = RequestTracker(self.engine, keep_finished=16)
-        self._waiters: dict[str, _Waiter] = {}
-        self.service.cache.observers.append(self._on_ingest)
-
-    def start(self) -> None:
-        self.service.start()
-
-    def stop(self) -> None:
-        self.service.stop()
-        self._sender.close()
-
-    def _on_ingest(self) -> None:  # under the cache lock
-        outcomes = self.receiver.drain_outcomes()
-        if not outcomes:
-            return
-        for event in self.tracker.process(outcomes, self.service.clock()):
-            if type(event) is RequestFinished:
-                waiter = self._waiters.pop(event.request_id, None)
-                if waiter is not None:
-                    request = self.tracker.finished[event.request_id]
-                    out = waiter.outcome
-                    out.placed = {u: sel.source for u, sel in event.placed.items()}
-                    out.failed = dict(event.failed)
-                    out.claims = sum(i.attempt + 1 for i in request.instances.values())
-                    out.rejected = sum(
-                        sum("claim rejected" in h for h in i.history)
-                        for i in request.instances.values())
-                    waiter.event.set()
+        super().__init__(service, config=s.config, rng=random.Random(f"{s.seed}-{s.name}"),
+                         request_timeout=REQUEST_TIMEOUT)
+        self.engine.live_schedulers = s.live_schedulers
+        self.receiver = service.receiver
 
     def schedule(self, spec: RequestSpec) -> Outcome:
-        waiter = _Waiter()
-        with self.lock:
-            start = time.perf_counter()
-            try:
-                tracked = self.tracker.submit(spec, self.service.clock())
-            except NoValidHost as exc:
-                waiter.outcome.decision_s = time.perf_counter() - start
-                waiter.outcome.failed = {u: exc.reason for u in spec.instance_uuids}
-                return waiter.outcome
-            waiter.outcome.decision_s = time.perf_counter() - start
-            self._waiters[tracked.request_id] = waiter
-        if not waiter.event.wait(REQUEST_TIMEOUT):
-            waiter.outcome.timed_out = True
-        return waiter.outcome
-
-    def versions(self) -> dict[str, tuple[int, int]]:
-        with self.lock:
-            return {s: v.version for s, v in self.receiver.sources.items() if v.doc is not None}
+        return self.select_destinations(spec)
 
 
 class _Attempt:

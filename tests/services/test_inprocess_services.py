@@ -171,3 +171,54 @@ def test_cold_start_by_asking_every_known_source(bus):
             sched.stop()
     finally:
         reporter.stop()
+
+
+def test_scheduler_manager_places_retries_and_refuses(bus):
+    from shared_host_manager.manager import SchedulerManager
+    from shared_host_manager.request import Flavor, RequestSpec
+
+    reporter = make_reporter(bus, bus, "r", hosts=3, seed=21, change_interval=0)
+    managers = [SchedulerManager(make_scheduler(bus, bus, f"s{i}"), peers=["s0", "s1"])
+                for i in range(2)]
+    for m in managers:
+        m.start()
+    reporter.start()
+    try:
+        wait_for(lambda: all(len(m.versions()) == 3 for m in managers), what="sources")
+        small = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=1024, root_gb=10),
+                            instance_uuids=[uuid.uuid4().hex for _ in range(2)])
+        result = managers[0].select_destinations(small)
+        assert set(result.placed) == set(small.instance_uuids) and not result.failed
+        for instance, source in result.placed.items():
+            with reporter.manager._lock:
+                assert instance in reporter.manager.machines[source].document["instances"]
+        huge = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=10**7), instance_uuids=["x"])
+        refused = managers[1].select_destinations(huge)
+        assert "x" in refused.failed and not refused.placed and refused.claims == 0
+        # fill the cloud from both managers at once: never overcommitted, all resolved
+        import threading
+
+        from protocol.resources import overcommitted
+
+        results = []
+
+        def fill(m):
+            for _ in range(30):
+                spec = RequestSpec(flavor=Flavor(vcpus=8, memory_mb=16384, root_gb=100),
+                                   instance_uuids=[uuid.uuid4().hex])
+                results.append(m.select_destinations(spec))
+
+        threads = [threading.Thread(target=fill, args=(m,)) for m in managers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(results) == 60 and not any(r.timed_out for r in results)
+        assert any(r.failed for r in results), "the cloud should have filled up"
+        with reporter.manager._lock:
+            for machine in reporter.manager.machines.values():
+                assert not overcommitted(machine.document["compute"])
+    finally:
+        reporter.stop()
+        for m in managers:
+            m.stop()
