@@ -62,3 +62,16 @@ def test_summary_table_shows_ratios():
     table = summary_table(report)
     assert "shared_vs_legacy_scheduled_per_s: 5.0x" in table
     assert "1 (0)" in table
+
+
+def test_plot_writes_a_png(tmp_path):
+    from simulator.plot import plot
+
+    report = {"config": {"nodes": 10, "schedulers": 2, "clients": 2, "seed": 1},
+              "results": {name: {"scheduled_per_s": 5.0 * (i + 1), "decision_ms_p50": 0.5,
+                                 "decision_ms_p99": 2.0, "e2e_ms_p50": 1.0, "e2e_ms_p99": 4.0,
+                                 "_staleness_s": [0.0, 0.001, 0.01 * (i + 1)]}
+                          for i, name in enumerate(("shared", "legacy", "caching"))}}
+    out = tmp_path / "sim.png"
+    plot(report, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
