@@ -51,8 +51,11 @@ class ReporterManager:
             self.machines[source] = SourceMachine(
                 source, epochs[source], doc, coalesce_window=coalesce_window,
                 heartbeat_interval=heartbeat_interval, ring_size=ring_size)
+        # timers: at most one live entry per source (its earliest deadline, in
+        # _scheduled); entries that no longer match it are stale and dropped when popped
         self._heap: list[tuple[float, str]] = [(float("-inf"), s) for s in self.machines]
         heapq.heapify(self._heap)
+        self._scheduled: dict[str, float] = dict.fromkeys(self.machines, float("-inf"))
         self._data: list[Any] = []  # data-plane items waiting for the next poll
         self._control: list[Send] = []
         self.stats = {"claims": 0, "resync_requests": 0, "unknown_source": 0, "changes": 0}
@@ -108,14 +111,15 @@ class ReporterManager:
         with self._lock:
             heap = self._heap
             while heap and heap[0][0] <= now:
-                _, source = heapq.heappop(heap)
+                deadline, source = heapq.heappop(heap)
+                if self._scheduled.get(source) != deadline:
+                    continue  # superseded by an earlier deadline, already handled
+                del self._scheduled[source]
                 machine = self.machines[source]
-                deadline = machine.next_deadline()
-                if deadline is not None and deadline <= now:
+                due = machine.next_deadline()
+                if due is not None and due <= now:
                     self._route(machine.poll(now))
-                    deadline = machine.next_deadline()
-                if deadline is not None:
-                    heapq.heappush(heap, (deadline, source))
+                self._schedule(machine)
             items, self._data = self._data, []
             control, self._control = self._control, []
         out = batches(items, self.max_batch_items)
@@ -147,5 +151,9 @@ class ReporterManager:
 
     def _schedule(self, machine: SourceMachine) -> None:
         deadline = machine.next_deadline()
-        if deadline is not None:
+        if deadline is None:
+            return
+        current = self._scheduled.get(machine.source)
+        if current is None or deadline < current:
+            self._scheduled[machine.source] = deadline
             heapq.heappush(self._heap, (deadline, machine.source))

@@ -1,0 +1,27 @@
+"""ReporterManager's timers: one live entry per source, whatever the change rate."""
+
+from compute_reporter.manager import ReporterManager
+from compute_reporter.tracker import SimulatedTracker
+from protocol.document import SET
+
+
+def test_timer_heap_stays_bounded_under_many_changes():
+    tracker = SimulatedTracker(20, seed=3)
+    docs = {h: tracker.document(h) for h in tracker.hosts()}
+    manager = ReporterManager("r", docs, dict.fromkeys(docs, 1), coalesce_window=0.05,
+                              heartbeat_interval=1.0)
+    now = 0.0
+    manager.poll(now)
+    published = 0
+    for step in range(2000):
+        now += 0.01
+        source = tracker.hosts()[step % 20]
+        manager.change(source, [[SET, "metrics", "cpu.percent", step]], now)
+        batches, _ = manager.poll(now)
+        published += sum(len(b.items) for b in batches)
+        # never more than a few entries per source: the live one and short-lived stale ones
+        assert len(manager._heap) <= 3 * len(docs), len(manager._heap)
+    assert published > 1000
+    # every host still heartbeats on time
+    beats, _ = manager.poll(now + 1.0)
+    assert sum(1 for b in beats for i in b.items if type(i).__name__ == "Heartbeat") == 20
