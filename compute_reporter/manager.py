@@ -44,13 +44,14 @@ class ReporterManager:
         self.max_batch_items = max_batch_items
         self._lock = threading.Lock()
         self.machines: dict[str, SourceMachine] = {}
-        for source, doc in documents.items():
+        for i, (source, doc) in enumerate(documents.items()):
             doc = {ns: dict(entries) for ns, entries in doc.items()}
             # Schedulers learn where to send claims for this source from its document.
             doc.setdefault("service", {})["endpoint"] = name
             self.machines[source] = SourceMachine(
                 source, epochs[source], doc, coalesce_window=coalesce_window,
-                heartbeat_interval=heartbeat_interval, ring_size=ring_size)
+                heartbeat_interval=heartbeat_interval, ring_size=ring_size,
+                heartbeat_phase=(i + 1) / len(documents))
         # timers: at most one live entry per source (its earliest deadline, in
         # _scheduled); entries that no longer match it are stale and dropped when popped
         self._heap: list[tuple[float, str]] = [(float("-inf"), s) for s in self.machines]

@@ -97,6 +97,7 @@ class SourceMachine:
         ring_size: int = 512,
         max_resync_deltas: int = 256,
         claim_memory: int = 4096,
+        heartbeat_phase: float = 1.0,
     ) -> None:
         if epoch < 0:
             raise LocalProtocolError(f"epoch must be >= 0, got {epoch}")
@@ -105,6 +106,9 @@ class SourceMachine:
         self.seq = 0
         self.coalesce_window = coalesce_window
         self.heartbeat_interval = heartbeat_interval
+        #: fraction of an interval between the announcement and the first heartbeat;
+        #: a reporter serving many hosts spreads them so heartbeats do not come in bursts
+        self.heartbeat_phase = heartbeat_phase
         self.max_resync_deltas = max_resync_deltas
         self._doc: Document = copy_document(doc or {})
         for ns in [ns for ns, entries in self._doc.items() if not entries]:
@@ -237,7 +241,7 @@ class SourceMachine:
         out: list[Send] = []
         if not self._announced:
             self._announce(out)
-            self._last_heartbeat = now
+            self._last_heartbeat = now - (1.0 - self.heartbeat_phase) * self.heartbeat_interval
             return out
         if self._pending_since is not None and now - self._pending_since >= self.coalesce_window:
             self._flush(out)

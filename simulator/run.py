@@ -18,7 +18,10 @@ Life cycle of :func:`run_mode`::
       -> measure, stop everything, return the figures.
 
 All parties run in this process as threads (the GIL makes them share one
-core's worth of Python, whatever the mode, so the modes compare fairly).
+core's worth of Python, whatever the mode, so the modes compare fairly) --
+except with ``processes`` (``shm sim --processes P``, shared mode over
+RabbitMQ): the schedulers and their clients then run in P processes of their
+own, as deployed (:mod:`simulator.processes`).
 """
 
 from __future__ import annotations
@@ -73,6 +76,26 @@ class SimConfig:
     host_subset_choice: str = "rendezvous"
     peer_ownership: bool = True
     progress: bool = True
+    #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
+    processes: int | None = None
+
+
+def check_config(cfg: SimConfig) -> None:
+    """Refuse combinations that cannot run (ValueError, saying what to do instead)."""
+    if cfg.processes is None:
+        return
+    if cfg.processes < 1:
+        raise ValueError("--processes must be at least 1")
+    if not cfg.transport.startswith("rabbit://"):
+        raise ValueError("--processes needs --transport rabbit://user:pass@host:port/: scheduler "
+                         "processes reach the reporters through the broker (the in-process bus "
+                         "cannot cross processes)")
+    if cfg.host_manager not in ("shared", "all"):
+        raise ValueError("--processes applies to the shared host manager only "
+                         "(--host-manager shared, or all: legacy and caching then run in-process)")
+    if cfg.processes > cfg.schedulers:
+        raise ValueError(f"--processes {cfg.processes} exceeds --schedulers {cfg.schedulers}: "
+                         "each process runs at least one scheduler")
 
 
 @dataclass
@@ -104,10 +127,16 @@ def _pct(values: list[float], q: float) -> float | None:
 class _Transport:
     """The in-process bus, or RabbitMQ (a kombu stream and oslo.messaging RPC) for one run."""
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, suffix: str | None = None, owner: bool = True) -> None:
+        """``suffix`` names the run's stream and topics (a fresh one by default); another
+        process joins the same run with the same suffix and ``owner=False`` (its close()
+        then leaves the run's stream and queues to the owner)."""
         self.spec = spec
-        suffix = uuid.uuid4().hex[:8]
+        self.suffix = suffix = suffix or uuid.uuid4().hex[:8]
+        self.owner = owner
         self.topics = (f"shm-sim-reporter-{suffix}", f"shm-sim-scheduler-{suffix}")
+        #: the servers' own queues (``<topic>.<server>``), deleted with the stream and topics
+        self.queues: list[str] = []
         self.bus: InProcessBus | None = None
         if spec in ("fake", "inprocess"):
             self.bus = InProcessBus(threaded=True)
@@ -141,12 +170,14 @@ class _Transport:
             return
         self.control.close()
         self.data.close()
+        if not self.owner:
+            return
         from kombu import Connection
 
         try:
             with Connection(self.kombu_url, connect_timeout=5) as conn:
                 channel = conn.channel()
-                for name in (self.stream, *self.topics):
+                for name in (self.stream, *self.topics, *self.queues):
                     try:
                         channel.queue_delete(queue=name)
                     except Exception:
@@ -287,6 +318,12 @@ class Simulation:
             self.db.write(machine.source, machine.epoch, machine.seq + 1, machine.document, ops)
 
     def start(self) -> None:
+        self._start_reporters()
+        self._start_schedulers()
+
+    def _start_reporters(self) -> None:
+        """The transport, the reporters (arbitrating from now on) and, for the database modes,
+        the database."""
         cfg = self.cfg
         self.transport = _Transport(cfg.transport if self.mode == "shared" else "fake")
         rtopic, stopic = self.transport.topics
@@ -300,6 +337,7 @@ class Simulation:
                 self.transport.control, reporter_topic=rtopic, scheduler_topic=stopic,
                 heartbeat_interval=cfg.heartbeat_interval, coalesce_window=cfg.coalesce_window)
             self.reporters.append(reporter)
+            self.transport.queues.append(f"{rtopic}.{reporter.name}")
             for s in docs:
                 self.reporter_of[s] = reporter
         if self.mode != "shared":
@@ -311,12 +349,24 @@ class Simulation:
                     machine.on_change = self._on_change
         if self.db is not None:
             self.db.reset(self._truth())
+
+    def _mode_settings(self) -> list[ModeSettings]:
+        """Each of the ``cfg.schedulers`` schedulers' settings (their queues are the run's)."""
+        cfg = self.cfg
+        rtopic, stopic = self.transport.topics
         settings = [ModeSettings(f"{self.mode}-{i}", stopic, rtopic, cfg.schedulers, cfg.seed,
                                  self._scheduler_config(), down_interval=3 * cfg.heartbeat_interval,
                                  refresh_interval=cfg.refresh_interval)
                     for i in range(cfg.schedulers)]
+        self.transport.queues.extend(f"{stopic}.{s.name}" for s in settings)
+        return settings
+
+    def _start_schedulers(self) -> None:
+        """The mode's schedulers, started; shared: once each holds every host."""
+        cfg = self.cfg
+        sources = sorted(self.cloud.documents)
         endpoints = {s: r.name for s, r in self.reporter_of.items()}
-        for s in settings:
+        for s in self._mode_settings():
             if self.mode == "shared":
                 sched: Any = SharedScheduler(s, self.transport.data, self.transport.control)
             else:
@@ -333,6 +383,10 @@ class Simulation:
         if self.mode == "shared":
             self._wait(lambda: all(len(s.versions()) == len(sources) for s in self.schedulers),
                        120, "schedulers to see every host")
+            # build each scheduler's index now, not inside the first measured decision
+            for sched in self.schedulers:
+                with sched.lock:
+                    sched.engine.index.sync()
 
     def _truth(self) -> dict[str, tuple[int, int, dict]]:
         """Every source's authoritative (epoch, seq, document), read under its reporter's lock."""
@@ -365,33 +419,44 @@ class Simulation:
 
     def _client_loop(self, index: int, stop: threading.Event) -> None:
         sched = self.schedulers[index % len(self.schedulers)]
-        cfg, m = self.cfg, self.metrics
         while not stop.is_set():
-            with self._workload_lock:
-                if cfg.requests is not None and self.workload.issued >= cfg.requests:
-                    return
-                spec = self.workload.next_request()
+            spec = self._next_request()
+            if spec is None:
+                return
             start = time.perf_counter()
             decided_at = self.clock()
             outcome: Outcome = sched.schedule(spec)
             e2e = time.perf_counter() - start
+            self._record(spec, outcome, e2e, decided_at)
+
+    def _next_request(self) -> Any:
+        """The workload's next request, made now (its group members are those booted so far);
+        None once ``cfg.requests`` have been issued."""
+        with self._workload_lock:
+            if self.cfg.requests is not None and self.workload.issued >= self.cfg.requests:
+                return None
+            return self.workload.next_request()
+
+    def _record(self, spec: Any, outcome: Outcome, e2e: float, decided_at: float) -> None:
+        """A request's outcome: offered to the NoValidHost oracle, counted, then the churn."""
+        m = self.metrics
+        if outcome.failed:
+            self._nvh_checker.offer(spec, decided_at)
+        with m.lock:
+            m.requests += 1
+            m.decision_s.append(outcome.decision_s)
+            m.e2e_s.append(e2e)
+            m.claims += outcome.claims
+            m.rejected += outcome.rejected
+            m.instances += len(spec.instance_uuids)
+            m.timed_out += outcome.timed_out
             if outcome.failed:
-                self._nvh_checker.offer(spec, decided_at)
-            with m.lock:
-                m.requests += 1
-                m.decision_s.append(outcome.decision_s)
-                m.e2e_s.append(e2e)
-                m.claims += outcome.claims
-                m.rejected += outcome.rejected
-                m.instances += len(spec.instance_uuids)
-                m.timed_out += outcome.timed_out
-                if outcome.failed:
-                    m.failed += 1
-                    m.no_valid_host += len(outcome.failed)
-                elif not outcome.timed_out:
-                    m.scheduled += 1
-            if outcome.placed:
-                self._churn(spec, outcome.placed)
+                m.failed += 1
+                m.no_valid_host += len(outcome.failed)
+            elif not outcome.timed_out:
+                m.scheduled += 1
+        if outcome.placed:
+            self._churn(spec, outcome.placed)
 
     def _churn(self, spec: Any, placed: dict[str, str]) -> None:
         with self._workload_lock:
@@ -500,20 +565,9 @@ class Simulation:
     def _converged(self, timeout: float) -> bool:
         if self.mode == "shared":
             def same() -> bool:
-                truth = {}
-                for reporter in self.reporters:
-                    with reporter.manager._lock:
-                        for s, m in reporter.manager.machines.items():
-                            if m.has_pending:
-                                return False
-                            truth[s] = (m.version, m.published_digest())
-                for sched in self.schedulers:
-                    with sched.lock:
-                        for s, (version, dig) in truth.items():
-                            view = sched.receiver.sources.get(s)
-                            if view is None or view.version != version or view.digest() != dig:
-                                return False
-                return True
+                truth = self._published()
+                return truth is not None and all(
+                    all(views.get(s) == held for s, held in truth.items()) for views in self._views())
             return self._wait(same, timeout, "the shared views to converge")
         # database modes: the database must hold every source's state, and each
         # scheduler's view must be what it read from it
@@ -530,6 +584,21 @@ class Simulation:
             return True  # its next request reads exactly this
         versions = {s: (e, q) for s, (e, q, _) in self._truth().items()}
         return all(sched.versions() == versions for sched in self.schedulers)
+
+    def _published(self) -> dict[str, tuple[tuple[int, int], bytes]] | None:
+        """Every source's published (version, digest); None while any has unpublished changes."""
+        truth = {}
+        for reporter in self.reporters:
+            with reporter.manager._lock:
+                for s, m in reporter.manager.machines.items():
+                    if m.has_pending:
+                        return None
+                    truth[s] = (m.version, m.published_digest())
+        return truth
+
+    def _views(self) -> list[dict[str, tuple[tuple[int, int], bytes | None]]]:
+        """Every shared scheduler's view: source -> (version, digest)."""
+        return [view_digests(sched) for sched in self.schedulers]
 
     def _figures(self, elapsed: float, converged: bool, over: int, bus_before: Any,
                  bus_after: Any, db_statements: int) -> dict[str, Any]:
@@ -601,8 +670,20 @@ def _tempdb() -> str:
     return path
 
 
+def view_digests(sched: Any) -> dict[str, tuple[tuple[int, int], bytes | None]]:
+    """A shared scheduler's view of every source it has heard of: (version, digest)."""
+    with sched.lock:
+        return {s: (v.version, v.digest()) for s, v in sched.receiver.sources.items()}
+
+
 def run_mode(cfg: SimConfig, mode: str) -> dict[str, Any]:
-    sim = Simulation(cfg, mode)
+    check_config(cfg)
+    if cfg.processes and mode == "shared":
+        from simulator.processes import ProcessSimulation
+
+        sim: Simulation = ProcessSimulation(cfg, mode)
+    else:
+        sim = Simulation(cfg, mode)
     try:
         sim.start()
         return sim.run()
@@ -612,8 +693,14 @@ def run_mode(cfg: SimConfig, mode: str) -> dict[str, Any]:
 
 def run(cfg: SimConfig) -> dict[str, Any]:
     modes = MODES if cfg.host_manager == "all" else (cfg.host_manager,)
+    check_config(cfg)
     results = {mode: run_mode(cfg, mode) for mode in modes}
     report: dict[str, Any] = {"config": asdict(cfg), "results": results}
+    if cfg.processes:
+        # only the shared schedulers run in processes; say where every mode's ran
+        report["config"]["processes_apply_to"] = ["shared"]
+        for result in results.values():
+            result.setdefault("scheduler_processes", 0)
     if "shared" in results:
         shared = results["shared"]["scheduled_per_s"]
         ratios = {}
@@ -645,6 +732,8 @@ def summary_table(report: dict[str, Any]) -> str:
     ]
     results = report["results"]
     names = list(results)
+    if any("scheduler_processes" in r for r in results.values()):
+        rows.insert(0, ("scheduler processes", "scheduler_processes"))
     width = max(len(r[0]) for r in rows) + 2
     lines = [f"{'':{width}}" + "".join(f"{n:>14}" for n in names)]
     for label, key in rows:
@@ -655,6 +744,8 @@ def summary_table(report: dict[str, Any]) -> str:
                 value: Any = f"{r['no_valid_host']} ({r['no_valid_host_wrong']})"
             else:
                 value = r.get(key)
+            if key == "scheduler_processes" and not value:
+                value = "in-process"
             if isinstance(value, float):
                 value = f"{value:.2f}"
             cells.append(f"{'-' if value is None else value!s:>14}")
@@ -664,4 +755,4 @@ def summary_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SimConfig", "run", "run_mode", "summary_table"]
+__all__ = ["SimConfig", "check_config", "run", "run_mode", "summary_table", "view_digests"]
