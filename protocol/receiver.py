@@ -438,7 +438,7 @@ class ReceiverMachine:
                 self._retire(view, claim_id, Outcome.EXPIRED)
         for source in list(self._troubled):
             view = self.sources[source]
-            if view.buffer and view.gap_since is not None and now - view.gap_since >= self.reorder_timeout:
+            if view.buffer and view.gap_since is not None and view.gap_since + self.reorder_timeout <= now:
                 self._resync(view, now, out)
             elif view.resync_sent_at is not None or view.doc is None or view.want_full:
                 self._resync(view, now, out)

@@ -243,9 +243,11 @@ class SourceMachine:
             self._announce(out)
             self._last_heartbeat = now - (1.0 - self.heartbeat_phase) * self.heartbeat_interval
             return out
-        if self._pending_since is not None and now - self._pending_since >= self.coalesce_window:
+        # the same sums as next_deadline(): a deadline it reports as due must be acted
+        # on here, or a caller looping until nothing is due would spin (float rounding)
+        if self._pending_since is not None and self._pending_since + self.coalesce_window <= now:
             self._flush(out)
-        if now - (self._last_heartbeat or 0.0) >= self.heartbeat_interval:
+        if (self._last_heartbeat or 0.0) + self.heartbeat_interval <= now:
             self._flush(out)
             out.append(Send(None, Heartbeat(self.source, self.epoch, self.seq,
                                             self.published_digest())))
