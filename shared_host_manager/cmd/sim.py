@@ -3,7 +3,9 @@
 Runs N simulated compute nodes (real compute_reporter services arbitrating
 every claim) and M schedulers of each chosen host-manager mode on the same
 seeded workload, prints a progress bar and a comparison table, and writes
-the figures as JSON (``--json``) and a plot (``--plot``).
+the figures as JSON (``--json``) and a plot (``--plot``).  With
+``--processes P`` (shared mode over RabbitMQ) the schedulers run as P
+processes of their own (:mod:`simulator.processes`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import sys
 from dataclasses import fields
 
-from simulator.run import MODES, SimConfig, run, summary_table
+from simulator.run import MODES, SimConfig, check_config, run, summary_table
 
 
 def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
@@ -37,6 +39,12 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p.add_argument("--transport", default=d.transport,
                    help="'fake' (in-process, default) or a rabbit://user:pass@host:port/ URL "
                         "(RabbitMQ, shared mode)")
+    p.add_argument("--processes", type=int, metavar="P",
+                   help="shared mode over RabbitMQ: run the schedulers as P separate processes "
+                        "(P = --schedulers: one per scheduler, as deployed), each with its share "
+                        "of the clients; the compute nodes and the workload stay in this process. "
+                        "Needs --transport rabbit://...; with --host-manager all, legacy and "
+                        "caching still run in-process")
     p.add_argument("--db-url", help="SQLAlchemy URL of the legacy/caching database "
                                     "(default: a temporary SQLite file), e.g. "
                                     "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -61,9 +69,14 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str], prog: str = "shm sim") -> int:
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
     names = {f.name for f in fields(SimConfig)}
     cfg = SimConfig(**{k: v for k, v in vars(args).items() if k in names})
+    try:
+        check_config(cfg)
+    except ValueError as exc:
+        parser.error(str(exc))
     cfg.progress = not args.quiet
     if cfg.requests is not None:
         cfg.duration = 0.0

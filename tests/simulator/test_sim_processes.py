@@ -1,0 +1,99 @@
+"""``shm sim --processes``: the shared mode's schedulers in processes of their own, over RabbitMQ.
+
+The run itself needs the real broker at 127.0.0.1:5672 (skipped without it,
+failing instead with SHM_REQUIRE_RABBITMQ=1, as every broker test); the
+option checks and the staleness arithmetic do not.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+
+import pytest
+from integration.conftest import KOMBU_URL, OSLO_URL, _probe, _unavailable
+from kombu import Connection
+
+from shared_host_manager.cmd import sim as sim_cmd
+from simulator import run as run_module
+from simulator.processes import staleness
+
+
+@pytest.fixture(scope="module")
+def rabbit() -> str:
+    """oslo.messaging URL of a broker known to answer (skip/fail otherwise)."""
+    problem = _probe()
+    if problem:
+        _unavailable(problem)
+    return OSLO_URL
+
+
+def _queue_exists(name: str) -> bool:
+    with Connection(KOMBU_URL, connect_timeout=3) as conn:
+        channel = conn.channel()
+        try:
+            channel.queue_declare(queue=name, passive=True)
+            return True
+        except Exception:  # NOT_FOUND closes the channel
+            return False
+
+
+@pytest.mark.rabbit
+def test_scheduler_processes_keep_the_invariants(rabbit, tmp_path, monkeypatch):
+    closed: list = []
+    close = run_module._Transport.close
+
+    def recording_close(self):
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(run_module._Transport, "close", recording_close)
+    out = tmp_path / "proc.json"
+    code = sim_cmd.main(["--host-manager", "shared", "--nodes", "60", "--schedulers", "2",
+                         "--processes", "2", "--requests", "200", "--clients", "4",
+                         "--heartbeat-interval", "1", "--transport", rabbit, "--quiet",
+                         "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["processes"] == 2 and data["config"]["processes_apply_to"] == ["shared"]
+    result = data["results"]["shared"]
+    assert result["scheduler_processes"] == 2
+    assert result["requests"] == 200
+    assert result["overcommitted_hosts"] == 0
+    assert result["timed_out"] == 0, "every request must resolve (placed or NoValidHost)"
+    assert result["scheduled"] + result["no_valid_host"] >= 200
+    assert result["scheduled"] > 0
+    assert result["converged"]
+    assert result["staleness_samples"] > 0
+    # clean shutdown: no scheduler process left, the run's stream and queues deleted
+    assert mp.active_children() == []
+    (owner,) = [t for t in closed if t.owner]
+    names = [owner.stream, *owner.topics, *owner.queues]
+    assert any(n.endswith(".shared-1") for n in names)
+    assert [n for n in names if _queue_exists(n)] == []
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--processes", "2"], "--processes needs --transport rabbit://"),
+    (["--processes", "2", "--host-manager", "legacy", "--transport", "rabbit://guest:guest@h:5672/"],
+     "shared host manager only"),
+    (["--processes", "3", "--schedulers", "2", "--transport", "rabbit://guest:guest@h:5672/"],
+     "exceeds --schedulers 2"),
+])
+def test_processes_refuses_what_cannot_run(argv, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sim_cmd.main(argv)
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_staleness_from_samples_and_first_changes():
+    first = {("h1", 1, 5): 10.0, ("h1", 1, 6): 12.0, ("h2", 2, 1): 11.0}
+    samples = [
+        ("h1", 1, 4, 10.5),  # lacks seq 5, made at 10.0: 0.5 s behind
+        ("h1", 1, 4, 9.0),   # seq 5 not made yet: current
+        ("h1", 1, 5, 11.0),  # holds seq 5; seq 6 comes at 12.0: current
+        ("h1", 1, 6, 13.0),  # nothing newer: current
+        ("h2", 1, 7, 11.25),  # epoch 1 is over: behind since epoch 2's first change
+    ]
+    assert staleness(samples, first) == [0.5, 0.0, 0.0, 0.0, 0.25]
