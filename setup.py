@@ -42,18 +42,25 @@ setup(
             "pytest-timeout>=2",
             "hypothesis>=6.100",
             "ruff>=0.5",
+            # the drop-in's tests run nova's own filters and SchedulerManager
+            "nova>=34.0.0,<35",
         ],
+        "nova": ["nova>=34.0.0,<35"],
         "eventlet": ["eventlet>=0.36"],
     },
     entry_points={
         "console_scripts": [
             "shm = shared_host_manager.cmd.shm:main",
+            # nova 34 with the shared host manager (pip install shared-host-manager[nova])
+            "nova-scheduler-shared = shared_host_manager.nova.cmd:main",
+            "nova-compute-shared = shared_host_manager.nova.cmd:compute_main",
         ],
         "oslo.config.opts": [
             "shm.common = shared_host_manager.conf.opts:list_common_opts",
             "shm.transport = transport.opts:list_opts",
             "shm.reporter = compute_reporter.conf:list_opts",
             "shm.scheduler = shared_host_manager.conf.opts:list_scheduler_opts",
+            "shm.nova = shared_host_manager.nova.conf:list_opts",
         ],
         # one class per filter / weigher, by nova's names (see shared_host_manager.plugins)
         "shm.scheduler.filters": [

@@ -81,6 +81,14 @@ class ReporterManager:
             self._schedule(machine)
             return done
 
+    def claims_included(self, source: str, claim_ids: list[str], now: float) -> None:
+        """Claims the host's own arbiter applied (nova's resource tracker): listed in
+        the next delta so schedulers retire them as included."""
+        with self._lock:
+            machine = self.machines[source]
+            machine.include_claims(claim_ids, now)
+            self._schedule(machine)
+
     def instances(self, source: str) -> list[str]:
         with self._lock:
             return list(self.machines[source].document.get("instances", {}))

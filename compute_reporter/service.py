@@ -57,6 +57,10 @@ class _Sink:
     def instances(self, source: str) -> list[str]:
         return self._service.manager.instances(source)
 
+    def claims_included(self, source: str, claim_ids: list[str]) -> None:
+        self._service.manager.claims_included(source, claim_ids, self._service.clock())
+        self._service.wake()
+
 
 class ReporterService:
     def __init__(

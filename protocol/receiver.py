@@ -50,7 +50,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.document import Document, apply_ops, copy_document, digest
+from protocol.document import CanonicalCache, Document, apply_ops, copy_document
 from protocol.errors import LocalProtocolError
 from protocol.messages import (
     NO_EPOCH,
@@ -106,6 +106,7 @@ class SourceView:
     pending: dict[str, PendingClaim] = field(default_factory=dict)
     pending_usage: dict[str, int] = field(default_factory=dict)
     _digest: bytes | None = None
+    _canonical: CanonicalCache = field(default_factory=CanonicalCache)
 
     @property
     def status(self) -> Status:
@@ -121,7 +122,7 @@ class SourceView:
         if self.doc is None:
             return None
         if self._digest is None:
-            self._digest = digest(self.doc)
+            self._digest = self._canonical.digest(self.doc)
         return self._digest
 
 
@@ -271,6 +272,7 @@ class ReceiverMachine:
         apply_ops(view.doc, delta.ops)  # type: ignore[arg-type]
         view.seq = delta.seq
         view._digest = None
+        view._canonical.invalidate(delta.ops)
         self.stats["applied"] += 1
         self._changed.add(view.source)
         if delta.claims and view.pending:
@@ -310,6 +312,7 @@ class ReceiverMachine:
         view.epoch = snap.epoch
         view.seq = snap.seq
         view._digest = None
+        view._canonical.clear()
         view.want_full = False
         self.stats["snapshots"] += 1
         self._changed.add(view.source)

@@ -51,11 +51,11 @@ from protocol.document import (
     DEL,
     DROP,
     SET,
+    CanonicalCache,
     Document,
     Op,
     copy_document,
     diff,
-    digest,
     merge_ops,
     same_value,
 )
@@ -124,6 +124,7 @@ class SourceMachine:
         self._announced = False
         self._last_heartbeat: float | None = None
         self._digest: bytes | None = None
+        self._canonical = CanonicalCache()
         #: optional observer of every effective change (ops as applied), for an edge
         #: that mirrors the document elsewhere (nova's resource tracker writes its
         #: database on every change) or measures when each version began
@@ -152,7 +153,7 @@ class SourceMachine:
         if self.has_pending:
             raise LocalProtocolError("the document has unpublished changes; poll() first")
         if self._digest is None:
-            self._digest = digest(self._doc)
+            self._digest = self._canonical.digest(self._doc)
         return self._digest
 
     def snapshot(self) -> Snapshot:
@@ -208,6 +209,7 @@ class SourceMachine:
         if effective:
             merge_ops(self._pending, effective)
             self._digest = None
+            self._canonical.invalidate(effective)
             if self._pending_since is None:
                 self._pending_since = now
             if self.on_change is not None:
@@ -219,6 +221,21 @@ class SourceMachine:
 
     def replace_document(self, doc: Document, now: float) -> None:
         self.change(diff(self._doc, doc), now)
+
+    def include_claims(self, claim_ids: list[str], now: float) -> None:
+        """List claims in the next delta: their consumption is already in the document.
+
+        For an edge whose own arbiter applied them (nova's resource tracker
+        claims under its lock, then reports the usage), so that schedulers
+        retire those pending claims as included rather than letting them expire.
+        """
+        for claim_id in claim_ids:
+            self._pending_claims.append(claim_id)
+            self._included[claim_id] = self.seq + 1
+        while len(self._included) > self._claim_memory:
+            self._included.popitem(last=False)
+        if claim_ids and self._pending_since is None:
+            self._pending_since = now
 
     def release(self, instance: str, now: float) -> bool:
         """Give back what an instance consumed (it was deleted); False if unknown."""

@@ -25,6 +25,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "simulator.bench_stream:main",
         "over RabbitMQ: staleness, sources per message, restart catch-up vs full resync",
     ),
+    "nova": (
+        "shared_host_manager.nova.bench:main",
+        "select_destinations: nova 34's DB-fed HostManager vs SharedHostManager (needs nova)",
+    ),
     "decisions": (
         "shared_host_manager.bench_decisions:main",
         "scheduling decisions per second (fast columnar path vs per-host path)",

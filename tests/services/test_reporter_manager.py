@@ -29,3 +29,25 @@ def test_timer_heap_stays_bounded_under_many_changes():
     # every host still heartbeats on time
     beats, _ = manager.poll(now + 1.0)
     assert sum(1 for b in beats for i in b.items if type(i).__name__ == "Heartbeat") == 20
+
+
+def test_claims_applied_by_the_hosts_own_arbiter_are_listed_and_retired():
+    from protocol.messages import Claim
+    from protocol.receiver import Outcome, ReceiverMachine
+
+    tracker = SimulatedTracker(1, seed=4)
+    source = tracker.hosts()[0]
+    manager = ReporterManager("r", {source: tracker.document(source)}, {source: 7})
+    receiver = ReceiverMachine("s")
+    for batch in manager.poll(0.0)[0]:
+        receiver.receive(batch, 0.0)
+    claim = Claim("nova-instance-1", "s", source, 7, 0, {"memory_mb": 512}, "nova-instance-1")
+    receiver.add_claim(claim, 0.0)
+    # nova's resource tracker claimed it itself and reports usage and instance together
+    manager.change(source, [[SET, "compute", "memory_mb_used", 512],
+                            [SET, "instances", "nova-instance-1", {"resources": {}}]], 0.1)
+    manager.claims_included(source, ["nova-instance-1"], 0.1)
+    for batch in manager.poll(1.0)[0]:
+        receiver.receive(batch, 1.0)
+    assert receiver.drain_outcomes() == [("nova-instance-1", source, Outcome.INCLUDED)]
+    assert receiver.view(source).pending_usage == {}

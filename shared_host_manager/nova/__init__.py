@@ -1,0 +1,22 @@
+"""nova 34 (2026.2) integration: a drop-in host manager fed by the host-state stream.
+
+This package is the only place in the project that imports nova.  Nothing
+outside it may import it, and nothing in it is imported by the rest of the
+project, so the core runs where nova is not installed.
+
+Modules
+-------
+:mod:`.document`      how a nova ComputeNode travels as a host document
+                      (namespaces, NUMA/PCI/metrics primitives) and how the
+                      nova objects are rebuilt from it.
+:mod:`.host_manager`  :class:`SharedHostManager`, the ``HostManager``
+                      subclass that serves nova's SchedulerManager from the
+                      shared cache, and its per-request :class:`SharedHostState`.
+:mod:`.compute_hook`  the nova-compute side: ResourceTracker ``_update`` hook
+                      that turns ComputeNodes into document ops.
+:mod:`.conf`          the ``[shared_host_manager]`` options in nova's config.
+:mod:`.cmd`           ``nova-scheduler-shared`` / ``nova-compute-shared``.
+:mod:`.bench`         ``shm bench nova``: nova's DB-fed HostManager vs ours.
+:mod:`.fixtures`      nova objects, a cache fed from documents, a fake placement
+                      and a nova database in SQLite, for the tests and the bench.
+"""

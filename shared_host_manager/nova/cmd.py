@@ -1,0 +1,264 @@
+"""``nova-scheduler-shared`` and ``nova-compute-shared``: nova's services with the shared host state.
+
+nova 34 has no option or entry point for a custom host manager (removed in
+Rocky, see the nova notes), so these wrappers do what the nova scheduler and
+compute starters do, plus two things, and then call nova's own ``main()``:
+
+nova-scheduler-shared::
+
+    monkey_patch.patch(backend='threading')      # nova's first line, first
+    register [shared_host_manager] in nova's CONF
+    nova.scheduler.host_manager.HostManager = SharedHostManager
+    request_filter._should_filter_by_owner -> answered from the stream
+    SchedulerManager.pre_start_hook  += start the host-state cache service
+    SchedulerManager.graceful_shutdown += stop it (last snapshot to state_dir)
+    nova.cmd.scheduler.main()
+
+The cache service (:class:`~shared_host_manager.service.SchedulerService`) is
+built and started in ``pre_start_hook``, i.e. in each worker process after
+nova forked it, before the RPC server starts: connections and threads are
+never inherited across a fork.  With ``[scheduler] workers`` > 1 every worker
+runs its own cache under the name ``<[cache] name>-<pid>`` and without a
+``state_dir`` (names change on restart); one worker per scheduler host keeps
+warm restarts.
+
+nova-compute-shared::
+
+    monkey_patch.patch(backend='threading')
+    register [shared_host_manager] in nova's CONF
+    wrap ResourceTracker._update and ComputeManager.set_host_enabled (compute_hook.install)
+    ComputeManager.pre_start_hook += after nova's first update_available_resource,
+                                     start a ReporterService serving this host's nodes
+    ComputeManager.graceful_shutdown += stop it (last changes flushed)
+    nova.cmd.compute.main()
+
+Deployment (both)
+-----------------
+nova.conf::
+
+    [shared_host_manager]
+    config_files = /etc/nova/shared-host-manager.conf
+    default_cell_uuid = <cell1 uuid>          # scheduler
+    cell_uuid = <cell1 uuid>                  # compute
+
+/etc/nova/shared-host-manager.conf (the project's own options, see
+``etc/shm.conf.sample``)::
+
+    [data_plane]
+    backend = rabbit
+    stream_url = amqp://shm:secret@rabbit1:5672//
+    [control_plane]
+    backend = rabbit
+    transport_url = rabbit://shm:secret@rabbit1:5672/
+    [cache]                                   # scheduler
+    name = sched-1
+    state_dir = /var/lib/nova/shm
+    [reporter]                                # compute
+    name = compute-1
+    state_dir = /var/lib/nova/shm
+    [signing]
+    enabled = true
+    master_key = ...                          # scheduler; a compute gets key_file
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_service: Any = None
+
+
+def _register_nova_opts() -> Any:
+    import nova.conf
+
+    from shared_host_manager.nova import conf as shm_conf
+
+    conf = nova.conf.CONF
+    try:
+        conf.shared_host_manager  # noqa: B018 - already registered?
+    except Exception:
+        shm_conf.register_opts(conf)
+    return conf
+
+
+def _stream_conf(register: Any) -> Any:
+    """Our own ConfigOpts, parsed from ``[shared_host_manager] config_files``."""
+    import nova.conf
+    from oslo_config import cfg
+
+    files = []
+    for f in nova.conf.CONF.shared_host_manager.config_files:
+        if os.path.exists(f):
+            files.append(f)
+        else:
+            LOG.warning("[shared_host_manager] config_files: %s does not exist; using defaults", f)
+    conf = cfg.ConfigOpts()
+    register(conf)
+    args: list[str] = []
+    for f in files:
+        args += ["--config-file", f]
+    conf(args, project="shm", default_config_files=[], default_config_dirs=[])
+    return conf
+
+
+# -- scheduler -----------------------------------------------------------------------------
+
+def scheduler_service() -> Any:
+    """This process's host-state cache service, built on first call (in the worker)."""
+    global _service
+    with _lock:
+        if _service is None:
+            import nova.conf
+
+            from shared_host_manager.cmd import scheduler as shm_scheduler
+
+            conf = _stream_conf(shm_scheduler._register)
+            workers = nova.conf.CONF.scheduler.workers
+            if workers != 1:
+                conf.set_override("name", f"{conf.cache.name}-{os.getpid()}", group="cache")
+                conf.set_override("state_dir", None, group="cache")
+            _service = shm_scheduler.build(conf)
+        return _service
+
+
+def _start_scheduler_service(*_: Any) -> None:
+    service = scheduler_service()
+    if not service.running:
+        service.start()
+        LOG.info("shared host-state cache %s started", service.name)
+
+
+def _stop_scheduler_service(*_: Any) -> None:
+    service = _service
+    if service is not None and service.running:
+        service.stop()
+
+
+def install_scheduler() -> None:
+    """Everything nova-scheduler-shared changes in nova (see the module docstring)."""
+    _register_nova_opts()
+    from nova.scheduler import manager as nova_manager
+
+    from shared_host_manager.nova import host_manager
+
+    host_manager.install()
+    host_manager.set_cache_provider(lambda: scheduler_service().cache)
+    cls = nova_manager.SchedulerManager
+    if not getattr(cls, "_shm_installed", False):
+        original_pre_start = cls.pre_start_hook
+        original_shutdown = cls.graceful_shutdown
+
+        def pre_start_hook(self: Any, service_ref: Any) -> Any:
+            _start_scheduler_service()
+            return original_pre_start(self, service_ref)
+
+        def graceful_shutdown(self: Any, timeout: Any) -> Any:
+            try:
+                return original_shutdown(self, timeout)
+            finally:
+                _stop_scheduler_service()
+
+        cls.pre_start_hook = pre_start_hook
+        cls.graceful_shutdown = graceful_shutdown
+        cls._shm_installed = True
+
+
+def main() -> None:
+    """Entry point ``nova-scheduler-shared`` (same command line as nova-scheduler)."""
+    from nova import monkey_patch
+
+    monkey_patch.patch(backend="threading")
+    install_scheduler()
+    from nova.cmd import scheduler as nova_scheduler
+
+    nova_scheduler.main()
+
+
+# -- compute ----------------------------------------------------------------------------------
+
+_reporter: Any = None
+_hook: Any = None
+
+
+def reporter_service() -> Any:
+    """This nova-compute's ReporterService (None before pre_start_hook)."""
+    return _reporter
+
+
+def install_compute() -> Any:
+    """Everything nova-compute-shared changes in nova; returns the ComputeHook (idempotent)."""
+    global _hook
+    if _hook is not None:
+        return _hook
+    conf = _register_nova_opts()
+    from nova.compute import manager as compute_manager
+
+    from shared_host_manager.nova import compute_hook
+    from shared_host_manager.nova import document as ndoc
+
+    hook = _hook = compute_hook.ComputeHook()
+    compute_hook.install(hook)
+    cls = compute_manager.ComputeManager
+    original_pre_start = cls.pre_start_hook
+    original_shutdown = cls.graceful_shutdown
+
+    def pre_start_hook(self: Any, service_ref: Any) -> Any:
+        global _reporter
+        group = conf.shared_host_manager
+        hook.cell_uuid = group.cell_uuid
+        hook.reserved = ndoc.Reserved.from_conf(conf)
+        hook.aggregate_refresh_interval = group.aggregate_refresh_interval
+        result = original_pre_start(self, service_ref)  # the first update_available_resource
+        from compute_reporter.service import ReporterService
+        from shared_host_manager.cmd import reporter as shm_reporter
+        from shared_host_manager.conf.signing import keyring_from_conf
+        from transport import factory
+
+        ours = _stream_conf(shm_reporter._register)
+        keyring = keyring_from_conf(ours)
+        from protocol.codec import Decoder, Encoder
+
+        data_plane, control_plane = factory.from_conf(ours)
+        topics = factory.topics(ours)
+        r = ours.reporter
+        _reporter = ReporterService(
+            r.name, compute_hook.NovaTracker(hook), data_plane, control_plane,
+            reporter_topic=topics.reporter, scheduler_topic=topics.scheduler,
+            encoder=Encoder(keyring), decoder=Decoder(keyring), state_dir=r.state_dir,
+            coalesce_window=r.coalesce_window, heartbeat_interval=r.heartbeat_interval,
+            ring_size=r.ring_size, max_batch_items=r.max_batch_items)
+        _reporter.start()
+        return result
+
+    def graceful_shutdown(self: Any, timeout: Any) -> Any:
+        try:
+            return original_shutdown(self, timeout)
+        finally:
+            if _reporter is not None:
+                _reporter.stop()  # flushes the last changes
+
+    cls.pre_start_hook = pre_start_hook
+    cls.graceful_shutdown = graceful_shutdown
+    return hook
+
+
+def compute_main() -> None:
+    """Entry point ``nova-compute-shared`` (same command line as nova-compute)."""
+    from nova import monkey_patch
+
+    monkey_patch.patch(backend="threading")
+    install_compute()
+    from nova.cmd import compute as nova_compute
+
+    nova_compute.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The nova-compute side: every ComputeNode the ResourceTracker persists becomes document ops.
+
+Where it hooks
+--------------
+nova 34 persists a compute node in ``ResourceTracker._update(context,
+compute_node, startup=False)``: it pushes inventory to placement, syncs the
+PCI pools into ``compute_node.pci_device_pools`` and calls
+``compute_node.save()`` when something changed.  Every path that changes
+usage ends there (instance claims, move claims, aborts, deletions through
+``update_usage``, and the ``update_available_resource`` periodic task), always
+under the tracker's ``COMPUTE_RESOURCE_SEMAPHORE``.  :func:`install` wraps it:
+after the original returns, :meth:`ComputeHook.report` builds the node's
+document (:func:`~shared_host_manager.nova.document.document_from_compute_node`)
+from the ComputeNode, the tracker's ``tracked_instances`` and the service
+state, diffs it against the last one it built and hands the ops to the sink.
+If the original raises (placement or DB failure), nothing is published: nova's
+scheduler would not see that state either.
+
+:func:`install` also wraps ``ComputeManager.set_host_enabled``, which the API
+calls when an operator disables or enables the service (nova 34 syncs the
+COMPUTE_STATUS_DISABLED trait through it), so ``service.disabled`` changes at
+once; ``disabled_reason``, ``forced_down`` and the host's aggregates (which
+nova-compute otherwise never learns) are re-read every
+``aggregate_refresh_interval`` seconds inside the same ``_update`` calls.
+
+Claim-owned fields
+------------------
+The reporter's rule is that ``*_used``, ``num_instances`` and ``instances`` are
+written by the arbiter when it accepts a claim, never diffed from a tracker
+that may not have seen a just-accepted claim yet.  In a nova deployment the
+ResourceTracker *is* the arbiter: it accepts an instance claim
+(``instance_claim``: NUMA and PCI fit; placement already arbitrated RAM, CPU and
+disk) and updates ``*_used``, ``stats`` and ``tracked_instances`` under its
+semaphore, then calls ``_update`` under the same semaphore.  The document
+built there therefore always includes every claim the tracker accepted, and a
+later report can never erase one.  So for nova hosts:
+
+* the hook publishes ``*_used`` and ``num_instances`` from the tracker (the
+  reserved amounts split out, see :mod:`.document`), and ``instances`` =
+  ``tracked_instances`` — the instances whose usage ``*_used`` includes;
+* the reporter's own arbiter (``handle_claim``) is not used: no Claim is
+  sent to it; the build request travels through nova's conductor as today;
+* the scheduler-side pending claim of an instance (id = its uuid, recorded by
+  the SharedHostManager) stops being subtracted in the very delta that adds
+  the instance to ``instances``, because usage and instance list change in
+  the same report.  :meth:`ComputeHook.report` also returns those uuids as
+  "claims included"; a sink with ``claims_included(source, ids)`` gets them so
+  the delta can list them and retire the claims at once (the reporter's sink
+  has it: :meth:`compute_reporter.manager.ReporterManager.claims_included`).
+
+Sink
+----
+Anything with ``change(source, ops)``: the reporter service's tracker sink
+(through :class:`NovaTracker`, the
+:class:`compute_reporter.tracker.ResourceTracker` adapter), or a test double.
+Sources are compute node uuids; a node the reporter was not started with
+(an ironic node enrolled later) is counted and logged, not published: the
+reporter has no way to add a source while running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from protocol.document import Document, Op, copy_document, diff
+from shared_host_manager.nova import document as ndoc
+
+LOG = logging.getLogger(__name__)
+
+
+class ComputeHook:
+    """Builds and diffs the documents of one nova-compute's nodes (see the module docstring).
+
+    Thread-safe: the tracker calls it under its semaphore, the compute manager
+    from RPC threads.
+    """
+
+    def __init__(self, sink: Any = None, *, cell_uuid: str | None = None,
+                 reserved: ndoc.Reserved = ndoc.NO_RESERVED,
+                 aggregate_refresh_interval: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.sink = sink
+        self.cell_uuid = cell_uuid
+        self.reserved = reserved
+        self.aggregate_refresh_interval = aggregate_refresh_interval
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._docs: dict[str, Document] = {}
+        self._host_of: dict[str, str] = {}
+        self._service: dict[str, dict[str, Any]] = {}
+        self._aggregates: dict[str, list[Any]] = {}
+        self._refreshed: dict[str, float] = {}
+        self.counters: Counter[str] = Counter()
+
+    # -- reading (the reporter's ResourceTracker interface uses these) ----------------
+    def sources(self) -> list[str]:
+        with self._lock:
+            return list(self._docs)
+
+    def document(self, source: str) -> Document:
+        with self._lock:
+            return copy_document(self._docs[source])
+
+    # -- input -------------------------------------------------------------------------
+    def report(self, compute_node: Any, *, instances: Iterable[str] | None = None,
+               service: Any = None, aggregates: Iterable[Any] | None = None) -> tuple[list[Op], list[str]]:
+        """Publish one node's state; returns (ops, instance uuids newly included).
+
+        ``instances``: the tracker's tracked instances (None: keep the last
+        ones).  ``service`` / ``aggregates``: new values for the whole host
+        (None: keep what was last set for it).
+        """
+        source = compute_node.uuid
+        host = compute_node.host
+        with self._lock:
+            if service is not None:
+                self._service[host] = ndoc.service_namespace(service)
+            if aggregates is not None:
+                self._aggregates[host] = list(aggregates)
+            old = self._docs.get(source)
+            if instances is None:
+                instances = (old or {}).get(ndoc.INSTANCES, {})
+            doc = ndoc.document_from_compute_node(
+                compute_node, instances=sorted(instances), aggregates=self._aggregates.get(host, ()),
+                cell_uuid=self.cell_uuid, reserved=self.reserved)
+            doc[ndoc.SERVICE] = dict(self._service.get(host) or ndoc.service_namespace(None))
+            self._host_of[source] = host
+            return self._publish(source, old, doc)
+
+    def set_service(self, host: str, **fields: Any) -> None:
+        """Change the service state of every node of ``host`` (disabled, disabled_reason, forced_down)."""
+        with self._lock:
+            ns = dict(self._service.get(host) or ndoc.service_namespace(None))
+            ns.update({k: v for k, v in fields.items() if v is not None})
+            for k in [k for k, v in fields.items() if v is None]:
+                ns.pop(k, None)
+            self._service[host] = ns
+            for source in self._sources_of(host):
+                doc = copy_document(self._docs[source])
+                doc[ndoc.SERVICE] = dict(ns)
+                self._publish(source, self._docs[source], doc)
+
+    def set_aggregates(self, host: str, aggregates: Iterable[Any]) -> None:
+        """Replace the aggregates of every node of ``host`` (nova Aggregate objects)."""
+        with self._lock:
+            aggs = list(aggregates)
+            self._aggregates[host] = aggs
+            ns = {agg.uuid: ndoc.aggregate_entry(agg) for agg in aggs}
+            for source in self._sources_of(host):
+                doc = copy_document(self._docs[source])
+                if ns:
+                    doc[ndoc.AGGREGATES] = dict(ns)
+                else:
+                    doc.pop(ndoc.AGGREGATES, None)
+                self._publish(source, self._docs[source], doc)
+
+    def forget(self, source: str) -> None:
+        """A node the tracker no longer reports (deleted); its document stays as last published."""
+        with self._lock:
+            self._docs.pop(source, None)
+            self._host_of.pop(source, None)
+
+    def _sources_of(self, host: str) -> list[str]:
+        return [s for s, h in self._host_of.items() if h == host]
+
+    def _publish(self, source: str, old: Document | None, doc: Document) -> tuple[list[Op], list[str]]:
+        ops = diff(old or {}, doc)
+        self._docs[source] = doc
+        old_instances = (old or {}).get(ndoc.INSTANCES, {})
+        included = [u for u in doc.get(ndoc.INSTANCES, {}) if u not in old_instances]
+        sink = self.sink
+        if not ops or sink is None:
+            return ops, included
+        try:
+            sink.change(source, ops)
+            claims_included = getattr(sink, "claims_included", None)
+            if included and claims_included is not None:
+                claims_included(source, included)
+            self.counters["changes"] += 1
+        except KeyError:
+            self.counters["unknown_source"] += 1
+            LOG.warning("compute node %s is not served by the reporter (enrolled after it "
+                        "started?); restart nova-compute to publish it", source)
+        except Exception:  # publishing must never break nova's resource tracking
+            self.counters["sink_errors"] += 1
+            LOG.exception("publishing the state of compute node %s failed", source)
+        return ops, included
+
+    # -- periodic refresh of what nova-compute does not learn by itself ----------------
+    def refresh_due(self, host: str) -> bool:
+        if self.aggregate_refresh_interval <= 0:
+            return False
+        with self._lock:
+            last = self._refreshed.get(host)
+            now = self.clock()
+            if last is not None and now - last < self.aggregate_refresh_interval:
+                return False
+            self._refreshed[host] = now
+            return True
+
+
+class NovaTracker:
+    """The :class:`compute_reporter.tracker.ResourceTracker` face of a :class:`ComputeHook`.
+
+    ``hosts()`` and ``document()`` are read when the reporter starts (after
+    nova-compute's first ``update_available_resource``); then the hook feeds
+    the reporter's sink.
+    """
+
+    def __init__(self, hook: ComputeHook) -> None:
+        self.hook = hook
+
+    def hosts(self) -> list[str]:
+        return self.hook.sources()
+
+    def document(self, source: str) -> Document:
+        return self.hook.document(source)
+
+    def start(self, sink: Any) -> None:
+        self.hook.sink = sink
+
+    def stop(self) -> None:
+        self.hook.sink = None
+
+
+# -- wiring into nova-compute -------------------------------------------------------------
+
+_installed: dict[str, Any] = {}
+
+
+def install(hook: ComputeHook, *, resource_tracker_cls: Any = None,
+            compute_manager_cls: Any = None) -> None:
+    """Wrap ``ResourceTracker._update`` and ``ComputeManager.set_host_enabled`` to feed ``hook``.
+
+    Idempotent per class; :func:`uninstall` restores the originals.
+    """
+    if resource_tracker_cls is None:
+        from nova.compute.resource_tracker import ResourceTracker as resource_tracker_cls
+    if compute_manager_cls is None:
+        from nova.compute.manager import ComputeManager as compute_manager_cls
+    from nova import objects
+
+    uninstall()
+    original_update = resource_tracker_cls._update
+    original_enabled = compute_manager_cls.set_host_enabled
+
+    def _update(rt: Any, context: Any, compute_node: Any, startup: bool = False) -> Any:
+        result = original_update(rt, context, compute_node, startup=startup)
+        try:
+            service = None
+            aggregates = None
+            if hook.refresh_due(compute_node.host):
+                try:
+                    service = objects.Service.get_by_compute_host(context, compute_node.host)
+                    aggregates = objects.AggregateList.get_by_host(context, compute_node.host)
+                except Exception as exc:  # the conductor is down: publish what we have
+                    LOG.debug("cannot refresh service/aggregates of %s: %s", compute_node.host, exc)
+            if service is None and compute_node.host not in hook._service:
+                service = getattr(rt, "service_ref", None)
+            hook.report(compute_node, instances=set(rt.tracked_instances), service=service,
+                        aggregates=aggregates)
+        except Exception:  # never break the resource tracker
+            LOG.exception("shared host manager hook failed for compute node %s",
+                          getattr(compute_node, "uuid", "?"))
+        return result
+
+    def set_host_enabled(manager: Any, context: Any, enabled: bool) -> Any:
+        result = original_enabled(manager, context, enabled)
+        try:
+            hook.set_service(manager.host, disabled=not enabled,
+                             disabled_reason=None if enabled else "disabled through the API")
+        except Exception:
+            LOG.exception("shared host manager hook failed on set_host_enabled")
+        return result
+
+    _update.__wrapped__ = original_update  # type: ignore[attr-defined]
+    set_host_enabled.__wrapped__ = original_enabled  # type: ignore[attr-defined]
+    resource_tracker_cls._update = _update
+    compute_manager_cls.set_host_enabled = set_host_enabled
+    _installed["rt"] = (resource_tracker_cls, original_update)
+    _installed["cm"] = (compute_manager_cls, original_enabled)
+
+
+def uninstall() -> None:
+    if "rt" in _installed:
+        cls, original = _installed.pop("rt")
+        cls._update = original
+    if "cm" in _installed:
+        cls, original = _installed.pop("cm")
+        cls.set_host_enabled = original
+
+
+__all__ = ["ComputeHook", "NovaTracker", "install", "uninstall"]

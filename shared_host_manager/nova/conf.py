@@ -1,0 +1,69 @@
+"""The ``[shared_host_manager]`` options, registered in nova's own configuration.
+
+nova-scheduler-shared and nova-compute-shared read these from nova.conf.  The
+host-state stream itself ([cache] or [reporter], [data_plane],
+[control_plane], [signing]) is configured in a separate file
+(``config_files``): nova.conf already has an oslo.cache ``[cache]`` section,
+and mixing the two would be confusing to read and easy to break.
+"""
+
+from __future__ import annotations
+
+from oslo_config import cfg
+
+GROUP = "shared_host_manager"
+
+opts = [
+    cfg.ListOpt("config_files", default=["/etc/nova/shared-host-manager.conf"], help="""
+Configuration files of the host-state stream, read with a configuration object
+of their own: the scheduler reads [cache], [data_plane], [control_plane] and
+[signing] from them, nova-compute reads [reporter], [data_plane],
+[control_plane] and [signing].
+
+Related options: none; see etc/shm.conf.sample for the sections' options.
+"""),
+    cfg.BoolOpt("register_claims", default=True, help="""
+After nova's placement claim for an instance succeeds, record it as a pending
+claim (id = instance uuid) on the chosen host in this scheduler's cache, so
+that the requests that follow, in this process, see the host's RAM, disk,
+vCPUs, instance and io_ops counts reduced until the compute node's own report
+includes the instance. Without it, as in nova, a request sees only what the
+compute nodes reported.
+
+Related options: [cache] claim_deadline bounds how long an unreported claim
+is deducted.
+"""),
+    cfg.StrOpt("default_cell_uuid", help="""
+Cell of hosts whose document carries no cell_uuid (computes not configured
+with [shared_host_manager] cell_uuid). nova's alternates must share the
+selected host's cell, and Selection objects carry it. Unset: such hosts have
+no cell (fine for a single-cell deployment only if every compute sets
+cell_uuid).
+"""),
+    cfg.BoolOpt("min_compute_version_from_stream", default=True, help="""
+Answer the scheduler's "minimum nova-compute service version" question (asked
+by the owner_nova_filter request filter on every request, with a query to
+every cell database) from the service versions the computes publish. Falls
+back to nova's query while any active host has not published its version.
+"""),
+    cfg.StrOpt("cell_uuid", help="""
+(nova-compute) The uuid of the cell this compute belongs to, published in
+every host document of this service. Find it with 'nova-manage cell_v2
+list_cells'.
+"""),
+    cfg.IntOpt("aggregate_refresh_interval", default=60, min=0, help="""
+(nova-compute) Seconds between reads of this host's aggregates (one
+AggregateList.get_by_host through the conductor), published in the
+aggregates namespace. The scheduler also applies nova's update_aggregates
+fanout at once; this is what makes aggregates survive a scheduler restart
+without a database read. 0 disables it.
+"""),
+]
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    conf.register_opts(opts, group=GROUP)
+
+
+def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    return [(GROUP, opts)]

@@ -1,0 +1,701 @@
+"""SharedHostManager: nova 34's HostManager served from the shared host-state cache.
+
+Theory of operation
+-------------------
+nova's SchedulerManager asks its host manager for the hosts of every request
+(``get_host_states_by_uuids``), then filters, weighs, claims in placement and
+consumes.  nova's own HostManager answers from the cell databases, on every
+request, and builds a fresh HostState per host.  This one answers from a
+:class:`~shared_host_manager.cache.HostStateCache`, which holds every compute
+node's document as the compute nodes published it, and reads no database,
+neither in ``__init__`` nor per request.
+
+Three kinds of objects, three life times::
+
+    SourceView (receiver)   one per compute node; changed only by the stream,
+        |                   under cache.lock
+        | version (epoch, seq) changed?  rebuild once, on the next request:
+        v
+    _Template               one per source and document version: the nova
+        |                   objects rebuilt from the document (NUMATopology,
+        |                   PciDeviceStats, MonitorMetricList, Instance stubs,
+        |                   Aggregate objects, the numbers) and the attribute
+        |                   dict of a HostState.  Never mutated once built.
+        |                   Objects of namespaces the delta did not touch (by
+        |                   value identity: values are replaced, never mutated)
+        |                   are carried over, NUMA cells one by one, so a counter
+        |                   change costs ~30 us per host instead of ~1 ms.
+        | every request: one dict.update
+        v
+    SharedHostState         one per host per request: the template's attributes
+                            by reference, plus what belongs to the request alone:
+                            ``limits`` and ``allocation_candidates`` (written by
+                            the manager, NUMATopologyFilter, PciPassthroughFilter),
+                            ``instances`` (copied on first access; the manager adds
+                            stubs to it), ``updated``; and this scheduler's pending
+                            claims subtracted.  Dropped with the request.
+
+Why per request: the manager *assigns* ``allocation_candidates`` and the
+filters write ``limits``; with one shared HostState, concurrent requests (64 RPC
+threads by default) would read each other's.  nova itself has built fresh
+HostStates per request since Queens for a related reason.
+
+Consumption: ``consume_from_request`` runs nova's own arithmetic on the view
+only (PCI pools are copied first: ``apply_requests`` mutates them).  What the
+next requests see comes from the cache: the compute's own report once it
+includes the instance, and meanwhile, with ``register_claims``, a *pending
+claim* (id = instance uuid) this manager records in the receiver's ledger right
+after nova's placement claim succeeded.  A pending claim is subtracted from the
+view only while the host's ``instances`` namespace does not list its instance
+(nova's ResourceTracker publishes usage and tracked instances in the same
+change), so it is never subtracted twice, even if the compute side cannot list
+claim ids; otherwise it retires when a delta lists it or at its deadline.
+
+Aggregates: from each host's ``aggregates`` namespace, overridden by what
+nova's ``update_aggregates`` / ``delete_aggregate`` fanout said since this
+process started (that is newer than any document that may still lag).
+Instance info RPCs are accepted and ignored: the stream carries instances.
+
+Threads: views are built under ``cache.lock`` (so a request sees one version
+of each host); filtering and weighing run without it, on objects nobody else
+writes.  Templates and the aggregate overlay are changed only under the lock.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import netaddr
+from nova import objects
+from nova.pci import stats as pci_stats
+from nova.scheduler import host_manager as nova_host_manager
+
+from protocol.errors import LocalProtocolError
+from protocol.messages import Claim
+from shared_host_manager.nova import document as ndoc
+
+LOG = logging.getLogger(__name__)
+
+_UTC = datetime.UTC
+_EMPTY: dict[str, Any] = {}
+
+# -- where the cache comes from ----------------------------------------------------
+
+_cache_provider: Callable[[], Any] | None = None
+_current: SharedHostManager | None = None
+
+
+def set_cache_provider(provider: Callable[[], Any] | None) -> None:
+    """Tell SharedHostManager() (nova builds it without arguments) where its cache is.
+
+    ``provider`` returns a :class:`~shared_host_manager.cache.HostStateCache`
+    (anything with ``.lock``, ``.receiver`` and ``.clock``); it is called on
+    first use, not at construction, so a scheduler that forks workers builds
+    the cache (and its connections) in each worker.
+    """
+    global _cache_provider
+    _cache_provider = provider
+
+
+def current() -> SharedHostManager | None:
+    """The SharedHostManager most recently built in this process."""
+    return _current
+
+
+# -- per-source, per-version nova objects ---------------------------------------------
+
+class _Template:
+    """The nova objects of one source at one document version (immutable once built)."""
+
+    __slots__ = ("version", "attrs", "instances", "host", "cell_uuid", "service",
+                 "agg_gen", "aggregates", "doc_instances", "parts")
+
+    def __init__(self, version: tuple[int, int], attrs: dict[str, Any],
+                 instances: dict[str, Any], service: dict[str, Any],
+                 doc_instances: Any) -> None:
+        self.version = version
+        self.attrs = attrs
+        self.instances = instances
+        self.host = attrs["host"]
+        self.cell_uuid = attrs["cell_uuid"]
+        self.service = service
+        self.doc_instances = doc_instances
+        self.agg_gen = -1
+        self.aggregates: list[Any] = []
+        #: what the nova objects were built from, to reuse them across versions (see _parts)
+        self.parts: dict[str, Any] = {}
+
+
+def _ratio(compute: dict[str, Any], key: str) -> float:
+    value = compute.get(key)
+    return float(value) if type(value) in (int, float) and value > 0 else 1.0
+
+
+def _ip(value: Any) -> Any:
+    """nova keeps host_ip as a netaddr.IPAddress (SimpleCIDRAffinityFilter accepts either)."""
+    if type(value) is not str:
+        return None
+    try:
+        return netaddr.IPAddress(value)
+    except (netaddr.AddrFormatError, ValueError):
+        return value
+
+
+def _items(ns: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((ns or _EMPTY).items()))
+
+
+def _unchanged(old: tuple[tuple[str, Any], ...] | None, new: tuple[tuple[str, Any], ...]) -> bool:
+    """Same keys and the *same value objects*: document values are replaced, never mutated,
+    when they change, so identity means "unchanged" (the old tuple keeps them alive)."""
+    return old is not None and len(old) == len(new) and all(
+        a[0] == b[0] and a[1] is b[1] for a, b in zip(old, new, strict=True))
+
+
+def _parts(doc: Any, previous: _Template | None) -> dict[str, Any]:
+    """The NUMA, PCI and metrics objects of ``doc``, reusing the previous version's when their
+    namespace did not change (most deltas change counters only: rebuilding a NUMA topology
+    costs about 1 ms per host).  NUMA cells are reused one by one."""
+    old = previous.parts if previous is not None else _EMPTY
+    parts: dict[str, Any] = {}
+    numa_items = _items(doc.get(ndoc.NUMA))
+    if _unchanged(old.get("numa_items"), numa_items):
+        numa = old["numa"]
+    else:
+        old_cells = old.get("cells") or _EMPTY
+        cells = {}
+        for key, value in numa_items:
+            hit = old_cells.get(key)
+            if hit is not None and hit[0] is value:
+                cells[key] = hit
+            elif type(value) is dict:
+                cell = objects.NUMACell.obj_from_primitive(value)
+                for page in cell.mempages:
+                    # set the lazily defaulted fields now: NUMATopologyFilter would otherwise set
+                    # them on this shared object from concurrent requests (same values, but a write)
+                    page.obj_set_defaults()
+                cells[key] = (value, cell)
+        parts["cells"] = cells
+        numa = objects.NUMATopology(cells=sorted((c for _, c in cells.values()), key=lambda c: c.id)) \
+            if cells else None
+    parts["numa_items"] = numa_items
+    parts.setdefault("cells", old.get("cells"))
+    parts["numa"] = numa
+    pci_items = _items(doc.get(ndoc.PCI))
+    if numa is old.get("numa") and _unchanged(old.get("pci_items"), pci_items):
+        parts["pci_stats"] = old["pci_stats"]
+    else:
+        pools = ndoc.pci_pools_from_namespace(doc.get(ndoc.PCI))
+        parts["pci_stats"] = pci_stats.PciDeviceStats(numa, stats=pools)
+    parts["pci_items"] = pci_items
+    metrics_items = _items(doc.get(ndoc.METRICS))
+    if _unchanged(old.get("metrics_items"), metrics_items):
+        parts["metrics"] = old["metrics"]
+    else:
+        parts["metrics"] = ndoc.metrics_from_namespace(doc.get(ndoc.METRICS))
+    parts["metrics_items"] = metrics_items
+    return parts
+
+
+def _build_template(source: str, view: Any, default_cell: str | None,
+                    previous: _Template | None) -> _Template | None:
+    doc = view.doc
+    c = doc.get(ndoc.COMPUTE)
+    if not c:
+        return None  # not a compute node (an aggregate catalogue, a volume backend...)
+    host = c.get("host") or source
+    node = c.get("nodename") or host
+    parts = _parts(doc, previous)
+    numa = parts["numa"]
+    memory_mb = c.get("memory_mb", 0)
+    disk_gb = c.get("disk_gb", 0)
+    free_gb = ndoc.free_disk_gb(c)
+    least = c.get("disk_available_least")
+    if type(least) is int:
+        free_gb = min(least, free_gb)
+    supported = c.get("supported_instances")
+    attrs = {
+        "host": host,
+        "nodename": node,
+        "uuid": source,
+        "cell_uuid": c.get("cell_uuid") or default_cell,
+        "_lock_name": f"{host}-{node}",
+        "total_usable_ram_mb": memory_mb,
+        "total_usable_disk_gb": disk_gb,
+        "disk_mb_used": (c.get("disk_gb_used", 0) + c.get("reserved_disk_gb", 0)) * 1024,
+        "free_ram_mb": memory_mb - c.get("reserved_memory_mb", 0) - c.get("memory_mb_used", 0),
+        "free_disk_mb": free_gb * 1024,
+        "vcpus_total": c.get("vcpus", 0),
+        "vcpus_used": c.get("vcpus_used", 0) + c.get("reserved_vcpus", 0),
+        "numa_topology": numa,
+        "pci_stats": parts["pci_stats"],
+        "num_instances": c.get("num_instances", 0),
+        "num_io_ops": c.get("num_io_ops", 0),
+        "failed_builds": c.get("failed_builds", 0),
+        "host_ip": _ip(c.get("host_ip")),
+        "hypervisor_type": c.get("hypervisor_type"),
+        "hypervisor_version": c.get("hypervisor_version"),
+        "hypervisor_hostname": node,
+        "cpu_info": c.get("cpu_info"),
+        "supported_instances": [list(s) for s in supported] if type(supported) is list else [],
+        "stats": dict(doc.get(ndoc.STATS) or _EMPTY),
+        "metrics": parts["metrics"],
+        "cpu_allocation_ratio": _ratio(c, "cpu_allocation_ratio"),
+        "ram_allocation_ratio": _ratio(c, "ram_allocation_ratio"),
+        "disk_allocation_ratio": _ratio(c, "disk_allocation_ratio"),
+        "_updated": ndoc.parse_time(c.get("updated_at")),
+    }
+    # Instance stubs (nova's scheduler keeps stubs too: filters read the keys only);
+    # reuse the previous version's objects for instances that are still there.
+    doc_instances = doc.get(ndoc.INSTANCES) or _EMPTY
+    old = previous.instances if previous is not None else _EMPTY
+    instances = {u: old.get(u) or objects.Instance(uuid=u) for u in doc_instances}
+    s = doc.get(ndoc.SERVICE) or _EMPTY
+    service = {
+        "host": host, "binary": "nova-compute", "topic": "compute",
+        "disabled": bool(s.get("disabled", False)),
+        "disabled_reason": s.get("disabled_reason"),
+        "forced_down": bool(s.get("forced_down", False)),
+        "version": s.get("version"),
+    }
+    tpl = _Template(view.version, attrs, instances, service, doc_instances)
+    tpl.parts = parts
+    return tpl
+
+
+def _pending_effect(view: Any, doc_instances: Any) -> tuple[dict[str, int], int, list[str]]:
+    """(resources, claims, instance uuids) of the pending claims the document does not include yet."""
+    resources: dict[str, int] = {}
+    claims = 0
+    insts: list[str] = []
+    for pending in view.pending.values():
+        claim = pending.claim
+        if claim.instance and claim.instance in doc_instances:
+            continue  # the compute already reports it: its usage is in the document
+        claims += 1
+        if claim.instance:
+            insts.append(claim.instance)
+        for resource, amount in claim.resources.items():
+            resources[resource] = resources.get(resource, 0) + amount
+    return resources, claims, insts
+
+
+# -- the per-request view -------------------------------------------------------------------
+
+class SharedHostState(nova_host_manager.HostState):
+    """A nova HostState for one host and one request (see the module docstring).
+
+    Built by :meth:`SharedHostManager.get_host_states_by_uuids`; nova's
+    ``HostState.__init__`` is not run (the template supplies every attribute it
+    sets).  Reads like nova's HostState; writes stay in this object.
+    """
+
+    @classmethod
+    def _make(cls, tpl: _Template, view: Any, manager: SharedHostManager,
+              wall_offset: float) -> SharedHostState:
+        self = cls.__new__(cls)
+        d = self.__dict__
+        d.update(tpl.attrs)
+        d["limits"] = {}
+        d["allocation_candidates"] = []
+        d["aggregates"] = list(tpl.aggregates)
+        d["_tpl"] = tpl
+        d["_instances"] = None
+        d["_extra_instances"] = ()
+        d["_manager"] = manager
+        d["_claim_id"] = None
+        service = dict(tpl.service)
+        service["last_seen_up"] = datetime.datetime.fromtimestamp(wall_offset + view.last_heard, _UTC)
+        service["updated_at"] = service["last_seen_up"]
+        svc = nova_host_manager.ReadOnlyDict.__new__(nova_host_manager.ReadOnlyDict)
+        svc.data = service
+        d["service"] = svc
+        if view.pending:
+            resources, claims, insts = _pending_effect(view, tpl.doc_instances)
+            if claims:
+                vcpus = resources.get("vcpus", 0)
+                mem = resources.get("memory_mb", 0)
+                disk = resources.get("disk_gb", 0)
+                d["free_ram_mb"] -= mem
+                d["free_disk_mb"] -= disk * 1024
+                d["disk_mb_used"] += disk * 1024
+                d["vcpus_used"] += vcpus
+                d["num_instances"] += len(insts)
+                d["num_io_ops"] += claims
+                d["_extra_instances"] = tuple(insts)
+        return self
+
+    # ``instances``: copied on first access (the manager adds stubs to the selected
+    # host's dict), so requests that never look at instances copy nothing.
+    @property
+    def instances(self) -> dict[str, Any]:
+        d = self.__dict__
+        insts = d["_instances"]
+        if insts is None:
+            insts = dict(d["_tpl"].instances)
+            for uuid in d["_extra_instances"]:
+                if uuid not in insts:
+                    insts[uuid] = objects.Instance(uuid=uuid)
+            d["_instances"] = insts
+        return insts
+
+    @instances.setter
+    def instances(self, value: dict[str, Any]) -> None:
+        self.__dict__["_instances"] = value
+
+    @property
+    def updated(self) -> datetime.datetime | None:
+        return self.__dict__["_updated"]
+
+    @updated.setter
+    def updated(self, value: datetime.datetime | None) -> None:
+        self.__dict__["_updated"] = value
+
+    def update(self, compute=None, service=None, aggregates=None, inst_dict=None):
+        raise TypeError("a SharedHostState is fed by the host-state stream, not by update()")
+
+    def consume_from_request(self, spec_obj: Any) -> None:
+        """nova's consumption, applied to this request's view only.
+
+        As nova's ``set_update_time_on_success``: a failure is logged and
+        swallowed (the compute's claim decides), success sets ``updated``.
+        Then the claim is recorded in the cache's pending ledger.  The NUMA
+        topology and the PCI pools, which nova's consumption changes in place,
+        are copied from the shared template first.
+        """
+        try:
+            if self.numa_topology is not None and spec_obj.numa_topology:
+                # numa_usage_from_instance_numa updates the host's mempages in place,
+                # and the template shares them
+                self.numa_topology = self.numa_topology.obj_clone()
+            pci_requests = spec_obj.pci_requests
+            if pci_requests and pci_requests.requests and self.pci_stats:
+                # apply_requests mutates the pools, which the template shares
+                shared = self.pci_stats
+                own = copy.copy(shared)
+                own.pools = copy.deepcopy(shared.pools)
+                self.pci_stats = own
+            self._locked_consume_from_request(spec_obj)
+        except Exception as e:
+            LOG.warning("Selected host: %(host)s failed to consume from instance. Error: %(error)s",
+                        {"host": self.host, "error": e})
+            return None
+        self._updated = datetime.datetime.now(_UTC)
+        self._manager._consumed(self, spec_obj)
+        return None
+
+
+# -- the host manager ------------------------------------------------------------------------
+
+class SharedHostManager(nova_host_manager.HostManager):
+    """nova's HostManager, fed by the host-state stream; see the module docstring."""
+
+    def __init__(self, cache: Any = None, *, register_claims: bool | None = None,
+                 default_cell_uuid: str | None = None) -> None:
+        global _current
+        self._cache = cache
+        conf = _our_conf()
+        if register_claims is None:
+            register_claims = conf.register_claims if conf is not None else True
+        self.register_claims = bool(register_claims)
+        self.default_cell_uuid = default_cell_uuid or (conf.default_cell_uuid if conf is not None
+                                                       else None)
+        self._templates: dict[str, _Template] = {}
+        self._agg_overlay: dict[str, Any] = {}
+        self._agg_deleted: set[str] = set()
+        self._agg_gen = 0
+        self.counters: Counter[str] = Counter()
+        super().__init__()
+        _current = self
+
+    # -- the cache ---------------------------------------------------------------
+    @property
+    def cache(self) -> Any:
+        if self._cache is None:
+            if _cache_provider is None:
+                raise RuntimeError(
+                    "SharedHostManager has no host-state cache: call "
+                    "shared_host_manager.nova.host_manager.set_cache_provider() first "
+                    "(nova-scheduler-shared does)")
+            self._cache = _cache_provider()
+        return self._cache
+
+    # -- nova's start-up hooks: no database ------------------------------------------
+    def refresh_cells_caches(self) -> None:
+        """The cells the held hosts belong to (nova: CellMappingList from the API DB).
+
+        Called by nova's ``__init__`` (the cache may not exist yet there: then no
+        cells) and on SIGHUP.  Cell stubs carry uuid and name only.
+        """
+        uuids: set[str] = set()
+        if self._cache is not None:
+            with self._cache.lock:
+                for view in self._cache.receiver.sources.values():
+                    c = (view.doc or _EMPTY).get(ndoc.COMPUTE)
+                    if c:
+                        cell = c.get("cell_uuid") or self.default_cell_uuid
+                        if cell:
+                            uuids.add(cell)
+        elif self.default_cell_uuid:
+            uuids.add(self.default_cell_uuid)
+        self.cells = {u: objects.CellMapping(uuid=u, name=u, disabled=False) for u in sorted(uuids)}
+        self.enabled_cells = list(self.cells.values())
+        self.host_to_cell_uuid = {}
+
+    def _init_aggregates(self) -> None:
+        """nova loads every aggregate from the API DB here; ours come with the stream."""
+
+    def _init_instance_info(self, computes_by_cell: Any = None) -> None:
+        """nova loads every instance from the cell DBs here; ours come with the stream."""
+
+    # -- the decision path -----------------------------------------------------------------
+    def get_host_states_by_uuids(self, context: Any, compute_uuids: list[str] | None,
+                                 spec_obj: Any) -> Iterator[SharedHostState]:
+        """Per-request HostStates of the given compute nodes (None: all), from the cache.
+
+        Only hosts the cache holds and hears from (ACTIVE) are returned: a source
+        that went silent is not eligible.  The requested cell restriction is
+        nova's (a requested_destination cell without allow_cross_cell_move).
+        """
+        only_cell = None
+        if (spec_obj and "requested_destination" in spec_obj and spec_obj.requested_destination
+                and "cell" in spec_obj.requested_destination
+                and not spec_obj.requested_destination.allow_cross_cell_move):
+            only_cell = spec_obj.requested_destination.cell.uuid
+        cache = self.cache
+        out: list[SharedHostState] = []
+        with cache.lock:
+            sources = cache.receiver.sources
+            if compute_uuids is None:
+                views = list(sources.values())
+            else:
+                get = sources.get
+                views = [get(u) for u in compute_uuids]
+            wall_offset = time.time() - cache.clock()
+            templates = self._templates
+            agg_gen = self._agg_gen
+            make = SharedHostState._make
+            for view in views:
+                if view is None or view.doc is None or view.down:
+                    continue
+                tpl = templates.get(view.source)
+                if tpl is None or tpl.version != view.version:
+                    tpl = self._rebuild(view, tpl)
+                    if tpl is None:
+                        continue
+                if tpl.agg_gen != agg_gen:
+                    tpl.aggregates = self._aggregates_for(tpl.host, view.doc)
+                    tpl.agg_gen = agg_gen
+                if only_cell is not None and tpl.cell_uuid != only_cell:
+                    continue
+                out.append(make(tpl, view, self, wall_offset))
+            if len(templates) > 2 * len(sources) + 64:
+                for source in [s for s in templates if s not in sources]:
+                    del templates[source]
+            self.counters["requests"] += 1
+        return iter(out)
+
+    def get_all_host_states(self, context: Any) -> Iterator[SharedHostState]:
+        """Every eligible host (nova 34 has no such method any more; kept for callers that do)."""
+        return self.get_host_states_by_uuids(context, None, None)
+
+    def _rebuild(self, view: Any, previous: _Template | None) -> _Template | None:
+        try:
+            tpl = _build_template(view.source, view, self.default_cell_uuid, previous)
+        except Exception:  # one bad document must not take every request down
+            LOG.exception("cannot build a HostState from the document of %s at version %s",
+                          view.source, view.version)
+            self.counters["bad_documents"] += 1
+            return None
+        self.counters["templates_built"] += 1
+        if tpl is None:
+            self._templates.pop(view.source, None)
+        else:
+            self._templates[view.source] = tpl
+        return tpl
+
+    def _aggregates_for(self, host: str, doc: Any) -> list[Any]:
+        """The host's aggregates: its document's, overridden by the RPC fanout seen since start."""
+        overlay = self._agg_overlay
+        deleted = self._agg_deleted
+        out: dict[str, Any] = {}
+        for agg_uuid, entry in (doc.get(ndoc.AGGREGATES) or _EMPTY).items():
+            if agg_uuid in overlay or agg_uuid in deleted or type(entry) is not dict:
+                continue
+            meta = entry.get("metadata")
+            agg = objects.Aggregate(uuid=agg_uuid, name=str(entry.get("name") or ""),
+                                    metadata={str(k): str(v) for k, v in (meta or {}).items()},
+                                    hosts=[host])
+            if type(entry.get("id")) is int:
+                agg.id = entry["id"]
+            out[agg_uuid] = agg
+        for agg_uuid, agg in overlay.items():
+            if host in (agg.hosts or ()):
+                out[agg_uuid] = agg
+        return [out[u] for u in sorted(out)]
+
+    def _consumed(self, host_state: SharedHostState, spec_obj: Any) -> None:
+        """Record the placement-claimed instance as pending on the host (register_claims)."""
+        if not self.register_claims:
+            return
+        instance = spec_obj.instance_uuid if "instance_uuid" in spec_obj else None
+        if not instance:
+            return
+        epoch, seq = host_state._tpl.version
+        claim = Claim(
+            claim_id=instance, scheduler=self.cache.receiver.name, source=host_state.uuid,
+            epoch=epoch, seq=seq,
+            resources={"vcpus": spec_obj.vcpus, "memory_mb": spec_obj.memory_mb,
+                       "disk_gb": spec_obj.root_gb + spec_obj.ephemeral_gb},
+            instance=instance)
+        cache = self.cache
+        with cache.lock:
+            try:
+                cache.receiver.add_claim(claim, cache.clock())
+            except LocalProtocolError as exc:  # already pending (a retry), or the host just vanished
+                LOG.debug("pending claim for %s not recorded: %s", instance, exc)
+                self.counters["claims_not_recorded"] += 1
+                return
+            self.counters["claims_recorded"] += 1
+        host_state._claim_id = instance
+
+    # -- forced hosts and nodes ------------------------------------------------------------
+    def get_compute_nodes_by_host_or_node(self, ctxt: Any, host: str | None, node: str | None,
+                                          cell: Any = None) -> Any:
+        """ComputeNodes matching a forced/requested host and/or node, rebuilt from the documents."""
+        cell_uuid = cell.uuid if cell is not None else None
+        found = []
+        cache = self.cache
+        with cache.lock:
+            for view in cache.receiver.sources.values():
+                doc = view.doc
+                c = (doc or _EMPTY).get(ndoc.COMPUTE)
+                if not c:
+                    continue
+                if host and c.get("host") != host:
+                    continue
+                if node and c.get("nodename") != node:
+                    continue
+                if cell_uuid and (c.get("cell_uuid") or self.default_cell_uuid) != cell_uuid:
+                    continue
+                found.append((view.source, doc))
+            nodes = [ndoc.compute_node_from_document(source, doc) for source, doc in found]
+        return objects.ComputeNodeList(objects=nodes)
+
+    # -- RPC feeds ---------------------------------------------------------------------------
+    def update_aggregates(self, aggregates: Any) -> None:
+        """nova's update_aggregates fanout: newer than any document, applied at once."""
+        aggs = aggregates if isinstance(aggregates, (list, objects.AggregateList)) else [aggregates]
+        with self.cache.lock:
+            for agg in aggs:
+                self._agg_overlay[agg.uuid] = agg
+                self._agg_deleted.discard(agg.uuid)
+            self._agg_gen += 1
+            self.counters["aggregate_updates"] += 1
+
+    def delete_aggregate(self, aggregate: Any) -> None:
+        with self.cache.lock:
+            self._agg_overlay.pop(aggregate.uuid, None)
+            self._agg_deleted.add(aggregate.uuid)
+            self._agg_gen += 1
+            self.counters["aggregate_deletes"] += 1
+
+    # nova-compute casts these (rpcapi 4.2) to every scheduler; the host's ``instances``
+    # namespace carries the same information, versioned, so they are counted and dropped.
+    def update_instance_info(self, context: Any, host_name: str, instance_info: Any) -> None:
+        self._ignored()
+
+    def delete_instance_info(self, context: Any, host_name: str, instance_uuid: str) -> None:
+        self._ignored()
+
+    def sync_instance_info(self, context: Any, host_name: str, instance_uuids: list[str]) -> None:
+        self._ignored()
+
+    def _ignored(self) -> None:
+        with self.cache.lock:
+            self.counters["instance_info_ignored"] += 1
+
+    # -- request filter support -----------------------------------------------------------
+    def minimum_compute_version(self) -> int | None:
+        """Lowest nova-compute service version the held hosts publish (None: someone does not)."""
+        versions = []
+        with self.cache.lock:
+            for view in self.cache.receiver.sources.values():
+                doc = view.doc
+                if not doc or not doc.get(ndoc.COMPUTE):
+                    continue
+                version = (doc.get(ndoc.SERVICE) or _EMPTY).get("version")
+                if type(version) is not int:
+                    return None
+                versions.append(version)
+        return min(versions) if versions else None
+
+
+def _our_conf() -> Any:
+    """``CONF.shared_host_manager`` if nova's CONF has our options registered."""
+    import nova.conf
+
+    try:
+        return nova.conf.CONF.shared_host_manager
+    except Exception:  # not registered (tests, embedded use): constructor arguments decide
+        return None
+
+
+# -- installing into nova -------------------------------------------------------------------
+
+_originals: dict[str, Any] = {}
+
+
+def install(*, min_version_from_stream: bool = True) -> None:
+    """Make nova's SchedulerManager build a SharedHostManager (and serve the owner filter's
+    minimum-version question from the stream).  Idempotent; :func:`uninstall` undoes it.
+
+    ``SchedulerManager.__init__`` looks ``host_manager.HostManager`` up at call
+    time, so this must run before the manager is built.
+    """
+    from nova.scheduler import request_filter
+
+    if "HostManager" not in _originals:
+        _originals["HostManager"] = nova_host_manager.HostManager
+        _originals["_should_filter_by_owner"] = request_filter._should_filter_by_owner
+    nova_host_manager.HostManager = SharedHostManager
+    if min_version_from_stream:
+        request_filter._should_filter_by_owner = _should_filter_by_owner
+    else:
+        request_filter._should_filter_by_owner = _originals["_should_filter_by_owner"]
+
+
+def uninstall() -> None:
+    from nova.scheduler import request_filter
+
+    if "HostManager" in _originals:
+        nova_host_manager.HostManager = _originals.pop("HostManager")
+        request_filter._should_filter_by_owner = _originals.pop("_should_filter_by_owner")
+
+
+def _should_filter_by_owner(context: Any) -> bool:
+    """nova's request_filter._should_filter_by_owner, answered from the stream when it can."""
+    from nova.scheduler import request_filter
+
+    manager = _current
+    conf = _our_conf()
+    use_stream = conf.min_compute_version_from_stream if conf is not None else True
+    version = manager.minimum_compute_version() if manager is not None and use_stream else None
+    if version is None:
+        return _originals["_should_filter_by_owner"](context)
+    if version < request_filter.MIN_COMPUTE_VERSION_OWNER_TRAIT:
+        LOG.warning("OWNER_NOVA trait not added to scheduling request: not all nova-compute "
+                    "services are upgraded (min_version=%d, need %d).",
+                    version, request_filter.MIN_COMPUTE_VERSION_OWNER_TRAIT)
+        return False
+    return True
+
+
+__all__ = ["SharedHostManager", "SharedHostState", "current", "install", "set_cache_provider",
+           "uninstall"]
