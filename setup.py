@@ -60,6 +60,7 @@ setup(
             "shm.transport = transport.opts:list_opts",
             "shm.reporter = compute_reporter.conf:list_opts",
             "shm.scheduler = shared_host_manager.conf.opts:list_scheduler_opts",
+            "shm.updatelog = shared_host_manager.conf.updatelog:list_opts",
             "shm.nova = shared_host_manager.nova.conf:list_opts",
         ],
         # one class per filter / weigher, by nova's names (see shared_host_manager.plugins)

@@ -144,7 +144,7 @@ class ReceiverMachine:
         reorder_window: int = 64,
         reorder_timeout: float = 0.2,
         resync_timeout: float = 2.0,
-        resync_backoff_max: float = 30.0,
+        resync_backoff_max: float = 10.0,
         down_interval: float = 30.0,
         claim_deadline: float = 30.0,
     ) -> None:
@@ -305,8 +305,13 @@ class ReceiverMachine:
         if snap.epoch != view.epoch:
             if view.doc is not None:
                 self.stats["epochs_changed"] += 1
+            # A claim the new epoch's document still carries was applied before the
+            # restart: it is included, not lost (retiring it as epoch_changed would make
+            # the tracker place the instance a second time).
+            listed = set(snap.claims)
             for claim_id in list(view.pending):
-                self._retire(view, claim_id, Outcome.EPOCH_CHANGED)
+                self._retire(view, claim_id,
+                             Outcome.INCLUDED if claim_id in listed else Outcome.EPOCH_CHANGED)
             view.buffer.clear()
         view.doc = copy_document(snap.doc)
         view.epoch = snap.epoch

@@ -119,8 +119,12 @@ class SourceMachine:
         self._ring: deque[Delta] = deque(maxlen=ring_size)
         self._results: OrderedDict[str, ClaimResult] = OrderedDict()
         self._claim_memory = claim_memory
-        #: accepted claims still worth listing in a snapshot (newest last)
-        self._included: OrderedDict[str, int] = OrderedDict()
+        #: accepted claims still worth listing in a snapshot (newest last); a restarted
+        #: source rebuilt from its last document lists the claims of the instances it
+        #: still holds, so schedulers see those claims as included, not lost
+        self._included: OrderedDict[str, int] = OrderedDict(
+            (record["claim"], 0) for record in self._doc.get("instances", {}).values()
+            if type(record) is dict and type(record.get("claim")) is str)
         self._announced = False
         self._last_heartbeat: float | None = None
         self._digest: bytes | None = None

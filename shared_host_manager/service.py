@@ -32,6 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from compute_reporter.rpcapi import ReporterAPI
 from protocol.codec import Decoder, Encoder
@@ -59,6 +60,7 @@ class SchedulerService:
         tick_interval: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         known_sources: Mapping[str, str] | None = None,
+        recorder: Any = None,
         **receiver_params: float,
     ) -> None:
         self.name = name
@@ -68,7 +70,10 @@ class SchedulerService:
         self._scheduler_topic = scheduler_topic
         self._encoder = encoder or Encoder()
         self.receiver = ReceiverMachine(name, **receiver_params)
-        self.cache = HostStateCache(self.receiver, self._send, decoder=decoder, clock=clock)
+        self.cache = HostStateCache(self.receiver, self._send, decoder=decoder, clock=clock,
+                                    recorder=recorder)
+        #: optional update log (shared_host_manager.updatelog.Recorder), closed by stop()
+        self.recorder = recorder
         self._state_path = os.path.join(state_dir, f"cache-{name}.msgpack") if state_dir else None
         self.snapshot_interval = snapshot_interval
         self.tick_interval = tick_interval
@@ -115,6 +120,8 @@ class SchedulerService:
             self._timer.join(timeout=10)
         if self._state_path:
             self.cache.save(self._state_path)
+        if self.recorder is not None:
+            self.recorder.close()
         self._client.close()
         LOG.info("scheduler cache %s stopped", self.name)
 
@@ -134,6 +141,8 @@ class SchedulerService:
         if endpoint is None:
             return False
         self.reporter_api.claim(endpoint, claim)
+        if self.recorder is not None:
+            self.recorder.sent(endpoint, claim, self.clock())
         return True
 
     def _on_retention_gap(self, requested: int, first: int) -> None:

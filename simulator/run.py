@@ -27,6 +27,7 @@ own, as deployed (:mod:`simulator.processes`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import sys
 import threading
@@ -75,6 +76,8 @@ class SimConfig:
     host_subset_size: int | None = None
     host_subset_choice: str = "rendezvous"
     peer_ownership: bool = True
+    #: directory for update logs of every party (shm replay reads them)
+    record: str | None = None
     progress: bool = True
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
     processes: int | None = None
@@ -82,6 +85,9 @@ class SimConfig:
 
 def check_config(cfg: SimConfig) -> None:
     """Refuse combinations that cannot run (ValueError, saying what to do instead)."""
+    if cfg.record and cfg.processes is not None:
+        raise ValueError("--record records in-process runs; drop --processes (or record each "
+                         "scheduler process with [update_log] in its own configuration)")
     if cfg.processes is None:
         return
     if cfg.processes < 1:
@@ -298,6 +304,7 @@ class Simulation:
         self.reporter_of: dict[str, ReporterService] = {}
         self.schedulers: list[Any] = []
         self.client_errors: list[str] = []
+        self.recording: Any = None
         self.clock = time.monotonic
         self._nvh_checker = _NoValidHostChecker(self._check_no_valid_host)
 
@@ -342,6 +349,12 @@ class Simulation:
                 self.reporter_of[s] = reporter
         if self.mode != "shared":
             self.db = HostDatabase(cfg.db_url or f"sqlite:///{_tempdb()}")
+        if cfg.record:
+            from shared_host_manager.updatelog import record_run
+
+            self.recording = record_run(os.path.join(cfg.record, self.mode))
+            for reporter in self.reporters:
+                self.recording.attach(reporter)
         for reporter in self.reporters:
             reporter.start()
             with reporter.manager._lock:
@@ -378,6 +391,11 @@ class Simulation:
             names = [s.name for s in self.schedulers]
             for sched in self.schedulers:
                 sched.engine.set_peers(names)
+        if self.recording is not None and self.mode == "shared":
+            # the database modes keep no cache: only their reporters are recorded
+            for sched in self.schedulers:
+                self.recording.attach(sched.service)
+                self.recording.attach(sched.engine)
         for sched in self.schedulers:
             sched.start()
         if self.mode == "shared":
@@ -656,13 +674,16 @@ class Simulation:
                 print(f"warning: stopping {sched.name}: {exc}", file=sys.stderr)
         for reporter in self.reporters:
             reporter.stop()
+        if self.recording is not None:
+            self.recording.close()
+            for (role, name), path in sorted(self.recording.logs().items()):
+                print(f"update log of {role} {name}: {path}", file=sys.stderr)
         if self.db is not None:
             self.db.close()
         self.transport.close()
 
 
 def _tempdb() -> str:
-    import os
     import tempfile
 
     fd, path = tempfile.mkstemp(prefix="shm-sim-", suffix=".sqlite")

@@ -29,6 +29,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "shared_host_manager.nova.bench:main",
         "select_destinations: nova 34's DB-fed HostManager vs SharedHostManager (needs nova)",
     ),
+    "updatelog": (
+        "simulator.bench_updatelog:main",
+        "update-log recording overhead on ingest, replay speed",
+    ),
     "decisions": (
         "shared_host_manager.bench_decisions:main",
         "scheduling decisions per second (fast columnar path vs per-host path)",

@@ -9,9 +9,10 @@ from shared_host_manager.cmd import common
 
 def _register(conf: cfg.ConfigOpts) -> None:
     from compute_reporter import conf as reporter_conf
-    from shared_host_manager.conf import signing
+    from shared_host_manager.conf import signing, updatelog
     from transport import opts as transport_opts
 
+    updatelog.register_opts(conf)
     reporter_conf.register_opts(conf)
     signing.register_opts(conf)
     transport_opts.register_opts(conf)
@@ -22,6 +23,7 @@ def build(conf: cfg.ConfigOpts):
     from compute_reporter.tracker import SimulatedTracker
     from protocol.codec import Decoder, Encoder
     from shared_host_manager.conf.signing import keyring_from_conf
+    from shared_host_manager.updatelog import from_conf as recorder_from_conf
     from transport import factory
 
     group = conf.reporter
@@ -36,7 +38,8 @@ def build(conf: cfg.ConfigOpts):
         reporter_topic=topics.reporter, scheduler_topic=topics.scheduler,
         encoder=Encoder(keyring), decoder=Decoder(keyring), state_dir=group.state_dir,
         coalesce_window=group.coalesce_window, heartbeat_interval=group.heartbeat_interval,
-        ring_size=group.ring_size, max_batch_items=group.max_batch_items)
+        ring_size=group.ring_size, max_batch_items=group.max_batch_items,
+        recorder=recorder_from_conf(conf))
 
 
 def main(argv: list[str]) -> int:

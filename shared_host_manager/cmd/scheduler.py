@@ -18,9 +18,10 @@ LOG = logging.getLogger(__name__)
 
 
 def _register(conf: cfg.ConfigOpts) -> None:
-    from shared_host_manager.conf import cache, signing
+    from shared_host_manager.conf import cache, signing, updatelog
     from transport import opts as transport_opts
 
+    updatelog.register_opts(conf)
     cache.register_opts(conf)
     signing.register_opts(conf)
     transport_opts.register_opts(conf)
@@ -30,6 +31,7 @@ def build(conf: cfg.ConfigOpts):
     from protocol.codec import Decoder, Encoder
     from shared_host_manager.conf.signing import keyring_from_conf
     from shared_host_manager.service import SchedulerService
+    from shared_host_manager.updatelog import from_conf as recorder_from_conf
     from transport import factory
 
     group = conf.cache
@@ -45,7 +47,7 @@ def build(conf: cfg.ConfigOpts):
         tick_interval=group.tick_interval, reorder_window=group.reorder_window,
         reorder_timeout=group.reorder_timeout, resync_timeout=group.resync_timeout,
         resync_backoff_max=group.resync_backoff_max, down_interval=group.down_interval,
-        claim_deadline=group.claim_deadline)
+        claim_deadline=group.claim_deadline, recorder=recorder_from_conf(conf))
 
 
 def main(argv: list[str]) -> int:

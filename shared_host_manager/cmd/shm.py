@@ -18,7 +18,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                  "run a compute reporter (--config-file FILE) until SIGTERM"),
     "scheduler": ("shared_host_manager.cmd.scheduler:main",
                   "run the scheduler-side host-state cache (--config-file FILE) until SIGTERM"),
-    "bench": ("shared_host_manager.cmd.bench:main", "run a benchmark (protocol, decisions)"),
+    "replay": ("shared_host_manager.cmd.replay:main",
+               "replay an update log: verify digests, show a host's state or history, "
+               "diff two logs, re-run decisions"),
+    "bench": ("shared_host_manager.cmd.bench:main",
+              "run a benchmark (protocol, stream, decisions, updatelog, nova)"),
 }
 
 

@@ -62,6 +62,9 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p.add_argument("--no-peer-ownership", dest="peer_ownership", action="store_false",
                    help="shared mode: do not tell schedulers about each other (each then picks "
                         "only by host_subset_choice)")
+    p.add_argument("--record", metavar="DIR",
+                   help="write an update log of every party into DIR/<host manager>/ "
+                        "(replay with: shm replay DIR/shared)")
     p.add_argument("--json", help="write the figures to this JSON file")
     p.add_argument("--plot", help="write a PNG: throughput and latency per host manager, staleness CDF")
     p.add_argument("--quiet", action="store_true", help="no progress output")

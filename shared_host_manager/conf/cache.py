@@ -36,8 +36,12 @@ price of staler views after a real loss.
 Seconds to wait for a resync answer before asking again. Repeated attempts
 back off exponentially up to resync_backoff_max.
 """),
-    cfg.FloatOpt("resync_backoff_max", default=30.0, min=0.01,
-                 help="Upper bound, in seconds, of the resync retry interval."),
+    cfg.FloatOpt("resync_backoff_max", default=10.0, min=0.01,
+                 help="""
+Upper bound, in seconds, of the resync retry interval. Keep it at most the
+reporters' heartbeat_interval, so that a view repaired by resync converges
+within two heartbeat intervals even when resync messages are lost.
+"""),
     cfg.FloatOpt("down_interval", default=30.0, min=0.1,
                  help="""
 Seconds without any message from a source (heartbeats included) after which

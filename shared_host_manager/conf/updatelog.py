@@ -1,0 +1,65 @@
+"""Options of the update log (group ``[update_log]``), read by schedulers and reporters.
+
+An update log records everything a scheduler's host-state cache received and
+did (and what a reporter published), so ``shm replay`` can rebuild the cache
+record by record and prove invariant 5.  Off by default; ``enabled = true``
+and a ``directory`` turn it on.  The service layer builds the recorder with
+:func:`shared_host_manager.updatelog.from_conf` and hands it to
+``SchedulerService(recorder=...)`` / ``ReporterService(recorder=...)``.
+
+Entry point (``oslo.config.opts``): ``shm.updatelog =
+shared_host_manager.conf.updatelog:list_opts``.
+"""
+
+from __future__ import annotations
+
+from oslo_config import cfg
+
+GROUP = "update_log"
+
+update_log_opts = [
+    cfg.BoolOpt("enabled", default=False, help="""
+Record an update log: every message this process received or sent with the
+clock value at which it was handled, every timer tick, every claim added and
+periodic digests of the whole host-state view. ``shm replay`` rebuilds the
+cache from it, checks that it reaches the recorded digests at every checkpoint
+(invariant 5), shows any host's state at any point, compares two logs, and
+re-runs recorded decisions. Recording costs a few percent of ingest throughput
+(bytes are written as received, buffered, without fsync).
+
+Possible values: true, false (default).
+
+Related options: directory, max_file_bytes, checkpoint_interval.
+"""),
+    cfg.StrOpt("directory", help="""
+Directory of the log files, ``<role>-<name>.ulog.0001``, ``.0002``, ... A
+restarted process adds files after the existing ones. Required when enabled.
+Nothing is deleted: remove old parts with your usual log retention.
+"""),
+    cfg.IntOpt("max_file_bytes", default=256 * 1024 * 1024, min=64 * 1024, help="""
+Size in bytes at which the current log file is closed and the next part
+(``.0002``, ...) started. Every part begins with a header, so each can be
+read alone.
+"""),
+    cfg.FloatOpt("checkpoint_interval", default=5.0, min=0.01, help="""
+Seconds between checkpoints: every source's view (version, liveness, pending
+claims, and the document digest of views that changed) written to the log,
+which replay compares with the state it rebuilt. A checkpoint costs about 2
+microseconds per changed view plus at most 0.5 % of the interval for document
+digests (views left out are digested at a later checkpoint); it holds the
+cache lock for that long. Shorter intervals locate a difference more
+precisely; measured overhead with 2000 busy hosts: about 3 % of ingest at
+0.5 to 5 seconds.
+"""),
+]
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    conf.register_opts(update_log_opts, group=GROUP)
+
+
+def list_opts() -> list[tuple[str, list[cfg.Opt]]]:
+    return [(GROUP, update_log_opts)]
+
+
+__all__ = ["GROUP", "list_opts", "register_opts", "update_log_opts"]

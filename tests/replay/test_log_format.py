@@ -1,0 +1,211 @@
+"""The update-log file format: framing, rotation, sessions, and damage (truncation, flipped bytes)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ulog_harness import RECEIVER_PARAMS, MiniRun
+
+from protocol.receiver import ReceiverMachine
+from shared_host_manager.cache import HostStateCache
+from shared_host_manager.replay import LogReader, replay, resolve_log
+from shared_host_manager.updatelog import FRAME, MAGIC, Recorder, ViewStates, part_paths
+
+
+def _states(result):
+    vs = ViewStates()
+    vs.scan(result.receiver.sources)
+    return vs.states
+
+
+def _live_states(cache):
+    vs = ViewStates()
+    with cache.lock:
+        vs.scan(cache.receiver.sources)
+    return vs.states
+
+
+def test_parts_rotate_each_with_a_header_and_numbering_continues(mini_run):
+    run = mini_run(max_file_bytes=4096, checkpoint_interval=0.1)
+    run.run(30)
+    run.settle(5)
+    live = _live_states(run.caches["s0"])
+    run.close()
+    parts = resolve_log(run.log("s0"))
+    assert len(parts) > 3
+    reader = LogReader(parts)
+    indices = [rec.index for rec in reader if rec.index >= 0]
+    assert indices == list(range(len(indices)))
+    assert len(reader.headers) == len(parts)
+    assert [h["part"] for h in reader.headers] == list(range(1, len(parts) + 1))
+    assert {h["session"] for h in reader.headers} == {run.recorders["s0"].session}
+    for path in parts:
+        with open(path, "rb") as f:
+            assert f.read(len(MAGIC)) == MAGIC
+    # a later part read alone keeps the global numbering
+    later = LogReader(parts[2:3])
+    first = next(rec.index for rec in later if rec.index >= 0)
+    assert first == later.headers[0]["first_record"] > 0
+    result = replay(parts)
+    assert result.ok and result.damage is None and result.checkpoints > 5
+    assert _states(result) == live
+
+
+def test_restarted_scheduler_appends_a_new_session(mini_run):
+    run = mini_run(checkpoint_interval=0.1)
+    run.run(10)
+    run.recorders["s0"].close()
+    records_before = run.recorders["s0"].records
+    # "restart" s0: a fresh cache and receiver, recording into the same directory
+    rec = Recorder(run.directory, checkpoint_interval=0.1)
+    cache = HostStateCache(ReceiverMachine("s0", **RECEIVER_PARAMS), run._to_reporter,
+                           clock=run.clock, recorder=rec)
+    run.caches["s0"], run.recorders["s0"], run.read["s0"] = cache, rec, 0
+    run.run(10)
+    run.settle(5)
+    live = _live_states(cache)
+    run.close()
+    parts = resolve_log(run.log("s0"))
+    assert len(parts) == 2
+    reader = LogReader(parts)
+    list(reader)
+    assert [h["first_record"] for h in reader.headers] == [0, records_before]
+    result = replay(parts)
+    assert result.sessions == 2 and result.ok
+    assert result.records == rec.records
+    assert _states(result) == live
+
+
+def test_torn_tail_of_a_crashed_session_ends_only_that_session(mini_run):
+    run = mini_run(checkpoint_interval=0.1)
+    run.run(10)
+    run.recorders["s0"].close()
+    first = resolve_log(run.log("s0"))[0]
+    size = os.path.getsize(first)
+    with open(first, "r+b") as f:  # the crash cut the last record short
+        f.truncate(size - 3)
+    rec = Recorder(run.directory, checkpoint_interval=0.1)
+    cache = HostStateCache(ReceiverMachine("s0", **RECEIVER_PARAMS), run._to_reporter,
+                           clock=run.clock, recorder=rec)
+    run.caches["s0"], run.recorders["s0"], run.read["s0"] = cache, rec, 0
+    run.run(5)
+    run.settle(5)
+    live = _live_states(cache)
+    run.close()
+    result = replay(resolve_log(run.log("s0")))
+    assert result.damage is None and len(result.damages) == 1 and result.damages[0].resumed
+    assert result.damages[0].path == first and 0 < result.damages[0].offset < size
+    assert result.sessions == 2 and result.ok
+    assert _states(result) == live
+
+
+# -- random damage -----------------------------------------------------------------------
+
+
+@functools.cache
+def _sample_log() -> tuple[bytes, list[tuple[int, int]]]:
+    """One small recorded log: its bytes and every record's (start, end) byte range."""
+    directory = tempfile.mkdtemp(prefix="ulog-sample-")
+    run = MiniRun(directory, sources=4, schedulers=("s0",), checkpoint_interval=0.1,
+                        record_reporter=False)
+    run.run(12)
+    run.claim("s0", "cn01", {"vcpus": 1, "memory_mb": 256})
+    run.run(4)
+    run.close()
+    [path] = part_paths(run.log("s0"))
+    with open(path, "rb") as f:
+        data = f.read()
+    spans = []
+    pos = len(MAGIC)
+    while pos < len(data):
+        length, _ = FRAME.unpack_from(data, pos)
+        spans.append((pos, pos + FRAME.size + length))
+        pos += FRAME.size + length
+    return data, spans[1:]  # the first frame is the header
+
+
+@functools.cache
+def _reference_states(last: int) -> dict:
+    data, _ = _sample_log()
+    path = _write(data)
+    return _states(replay([path], at=last))
+
+
+def _write(data: bytes) -> str:
+    fd, path = tempfile.mkstemp(prefix="ulog-damaged-", suffix=".ulog.0001")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _check_prefix(path: str, replayed_expected: int) -> None:
+    result = replay([path])
+    assert result.records == replayed_expected
+    assert not result.mismatches and not result.effect_mismatches
+    if replayed_expected and result.receiver is not None:
+        assert _states(result) == _reference_states(replayed_expected - 1)
+
+
+_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(st.data())
+def test_truncated_log_replays_its_prefix_and_says_where(data):
+    log, spans = _sample_log()
+    cut = data.draw(st.integers(0, len(log) - 1), label="cut")
+    path = _write(log[:cut])
+    try:
+        complete = [i for i, (_, end) in enumerate(spans) if end <= cut]
+        result = replay([path])
+        if cut < spans[0][0]:  # magic or header cut
+            assert result.damage is not None and result.damage.offset == 0 and result.records == 0
+            return
+        on_boundary = cut == (spans[len(complete) - 1][1] if complete else spans[0][0])
+        if on_boundary:
+            assert result.damage is None
+        else:
+            assert result.damage is not None
+            assert result.damage.offset == spans[len(complete)][0]
+            assert result.damage.record == len(complete)
+            assert "truncated" in result.damage.reason
+        _check_prefix(path, len(complete))
+    finally:
+        os.unlink(path)
+
+
+@_SETTINGS
+@given(st.data())
+def test_flipped_bytes_stop_the_replay_at_the_damaged_record(data):
+    log, spans = _sample_log()
+    pos = data.draw(st.integers(0, len(log) - 1), label="pos")
+    mask = data.draw(st.integers(1, 255), label="mask")
+    damaged = bytearray(log)
+    damaged[pos] ^= mask
+    path = _write(bytes(damaged))
+    try:
+        result = replay([path])
+        if pos < spans[0][0]:
+            assert result.damage is not None and result.damage.offset == 0 and result.records == 0
+            return
+        k = next(i for i, (start, end) in enumerate(spans) if start <= pos < end)
+        assert result.damage is not None
+        assert result.damage.offset == spans[k][0] and result.damage.record == k
+        _check_prefix(path, k)
+    finally:
+        os.unlink(path)
+
+
+def test_garbage_and_empty_files_are_damage_not_crashes(tmp_path):
+    for name, content in (("empty", b""), ("garbage", os.urandom(300)), ("magic-only", MAGIC),
+                          ("bad-frame", MAGIC + FRAME.pack(1 << 31, 0) + b"x" * 20)):
+        path = tmp_path / f"{name}.ulog.0001"
+        path.write_bytes(content)
+        result = replay([str(path)])
+        assert result.damage is not None and result.damage.offset == 0 and result.records == 0
+    missing = replay([str(tmp_path / "nope.ulog.0001")])
+    assert missing.damage is not None and "unreadable" in missing.damage.reason
