@@ -139,8 +139,11 @@ class SimulatedTracker:
         while not self._stop.is_set():
             due = int((self._clock() - start) * rate) - done
             for _ in range(due):
+                # a backlog (changes slower than the rate asks) must not outlive stop()
+                if self._stop.is_set():
+                    return
                 self.step(sink, self._rng.choice(self._ids))
-            done += max(due, 0)
+                done += 1
             self._stop.wait(0.005)
 
     def stop(self) -> None:

@@ -30,7 +30,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from protocol.messages import Claim
@@ -150,7 +150,11 @@ class SchedulerManager:
             waiter.result.timed_out = True
         return waiter.result
 
-    def versions(self) -> dict[str, tuple[int, int]]:
+    def versions(self, sources: Iterable[str] | None = None) -> dict[str, tuple[int, int]]:
+        """(epoch, seq) of every view holding a document, or of those of ``sources``."""
         with self.lock:
-            return {s: v.version for s, v in self.service.receiver.sources.items()
-                    if v.doc is not None}
+            held = self.service.receiver.sources
+            if sources is None:
+                return {s: v.version for s, v in held.items() if v.doc is not None}
+            views = ((s, held.get(s)) for s in sources)
+            return {s: v.version for s, v in views if v is not None and v.doc is not None}

@@ -29,6 +29,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,6 +271,8 @@ class DatabaseScheduler:
         if done:
             waiter.event.set()
 
-    def versions(self) -> dict[str, tuple[int, int]]:
+    def versions(self, sources: Iterable[str] | None = None) -> dict[str, tuple[int, int]]:
         with self.lock:
-            return dict(self._versions)
+            if sources is None:
+                return dict(self._versions)
+            return {s: self._versions[s] for s in sources if s in self._versions}

@@ -26,6 +26,7 @@ own, as deployed (:mod:`simulator.processes`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -357,11 +358,18 @@ class Simulation:
                 self.recording.attach(reporter)
         for reporter in self.reporters:
             reporter.start()
-            with reporter.manager._lock:
+        # Load the database and start writing every change to it at one instant for each
+        # host, under every reporter's lock: with changes flowing in between, a host whose
+        # change came after its state was read but before its row existed kept the old row.
+        with contextlib.ExitStack() as held:
+            for reporter in self.reporters:
+                held.enter_context(reporter.manager._lock)
+            if self.db is not None:
+                self.db.reset({s: truth for reporter in self.reporters
+                               for s, truth in _reporter_truth(reporter).items()})
+            for reporter in self.reporters:
                 for machine in reporter.manager.machines.values():
                     machine.on_change = self._on_change
-        if self.db is not None:
-            self.db.reset(self._truth())
 
     def _mode_settings(self) -> list[ModeSettings]:
         """Each of the ``cfg.schedulers`` schedulers' settings (their queues are the run's)."""
@@ -401,19 +409,29 @@ class Simulation:
         if self.mode == "shared":
             self._wait(lambda: all(len(s.versions()) == len(sources) for s in self.schedulers),
                        120, "schedulers to see every host")
+            # and to have applied what was published until now (at 10 000 hosts the start-up
+            # left a backlog of seconds, which the measured run then counted as staleness)
+            published = self._published_versions()
+            self._wait(lambda: all(_at_least(s.versions(), published) for s in self.schedulers),
+                       120, "schedulers to catch up with the stream")
             # build each scheduler's index now, not inside the first measured decision
             for sched in self.schedulers:
                 with sched.lock:
                     sched.engine.index.sync()
+
+    def _published_versions(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for reporter in self.reporters:
+            with reporter.manager._lock:
+                out.update((s, m.version) for s, m in reporter.manager.machines.items())
+        return out
 
     def _truth(self) -> dict[str, tuple[int, int, dict]]:
         """Every source's authoritative (epoch, seq, document), read under its reporter's lock."""
         out = {}
         for reporter in self.reporters:
             with reporter.manager._lock:
-                for s, m in reporter.manager.machines.items():
-                    seq = m.seq + (1 if m.has_pending else 0)
-                    out[s] = (m.epoch, seq, copy_document(m.document))
+                out.update(_reporter_truth(reporter))
         return out
 
     @staticmethod
@@ -528,7 +546,7 @@ class Simulation:
                     m = manager.machines[s]
                     truth[s] = (m.epoch, m.seq, m.has_pending)
             for sched in self.schedulers:
-                views = sched.versions()
+                views = sched.versions(sample)  # not all: at 10 000 hosts that held the lock for ms
                 for s in sample:
                     epoch, seq, pending = truth[s]
                     held = views.get(s)
@@ -681,6 +699,19 @@ class Simulation:
         if self.db is not None:
             self.db.close()
         self.transport.close()
+
+
+def _at_least(held: dict[str, tuple[int, int]], wanted: dict[str, tuple[int, int]]) -> bool:
+    """Every wanted source held at that version or a later one."""
+    return all(s in held and held[s] >= v for s, v in wanted.items())
+
+
+def _reporter_truth(reporter: ReporterService) -> dict[str, tuple[int, int, dict]]:
+    """Each of a reporter's hosts: (epoch, seq its pending changes will have, document).
+
+    The caller holds the reporter's lock."""
+    return {s: (m.epoch, m.seq + (1 if m.has_pending else 0), copy_document(m.document))
+            for s, m in reporter.manager.machines.items()}
 
 
 def _tempdb() -> str:
