@@ -20,13 +20,13 @@ value, they never mutate it in place (the source API copies what it is given).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import reprlib
 from typing import Any
 
 import msgpack
 
+from protocol import hashing
 from protocol.errors import FieldError, ValueRangeError
 
 Document = dict[str, dict[str, Any]]
@@ -64,7 +64,7 @@ def canonical(doc: Document) -> bytes:
 
 def digest(doc: Document) -> bytes:
     """16-byte BLAKE2b digest of the canonical encoding."""
-    return hashlib.blake2b(canonical(doc), digest_size=DIGEST_SIZE).digest()
+    return hashing.blake2b((canonical(doc),), DIGEST_SIZE)
 
 
 def _map_header(n: int) -> bytes:
@@ -116,7 +116,7 @@ class CanonicalCache:
                 part = parts[ns] = (msgpack.packb(ns, use_bin_type=True)
                                     + msgpack.packb(_sorted(doc[ns]), use_bin_type=True))
             chunks.append(part)
-        return hashlib.blake2b(b"".join(chunks), digest_size=DIGEST_SIZE).digest()
+        return hashing.blake2b(chunks, DIGEST_SIZE)
 
 
 def copy_document(doc: Document) -> Document:

@@ -12,15 +12,16 @@ Life cycle: built once from configuration, read-only afterwards (thread-safe).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Mapping
+
+from protocol.hashing import hmac_sha256
 
 MAC_SIZE = 32
 
 
 def derive_key(master: bytes, name: str) -> bytes:
-    return hmac.new(master, name.encode(), hashlib.sha256).digest()
+    return hmac_sha256(master, name.encode())
 
 
 class Keyring:
@@ -49,11 +50,11 @@ class Keyring:
         key = self.key_for(name)
         if key is None:
             raise KeyError(f"no signing key for {name!r}")
-        return hmac.new(key, payload, hashlib.sha256).digest()
+        return hmac_sha256(key, payload)
 
     def verify(self, name: str, payload: bytes, mac: bytes) -> bool | None:
         """True/False for a good/bad MAC; None when ``name`` has no key."""
         key = self.key_for(name)
         if key is None:
             return None
-        return hmac.compare_digest(hmac.new(key, payload, hashlib.sha256).digest(), mac)
+        return hmac.compare_digest(hmac_sha256(key, payload), mac)
