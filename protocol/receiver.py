@@ -31,7 +31,8 @@ Pending-claim ledger (per source)::
     add_claim() --> PENDING --(delta or snapshot lists it)-----> retired: "included"
                           |---(claim result: rejected)-------> retired: "rejected"
                           |---(source's epoch changes)-------> retired: "epoch_changed"
-                          +---(deadline passes, no word)-----> retired: "expired" (counted)
+                          |---(deadline passes, no word)-----> retired: "expired" (counted)
+                          +---(cancel_claim(): build given up)-> retired: "cancelled"
 
 A claim is retired exactly once, in the same step that makes its consumption
 part of the document, so the usable view (document minus this scheduler's own
@@ -79,6 +80,7 @@ class Outcome(enum.StrEnum):
     REJECTED = "rejected"
     EPOCH_CHANGED = "epoch_changed"
     EXPIRED = "expired"
+    CANCELLED = "cancelled"  # given up by this scheduler (cancel_claim): the build will not happen
 
 
 @dataclass(slots=True)
@@ -130,7 +132,7 @@ STAT_KEYS = (
     "applied", "duplicates", "stale", "gaps", "buffered", "buffer_overflows", "snapshots",
     "resyncs_requested", "heartbeat_resyncs", "divergences", "epochs_changed", "went_down",
     "came_up", "claims_added", "claims_included", "claims_rejected", "claims_expired",
-    "claims_epoch_retired", "claim_results_late",
+    "claims_epoch_retired", "claims_cancelled", "claim_results_late",
 )
 
 
@@ -393,6 +395,23 @@ class ReceiverMachine:
         heapq.heappush(self._deadlines, (deadline, claim.claim_id, claim.source))
         self.stats["claims_added"] += 1
         self._changed.add(claim.source)
+
+    def cancel_claim(self, source: str, claim_id: str) -> bool:
+        """Stop deducting a pending claim whose build this scheduler gave up.
+
+        For a caller that abandons a decision after recording its claim (nova
+        removing the placement allocations of a multi-create it could not place
+        entirely): without this the claim would hold its resources in the view
+        until its deadline.  Should the arbiter accept the claim anyway, the
+        host's next delta carries the consumption; until then this view counts
+        that host emptier than it is, which costs at most a rejected claim,
+        never an overcommit.  Returns False when the claim is not pending.
+        """
+        view = self.sources.get(source)
+        if view is None or claim_id not in view.pending:
+            return False
+        self._retire(view, claim_id, Outcome.CANCELLED)
+        return True
 
     def _retire(self, view: SourceView, claim_id: str, outcome: Outcome) -> None:
         pending = view.pending.pop(claim_id)

@@ -72,6 +72,7 @@ from protocol.messages import (
 from protocol.receiver import ReceiverMachine
 from shared_host_manager import updatelog as ul
 from shared_host_manager.updatelog import (
+    CANCEL,
     CHECKPOINT,
     CLAIM,
     DECISION,
@@ -147,6 +148,7 @@ _SHAPES: dict[int, tuple[tuple[type, ...], ...]] = {
     RESYNC: ((str,), (bool,)),
     HINT: ((str,),),
     FORGET: ((str,),),
+    CANCEL: ((str,), (str,)),
     RESTORE: ((bytes,),),
     TX: (_OPT_STR, (bytes,)),
     CHECKPOINT: ((bytes,), (int,), (list,)),
@@ -708,6 +710,13 @@ class Replayer:
             except ProtocolError as exc:
                 self._mismatch(rec, "claim", f"claim {claim.claim_id} could not be added: {exc}")
             sends = []
+        elif kind == CANCEL:
+            source, claim_id = f[0], f[1]
+            effects = f[2] if len(f) > 2 else None
+            if tracer is not None:
+                tracer.begin(_Step(rec.index, now, kind, "local", None, f"claim {claim_id} cancelled"))
+            receiver.cancel_claim(source, claim_id)
+            sends = []
         elif kind in (RESYNC, HINT, FORGET):
             source = f[0]
             effects = f[2 if kind == RESYNC else 1] if len(f) > (2 if kind == RESYNC else 1) else None
@@ -916,7 +925,7 @@ class Replayer:
                 if any(getattr(i, "source", None) == source for i in _items(msg)) or \
                         getattr(msg, "source", None) == source:
                     out.append(rec.index)
-            elif rec.kind in (RESYNC, HINT, FORGET) and rec.fields[0] == source:
+            elif rec.kind in (RESYNC, HINT, FORGET, CANCEL) and rec.fields[0] == source:
                 out.append(rec.index)
             elif rec.kind == TICK:
                 continue

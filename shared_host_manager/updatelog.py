@@ -14,7 +14,7 @@ the same place::
     stream bytes ---+                                  +--> RX_STREAM  (now, offset, bytes as received)
     control bytes --+--> HostStateCache --> receiver --+--> RX_CONTROL (now, bytes as received)
     clock ----------+        (hooks)                   +--> TICK       (now)
-    decisions ---------> receiver.add_claim / ... -----+--> CLAIM, RESYNC, HINT, FORGET (now, args)
+    decisions ---------> receiver.add_claim / ... -----+--> CLAIM, CANCEL, RESYNC, HINT, FORGET (now, args)
                                                        +--> effects of the step: resync requests sent,
                                                        |    claim outcomes (compared on replay)
                                     every checkpoint_interval --> CHECKPOINT (digest of every view)
@@ -59,6 +59,7 @@ HINT            7  now, source[, effects]             (receiver.add_source_hint)
 FORGET          8  now, source[, effects]             (receiver.forget)
 RESTORE         9  now, encoded Snapshot[, effects]   (cache.load after a restart)
 TX             10  now, to, encoded message           (claims sent; a reporter's control casts)
+CANCEL         11  now, source, claim id[, effects]   (receiver.cancel_claim)
 CHECKPOINT     12  now, combined hash (8 bytes), number of views, changed views
                    [[source, [epoch, seq, digest, down, [pending claim ids]] | None], ...]
                    (digest: 16 bytes, b"" = no document yet, None = not digested this time)
@@ -110,14 +111,13 @@ import struct
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from hashlib import blake2b
 from typing import Any
 
 import msgpack
 
-from protocol import codec
+from protocol import codec, hashing
 from protocol.messages import PROTOCOL_VERSION, Message, Send, Snapshot
 
 LOG = logging.getLogger(__name__)
@@ -145,6 +145,7 @@ HINT = 7
 FORGET = 8
 RESTORE = 9
 TX = 10
+CANCEL = 11
 CHECKPOINT = 12
 DECISION = 13
 DECISION_END = 14
@@ -155,7 +156,7 @@ PUBLISHED = 20
 KIND_NAMES = {
     HEADER: "header", RX_STREAM: "rx_stream", RX_CONTROL: "rx_control", RX_DROPPED: "rx_dropped",
     TICK: "tick", CLAIM: "claim", RESYNC: "resync", HINT: "hint", FORGET: "forget",
-    RESTORE: "restore", TX: "tx", CHECKPOINT: "checkpoint", DECISION: "decision",
+    RESTORE: "restore", TX: "tx", CANCEL: "cancel", CHECKPOINT: "checkpoint", DECISION: "decision",
     DECISION_END: "decision_end", ENGINE: "engine", NOTE: "note", PUBLISHED: "published",
 }
 
@@ -353,7 +354,7 @@ def part_paths(base: str) -> list[str]:
 
 
 def frame(payload: bytes) -> bytes:
-    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+    return FRAME.pack(len(payload), hashing.crc32(payload)) + payload
 
 
 class LogWriter:
@@ -404,7 +405,7 @@ class LogWriter:
     def append(self, record: list[Any]) -> None:
         payload = self._packer.pack(record)
         buf = self._buf
-        buf += FRAME.pack(len(payload), zlib.crc32(payload))
+        buf += FRAME.pack(len(payload), hashing.crc32(payload))
         buf += payload
         self.records += 1
         if len(buf) >= self.buffer_bytes:
@@ -630,6 +631,7 @@ class Recorder:
 
     def _wrap_receiver(self, receiver: Any) -> None:
         add_claim = receiver.add_claim
+        cancel_claim = receiver.cancel_claim
         request_resync = receiver.request_resync
         add_source_hint = receiver.add_source_hint
         forget = receiver.forget
@@ -638,6 +640,13 @@ class Recorder:
             add_claim(claim, now)
             if self.enabled:
                 self._guard(self._step, [CLAIM, now, codec.encode(claim)], None, now)
+
+        def recorded_cancel_claim(source: str, claim_id: str) -> bool:
+            cancelled = cancel_claim(source, claim_id)
+            if self.enabled:
+                now = self._clock()
+                self._guard(self._step, [CANCEL, now, source, claim_id], None, now)
+            return cancelled
 
         def recorded_request_resync(source: str, now: float, *, full: bool = False) -> list[Send]:
             out = request_resync(source, now, full=full)
@@ -658,6 +667,7 @@ class Recorder:
                 self._guard(self._step, [FORGET, now, source], None, now)
 
         receiver.add_claim = recorded_add_claim
+        receiver.cancel_claim = recorded_cancel_claim
         receiver.request_resync = recorded_request_resync
         receiver.add_source_hint = recorded_add_source_hint
         receiver.forget = recorded_forget

@@ -49,7 +49,10 @@ after nova's placement claim succeeded.  A pending claim is subtracted from the
 view only while the host's ``instances`` namespace does not list its instance
 (nova's ResourceTracker publishes usage and tracked instances in the same
 change), so it is never subtracted twice, even if the compute side cannot list
-claim ids; otherwise it retires when a delta lists it or at its deadline.
+claim ids; otherwise it retires when a delta lists it or at its deadline.  When
+nova gives builds up (``SchedulerManager._cleanup_allocations``: a multi-create
+that could not place every instance), :func:`install` has it cancel their
+pending claims too, so they stop holding the hosts at once.
 
 Aggregates: from each host's ``aggregates`` namespace, overridden by what
 nova's ``update_aggregates`` / ``delete_aggregate`` fanout said since this
@@ -67,7 +70,7 @@ import copy
 import datetime
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -89,6 +92,8 @@ _EMPTY: dict[str, Any] = {}
 
 _cache_provider: Callable[[], Any] | None = None
 _current: SharedHostManager | None = None
+#: how many recorded claims cancel_claims can still find (nova cancels in the same request)
+_CLAIMED_MEMORY = 65536
 
 
 def set_cache_provider(provider: Callable[[], Any] | None) -> None:
@@ -407,6 +412,9 @@ class SharedHostManager(nova_host_manager.HostManager):
         self.default_cell_uuid = default_cell_uuid or (conf.default_cell_uuid if conf is not None
                                                        else None)
         self._templates: dict[str, _Template] = {}
+        #: instance uuid -> host (source) of the pending claims this manager recorded, newest
+        #: last; bounded: nova cancels within the request that claimed
+        self._claimed: OrderedDict[str, str] = OrderedDict()
         self._agg_overlay: dict[str, Any] = {}
         self._agg_deleted: set[str] = set()
         self._agg_gen = 0
@@ -563,7 +571,25 @@ class SharedHostManager(nova_host_manager.HostManager):
                 self.counters["claims_not_recorded"] += 1
                 return
             self.counters["claims_recorded"] += 1
+            self._claimed[instance] = host_state.uuid
+            self._claimed.move_to_end(instance)
+            while len(self._claimed) > _CLAIMED_MEMORY:
+                self._claimed.popitem(last=False)
         host_state._claim_id = instance
+
+    def cancel_claims(self, instance_uuids: Any) -> int:
+        """Stop deducting our pending claims of these instances (their builds were given up).
+
+        Returns how many were still pending."""
+        cache = self.cache
+        cancelled = 0
+        with cache.lock:
+            for instance in instance_uuids:
+                source = self._claimed.pop(instance, None)
+                if source is not None and cache.receiver.cancel_claim(source, instance):
+                    cancelled += 1
+        self.counters["claims_cancelled"] += cancelled
+        return cancelled
 
     # -- forced hosts and nodes ------------------------------------------------------------
     def get_compute_nodes_by_host_or_node(self, ctxt: Any, host: str | None, node: str | None,
@@ -654,17 +680,21 @@ _originals: dict[str, Any] = {}
 
 def install(*, min_version_from_stream: bool = True) -> None:
     """Make nova's SchedulerManager build a SharedHostManager (and serve the owner filter's
-    minimum-version question from the stream).  Idempotent; :func:`uninstall` undoes it.
+    minimum-version question from the stream, and cancel our pending claims of the
+    instances whose allocations it cleans up).  Idempotent; :func:`uninstall` undoes it.
 
     ``SchedulerManager.__init__`` looks ``host_manager.HostManager`` up at call
     time, so this must run before the manager is built.
     """
+    from nova.scheduler import manager as nova_manager
     from nova.scheduler import request_filter
 
     if "HostManager" not in _originals:
         _originals["HostManager"] = nova_host_manager.HostManager
         _originals["_should_filter_by_owner"] = request_filter._should_filter_by_owner
+        _originals["_cleanup_allocations"] = nova_manager.SchedulerManager._cleanup_allocations
     nova_host_manager.HostManager = SharedHostManager
+    nova_manager.SchedulerManager._cleanup_allocations = _cleanup_allocations
     if min_version_from_stream:
         request_filter._should_filter_by_owner = _should_filter_by_owner
     else:
@@ -672,11 +702,28 @@ def install(*, min_version_from_stream: bool = True) -> None:
 
 
 def uninstall() -> None:
+    from nova.scheduler import manager as nova_manager
     from nova.scheduler import request_filter
 
     if "HostManager" in _originals:
         nova_host_manager.HostManager = _originals.pop("HostManager")
         request_filter._should_filter_by_owner = _originals.pop("_should_filter_by_owner")
+        nova_manager.SchedulerManager._cleanup_allocations = _originals.pop("_cleanup_allocations")
+
+
+def _cleanup_allocations(manager: Any, context: Any, instance_uuids: Any) -> None:
+    """nova's SchedulerManager._cleanup_allocations, then our pending claims of those instances.
+
+    nova calls it when a multi-create cannot place every instance: the builds
+    that were claimed in placement will not happen, so their pending claims
+    must stop holding the hosts' resources (else they would until their deadline).
+    """
+    try:
+        _originals["_cleanup_allocations"](manager, context, instance_uuids)
+    finally:
+        host_manager = getattr(manager, "host_manager", None)
+        if isinstance(host_manager, SharedHostManager) and instance_uuids:
+            host_manager.cancel_claims(instance_uuids)
 
 
 def _should_filter_by_owner(context: Any) -> bool:

@@ -173,21 +173,29 @@ def test_same_decisions_as_nova_fed_from_the_database(nova_db, nodes, cache, sql
     assert answers[True] == answers[False]
 
 
-def test_no_valid_host_is_raised_and_allocations_cleaned_up(nodes, cache, sql):
+def test_no_valid_host_is_raised_and_allocations_and_claims_cleaned_up(nodes, cache, sql):
     placement = fx.FakePlacement([cn.uuid for cn in nodes])
     placement.refuse = {cn.uuid for cn in nodes[1:]}  # only host0 can be claimed
     shm.set_cache_provider(lambda: cache)
+    first = fx.uuid_for("nvh", 1)
     try:
         with fx.patched_scheduler(placement):
             mgr = nova_manager.SchedulerManager()
             sql.reset()
             group = objects.InstanceGroup(policy="anti-affinity", policies=["anti-affinity"], rules={},
-                                          members=[fx.uuid_for("nvh", 1), fx.uuid_for("nvh", 2)], hosts=[])
-            spec = fx.request_spec(instance_uuid=fx.uuid_for("nvh", 1), num_instances=2, group=group)
+                                          members=[first, fx.uuid_for("nvh", 2)], hosts=[])
+            spec = fx.request_spec(instance_uuid=first, num_instances=2, group=group)
             with pytest.raises(ExpectedException) as raised:  # nova's @expected_exceptions wrapper
-                _select(mgr, spec, [fx.uuid_for("nvh", 1), fx.uuid_for("nvh", 2)])
+                _select(mgr, spec, [first, fx.uuid_for("nvh", 2)])
             assert raised.value.exc_info[0] is nova_exception.NoValidHost
             assert sql.n == 0
     finally:
         shm.set_cache_provider(None)
-    assert placement.deleted == [fx.uuid_for("nvh", 1)]
+    assert placement.deleted == [first]
+    # the first instance's pending claim on host0 went with its allocation: host0 is whole again
+    assert mgr.host_manager.counters["claims_recorded"] == 1
+    assert mgr.host_manager.counters["claims_cancelled"] == 1
+    with cache.lock:
+        assert cache.receiver.pending_claims() == 0
+        assert cache.receiver.view(nodes[0].uuid).pending_usage == {}
+    assert nova_manager.SchedulerManager._cleanup_allocations is not shm._cleanup_allocations  # uninstalled

@@ -79,7 +79,8 @@ SOURCE_KW = dict(coalesce_window=COALESCE, heartbeat_interval=HB, ring_size=3, m
 CONVERGENCE_BOUND = 2 * HB
 MASTER = b"property test master"
 FOREIGN = "segment-7"  # a foreign source: no compute namespace, never claimed on
-TERMINAL = {Outcome.INCLUDED, Outcome.REJECTED, Outcome.EPOCH_CHANGED, Outcome.EXPIRED}
+TERMINAL = {Outcome.INCLUDED, Outcome.REJECTED, Outcome.EPOCH_CHANGED, Outcome.EXPIRED,
+            Outcome.CANCELLED}
 RESOURCES = ("vcpus", "memory_mb", "disk_gb")
 
 
@@ -146,6 +147,13 @@ class Release:
 
 
 @dataclass(frozen=True)
+class Cancel:
+    """A scheduler gives up one of its pending claims (the claim itself may still arrive)."""
+    scheduler: int
+    pick: int
+
+
+@dataclass(frozen=True)
 class Restart:
     source: int
 
@@ -204,12 +212,14 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         "burst": st.builds(Burst, src, st.integers(2, 8)),
         "release": st.builds(Release, src, st.integers(0, 20)),
         "restart": st.builds(Restart, st.integers(-1, n_sources - 1)),
+        "cancel": st.builds(Cancel, st.integers(0, n_scheds - 1), st.integers(0, 20)),
         "advance": st.builds(Advance, st.sampled_from([0.01, 0.05, 0.1, 0.3, 0.7, 1.5])),
         "inject": st.builds(Inject, st.integers(0, n_scheds + n_sources), st.binary(max_size=40),
                             st.booleans()),
     }
     # weights: claims and time dominate, restarts and garbage are rare
-    kinds = ["claim"] * 5 + ["advance"] * 4 + ["change"] * 2 + ["burst", "release", "restart", "inject"]
+    kinds = ["claim"] * 5 + ["advance"] * 4 + ["change"] * 2 + ["burst", "release", "restart", "inject",
+                                                                "cancel"]
     actions = st.sampled_from(kinds).flatmap(by_kind.__getitem__)
     faults = st.one_of(
         st.just(Fault("ok")), st.just(Fault("drop")),
@@ -435,6 +445,12 @@ class World:
             self._start(name, self.epoch_seen[name], copy.deepcopy(old.document))
         elif t is Inject:
             self._inject(action)
+        elif t is Cancel:
+            receiver = self.receivers[f"sched-{action.scheduler}"]
+            pending = sorted((source, claim_id) for source, view in receiver.sources.items()
+                             for claim_id in view.pending)
+            if pending:
+                assert receiver.cancel_claim(*pending[action.pick % len(pending)])
         self.check()
 
     def _change(self, action: Change) -> None:
@@ -652,7 +668,8 @@ def test_invariants_under_faults(sc: dict[str, Any]) -> None:
         for k, v in receiver.stats.items():
             totals[k] += v
     for k in ("resyncs_requested", "divergences", "buffer_overflows", "gaps", "epochs_changed",
-              "claims_included", "claims_rejected", "claims_expired", "claims_epoch_retired", "went_down"):
+              "claims_included", "claims_rejected", "claims_expired", "claims_epoch_retired",
+              "claims_cancelled", "went_down"):
         event(f"{k}: {'0' if not totals[k] else '1-9' if totals[k] < 10 else '10+'}")
     event(f"claims: {min(len(world.claims), 10)}")
     event(f"sim time: {int(world.now) // 5 * 5}s+")

@@ -467,6 +467,37 @@ def test_claim_deadline_expiry_is_counted() -> None:
     assert r.drain_outcomes() == []
 
 
+def test_a_cancelled_claim_stops_being_deducted_once() -> None:
+    r = established(claim_deadline=5.0)
+    r.add_claim(_claim("c1", r, vcpus=2), 1.0)
+    r.add_claim(_claim("c2", r, vcpus=3), 1.0)
+    assert r.view(A).pending_usage == {"vcpus": 5}
+    r.drain_changed()
+    assert r.cancel_claim(A, "c1") is True
+    assert r.view(A).pending_usage == {"vcpus": 3}
+    assert r.drain_outcomes() == [("c1", A, Outcome.CANCELLED)]
+    assert r.drain_changed() == {A}  # indexes must recompute the host's free resources
+    assert r.stats["claims_cancelled"] == 1
+    assert r.cancel_claim(A, "c1") is False  # not pending any more: nothing twice
+    assert r.cancel_claim(B, "c2") is False  # no such claim on that source
+    assert r.cancel_claim(A, "nope") is False
+    r.tick(6.0)  # c1's deadline passes: already retired, only c2 expires
+    assert r.drain_outcomes() == [("c2", A, Outcome.EXPIRED)]
+    r.receive(delta(1, claims=["c1"]), 6.1)  # the arbiter accepted it anyway: the delta says so
+    assert r.drain_outcomes() == [] and r.view(A).pending_usage == {}
+
+
+def test_a_cancelled_claim_id_can_be_claimed_again() -> None:
+    r = established(claim_deadline=5.0)
+    r.add_claim(_claim("c1", r, vcpus=2), 1.0)
+    assert r.cancel_claim(A, "c1")
+    r.add_claim(_claim("c1", r, vcpus=4), 2.0)  # a retry of the same build (nova: same instance)
+    r.tick(6.5)  # the first attempt's deadline (6.0) must not expire the second (7.0)
+    assert r.view(A).pending_usage == {"vcpus": 4}
+    r.tick(7.0)
+    assert r.view(A).pending_usage == {}
+
+
 def test_each_claim_resolves_once_whatever_arrives() -> None:
     r = established(claim_deadline=1.0)
     r.add_claim(_claim("c1", r), 0.0)

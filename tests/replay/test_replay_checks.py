@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgpack
 
 from protocol import codec
-from protocol.messages import Batch, Delta
+from protocol.messages import Batch, Claim, Delta
 from shared_host_manager.replay import LogReader, replay, resolve_log
-from shared_host_manager.updatelog import CHECKPOINT, FRAME, MAGIC, RX_STREAM, ViewStates, frame
+from shared_host_manager.updatelog import CANCEL, CHECKPOINT, FRAME, MAGIC, RX_STREAM, ViewStates, frame
 
 
 def _live(cache):
@@ -50,6 +50,30 @@ def test_replay_reaches_every_checkpoint_and_the_final_state(mini_run):
     assert reporter.role == "reporter" and reporter.ok and reporter.divergences == 0
     assert {s: (v.epoch, v.seq) for s, v in reporter.receiver.sources.items()} == \
         {s: sm.version for s, sm in run.sources.items()}
+
+
+def test_a_cancelled_claim_is_recorded_and_replays(mini_run):
+    run = mini_run(checkpoint_interval=0.1)
+    run.run(5)
+    cache = run.caches["s0"]
+    with cache.lock:  # a claim never sent: only cancelling it ends it before its deadline
+        view = cache.receiver.sources["cn01"]
+        cache.receiver.add_claim(Claim("given-up", "s0", "cn01", view.epoch, view.seq, {"vcpus": 1},
+                                       "vm-x"), run.clock())
+    run.run(4)  # checkpoints see it pending
+    with cache.lock:
+        assert cache.receiver.cancel_claim("cn01", "given-up")
+    run.run(4)
+    live = _live(cache)
+    run.close()
+    path = resolve_log(run.log("s0"))
+    cancels = [r for r in LogReader(path) if r.kind == CANCEL]
+    assert [r.fields[:2] for r in cancels] == [["cn01", "given-up"]]
+    assert cancels[0].fields[2]["o"] == [["given-up", "cn01", "cancelled"]]
+    result = replay(path)
+    assert result.ok and result.checkpoints_failed == 0, (result.mismatches, result.effect_mismatches)
+    assert _replayed(result) == live
+    assert "given-up" not in result.receiver.sources["cn01"].pending
 
 
 def test_state_at_a_record_or_a_time_equals_the_live_state_then(mini_run):
