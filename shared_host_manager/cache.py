@@ -91,24 +91,41 @@ class HostStateCache:
     # -- input -----------------------------------------------------------------
 
     def ingest_stream(self, body: bytes, offset: int | None = None) -> None:
-        msg = self._decode(body, _STREAM_TYPES, f"stream offset {offset}")
-        if msg is None:
-            with self.lock:
-                self.offset = offset
-                if self.recorder is not None:
-                    self.recorder.dropped(body, "stream", offset, self.clock())
-            return
-        if type(msg) is Batch and msg.origin:
-            origins = self.origins
-            for item in msg.items:
-                origins[item.source] = msg.origin
+        self._ingest_stream([(body, offset)])
+
+    def ingest_stream_batch(self, first_offset: int, bodies: list[bytes]) -> None:
+        """Consecutive stream messages, applied under one acquisition of the lock.
+
+        A consumer with a backlog hands it over this way: taking the lock once
+        per message made ingest queue behind every decision holding it, and
+        fall further behind the busier the scheduler was."""
+        self._ingest_stream([(body, first_offset + i) for i, body in enumerate(bodies)])
+
+    def _ingest_stream(self, messages: list[tuple[bytes, int | None]]) -> None:
+        decoded = []
+        for body, offset in messages:  # outside the lock: decoding is most of the work
+            msg = self._decode(body, _STREAM_TYPES, f"stream offset {offset}")
+            if type(msg) is Batch and msg.origin:
+                origins = self.origins
+                for item in msg.items:
+                    origins[item.source] = msg.origin
+            decoded.append((body, offset, msg))
+        sends: list[Send] = []
         with self.lock:
-            now = self.clock()
-            sends = self.receiver.receive(msg, now)
-            if self.recorder is not None:
-                self.recorder.stream(body, offset, now, sends)
-            self.offset = offset
-            self.messages += 1
+            receive = self.receiver.receive
+            recorder = self.recorder
+            for body, offset, msg in decoded:
+                now = self.clock()
+                if msg is None:
+                    if recorder is not None:
+                        recorder.dropped(body, "stream", offset, now)
+                else:
+                    out = receive(msg, now)
+                    if recorder is not None:
+                        recorder.stream(body, offset, now, out)
+                    sends.extend(out)
+                    self.messages += 1
+                self.offset = offset
             alerts = self.receiver.drain_alerts()
             self._notify()
         for alert in alerts:

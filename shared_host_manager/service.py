@@ -97,10 +97,11 @@ class SchedulerService:
         self._server.start()
         self._consumer = self._data_plane.stream_consumer(on_retention_gap=self._on_retention_gap)
         if offset is None and self._known_sources:
-            self._consumer.start(self.cache.ingest_stream, "next")
+            self._consumer.start(self.cache.ingest_stream, "next", on_batch=self.cache.ingest_stream_batch)
             self.cache.ask_sources(self._known_sources)
         else:
-            self._consumer.start(self.cache.ingest_stream, "first" if offset is None else offset + 1)
+            self._consumer.start(self.cache.ingest_stream, "first" if offset is None else offset + 1,
+                                 on_batch=self.cache.ingest_stream_batch)
         self._stop.clear()
         self._timer = threading.Thread(target=self._timers, name=f"scheduler-{self.name}-timers",
                                        daemon=True)

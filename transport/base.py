@@ -37,6 +37,7 @@ __all__ = [
     "ControlServer",
     "DataPlane",
     "OffsetSpec",
+    "OnBatch",
     "OnMessage",
     "OnRetentionGap",
     "PublishError",
@@ -48,6 +49,8 @@ __all__ = [
 
 #: Called with ``(body, stream_offset)`` for every message, in stream order.
 OnMessage = Callable[[bytes, int], None]
+#: Called with ``(first_offset, bodies)`` for consecutive messages read together.
+OnBatch = Callable[[int, list[bytes]], None]
 #: Called with ``(requested_offset, first_offset_actually_delivered)``.
 OnRetentionGap = Callable[[int, int], None]
 #: Called with the body of every cast that reaches a control server.
@@ -127,13 +130,19 @@ class StreamConsumer(Protocol):
     on_retention_gap: OnRetentionGap | None
 
     def start(self, on_message: OnMessage,
-              offset: OffsetSpec = "first") -> None:
+              offset: OffsetSpec = "first", *, on_batch: OnBatch | None = None) -> None:
         """Begin delivery at *offset*.
 
         An ``int`` resumes at that stream offset (pass ``last_offset + 1``
         to continue after the last message handled); ``"first"`` is the
         oldest retained message, ``"last"`` the most recent one(s) and
         ``"next"`` only messages published from now on.
+
+        ``on_batch``, if given, may receive several consecutive messages in
+        one call instead of one ``on_message`` call each (a consumer that
+        reads a backlog in one go uses it; one that receives a message at a
+        time keeps calling ``on_message``).  Same thread and order rules; an
+        exception it raises counts every message of the call as delivered.
         """
         ...
 

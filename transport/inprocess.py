@@ -37,6 +37,7 @@ from transport.base import (
     CastError,
     ControlHandler,
     OffsetSpec,
+    OnBatch,
     OnMessage,
     OnRetentionGap,
     PublishError,
@@ -335,6 +336,7 @@ class InProcessStreamConsumer:
         self._stream = stream
         self.on_retention_gap = on_retention_gap
         self._on_message: OnMessage | None = None
+        self._on_batch: OnBatch | None = None
         self._next = 0
         self._last: int | None = None
         self._running = False
@@ -354,7 +356,7 @@ class InProcessStreamConsumer:
             return max(0, self._stream.log.next_offset - self._next)
 
     def start(self, on_message: OnMessage,
-              offset: OffsetSpec = "first") -> None:
+              offset: OffsetSpec = "first", *, on_batch: OnBatch | None = None) -> None:
         offset = validate_offset(offset)
         if self._running:
             raise RuntimeError("consumer already started")
@@ -372,6 +374,7 @@ class InProcessStreamConsumer:
                 assert isinstance(offset, int)
                 self._next = offset
             self._on_message = on_message
+            self._on_batch = on_batch
             self._running = True
         if self._bus.threaded:
             self._thread = threading.Thread(
@@ -434,6 +437,8 @@ class InProcessStreamConsumer:
                   bodies: list[bytes]) -> int:
         if start > expected:
             self._report_gap(expected, start)
+        if self._on_batch is not None and bodies:
+            return self._dispatch_batch(start, bodies)
         on_message = self._on_message
         assert on_message is not None
         offset = start
@@ -457,6 +462,19 @@ class InProcessStreamConsumer:
         delivered = offset - start
         self.delivered += delivered
         return delivered
+
+    def _dispatch_batch(self, start: int, bodies: list[bytes]) -> int:
+        assert self._on_batch is not None
+        try:
+            self._on_batch(start, bodies)
+        except Exception:
+            self.errors += 1
+            self._bus._count_handler_error()
+            LOG.exception("stream %s: on_batch failed at offsets %d..%d; messages skipped",
+                          self._stream.name, start, start + len(bodies) - 1)
+        self._last = start + len(bodies) - 1
+        self.delivered += len(bodies)
+        return len(bodies)
 
     def _report_gap(self, requested: int, first: int) -> None:
         self.gaps += 1

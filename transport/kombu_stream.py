@@ -61,6 +61,7 @@ from kombu import Connection, Consumer, Producer, Queue
 from transport.backoff import Backoff
 from transport.base import (
     OffsetSpec,
+    OnBatch,
     OnMessage,
     OnRetentionGap,
     PublishError,
@@ -337,7 +338,8 @@ class KombuStreamConsumer:
         return self._attached.wait(timeout)
 
     def start(self, on_message: OnMessage,
-              offset: OffsetSpec = "first") -> None:
+              offset: OffsetSpec = "first", *, on_batch: OnBatch | None = None) -> None:
+        # on_batch is not used: the broker hands messages over one at a time
         offset = validate_offset(offset)
         if self.running:
             raise RuntimeError("consumer already started")
