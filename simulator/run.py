@@ -657,6 +657,9 @@ class Simulation:
             "claims": m.claims,
             "claims_rejected": m.rejected,
             "retries_per_request": round(m.rejected / m.requests, 4) if m.requests else 0.0,
+            # a mode that refuses most requests at once (NoValidHost) has few retries per
+            # request but many per server it places: this one does not flatter it
+            "retries_per_scheduled": round(m.rejected / m.scheduled, 4) if m.scheduled else None,
             "extra_claims": retries,
             "no_valid_host": m.no_valid_host,
             "no_valid_host_checked": m.nvh_checked,
@@ -773,6 +776,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("end-to-end ms p99", "e2e_ms_p99"),
         ("claims rejected", "claims_rejected"),
         ("retries per request", "retries_per_request"),
+        ("retries per scheduled", "retries_per_scheduled"),
         ("NoValidHost (wrong)", None),
         ("staleness ms p50", "staleness_ms_p50"),
         ("staleness ms p99", "staleness_ms_p99"),

@@ -49,6 +49,8 @@ def test_cli_writes_json_and_table(tmp_path, capsys):
                 "claims_rejected", "retries_per_request", "no_valid_host", "staleness_ms_p99",
                 "overcommitted_hosts", "converged"):
         assert key in result
+    assert result["retries_per_scheduled"] == round(
+        result["claims_rejected"] / result["scheduled"], 4)
     assert data["config"]["seed"] == 42 and data["config"]["nodes"] == 20
     assert "scheduled requests/s" in capsys.readouterr().out
 
