@@ -499,25 +499,24 @@ def test_stats_count_messages_bytes_and_deliveries(sync_bus):
     assert (s.control_messages, s.control_bytes, s.control_deliveries) == (1, 5, 1)
 
 
-def test_sync_throughput_floor():
-    """Guards against accidental O(n) paths; the real figure is far higher
-    (about 1.5M msg/s here), the floor is loose for shared CI machines."""
+def test_sync_delivers_a_large_interleaved_backlog_in_order():
+    """100 000 messages published and pumped in slices all arrive, once and in offset
+    order. (Throughput is measured in tests/integration/bench_transport.py, not asserted
+    here: timing thresholds belong in benchmarks.)"""
     bus = InProcessBus(threaded=False)
     pub = bus.stream_publisher()
-    count = [0]
+    offsets: list[int] = []
 
     def on_message(body, offset):
-        count[0] += 1
+        offsets.append(offset)
 
     bus.stream_consumer().start(on_message)
     n = 100_000
     body = b"x" * 300
-    t0 = time.perf_counter()
     for i in range(n):
         pub.publish(body)
         if i % 64 == 63:
             bus.pump()
     bus.pump()
-    rate = n / (time.perf_counter() - t0)
-    assert count[0] == n
-    assert rate > 100_000, f"{rate:.0f} msg/s"
+    assert len(offsets) == n
+    assert offsets == sorted(set(offsets))
