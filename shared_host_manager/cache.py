@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -93,15 +93,16 @@ class HostStateCache:
     def ingest_stream(self, body: bytes, offset: int | None = None) -> None:
         self._ingest_stream([(body, offset)])
 
-    def ingest_stream_batch(self, first_offset: int, bodies: list[bytes]) -> None:
-        """Consecutive stream messages, applied under one acquisition of the lock.
+    def ingest_stream_batch(self, messages: list[tuple[bytes, int]]) -> None:
+        """Stream messages read together, ``(body, offset)`` in stream order,
+        applied under one acquisition of the lock.
 
         A consumer with a backlog hands it over this way: taking the lock once
         per message made ingest queue behind every decision holding it, and
         fall further behind the busier the scheduler was."""
-        self._ingest_stream([(body, first_offset + i) for i, body in enumerate(bodies)])
+        self._ingest_stream(messages)
 
-    def _ingest_stream(self, messages: list[tuple[bytes, int | None]]) -> None:
+    def _ingest_stream(self, messages: Sequence[tuple[bytes, int | None]]) -> None:
         decoded = []
         for body, offset in messages:  # outside the lock: decoding is most of the work
             msg = self._decode(body, _STREAM_TYPES, f"stream offset {offset}")

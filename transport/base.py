@@ -49,8 +49,8 @@ __all__ = [
 
 #: Called with ``(body, stream_offset)`` for every message, in stream order.
 OnMessage = Callable[[bytes, int], None]
-#: Called with ``(first_offset, bodies)`` for consecutive messages read together.
-OnBatch = Callable[[int, list[bytes]], None]
+#: Called with ``[(body, stream_offset), ...]``: messages read together, in stream order.
+OnBatch = Callable[[list[tuple[bytes, int]]], None]
 #: Called with ``(requested_offset, first_offset_actually_delivered)``.
 OnRetentionGap = Callable[[int, int], None]
 #: Called with the body of every cast that reaches a control server.
@@ -138,11 +138,12 @@ class StreamConsumer(Protocol):
         oldest retained message, ``"last"`` the most recent one(s) and
         ``"next"`` only messages published from now on.
 
-        ``on_batch``, if given, may receive several consecutive messages in
-        one call instead of one ``on_message`` call each (a consumer that
-        reads a backlog in one go uses it; one that receives a message at a
-        time keeps calling ``on_message``).  Same thread and order rules; an
-        exception it raises counts every message of the call as delivered.
+        ``on_batch``, if given, receives the messages a consumer has read
+        together (a backlog) in one call, as ``(body, offset)`` pairs,
+        instead of one ``on_message`` call each. Offsets increase but need
+        not be contiguous (RabbitMQ puts chunk records into the offset
+        space). Same thread and order rules; an exception it raises counts
+        every message of the call as delivered.
         """
         ...
 

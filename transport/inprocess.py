@@ -466,7 +466,7 @@ class InProcessStreamConsumer:
     def _dispatch_batch(self, start: int, bodies: list[bytes]) -> int:
         assert self._on_batch is not None
         try:
-            self._on_batch(start, bodies)
+            self._on_batch([(body, start + i) for i, body in enumerate(bodies)])
         except Exception:
             self.errors += 1
             self._bus._count_handler_error()

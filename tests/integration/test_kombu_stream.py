@@ -204,6 +204,76 @@ def test_handler_exceptions_do_not_kill_the_consumer(plane, wait_until, caplog):
     assert "bad delta" in caplog.text
 
 
+class BatchCollector(Collector):
+    """Records what ``on_batch`` received, call by call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    def on_batch(self, messages: list[tuple[bytes, int]]) -> None:
+        with self._lock:
+            self.calls.append(len(messages))
+        for raw, offset in messages:
+            self.on_message(raw, offset)
+
+
+def test_backlog_is_handed_over_in_batches_with_true_offsets(plane, wait_until):
+    n = 2000
+    publish_range(plane, 0, n)
+    single, batched = Collector(), BatchCollector()
+    a, b = plane.stream_consumer(), plane.stream_consumer()
+    a.start(single.on_message, "first")
+    b.start(batched.on_message, "first", on_batch=batched.on_batch)
+    assert wait_until(lambda: len(single) >= n and len(batched) >= n, 15)
+    a.stop()
+    b.stop()
+    # same messages, same (non-contiguous) broker offsets, whichever way they came
+    assert batched.items == single.items
+    assert batched.indexes == list(range(n))
+    assert b.last_offset == a.last_offset and b.delivered == n
+    # a backlog: far fewer calls than messages, none above the cap
+    assert len(batched.calls) < n / 10, batched.calls[:20]
+    assert max(batched.calls) <= 512
+    assert len(batched.threads) == 1 and threading.get_ident() not in batched.threads
+
+
+def test_batched_consumer_resumes_without_gap_or_duplicate(plane, wait_until):
+    publish_range(plane, 0, 300)
+    col, consumer = consume(plane, "first", 300, wait_until)
+    resume_at = consumer.last_offset + 1
+    publish_range(plane, 300, 600)
+    batched = BatchCollector()
+    c = plane.stream_consumer(on_retention_gap=batched.on_gap)
+    c.start(batched.on_message, resume_at, on_batch=batched.on_batch)
+    assert wait_until(lambda: len(batched) >= 300, 10)
+    publish_range(plane, 600, 650)  # and what arrives live afterwards
+    assert wait_until(lambda: len(batched) >= 350, 10)
+    c.stop()
+    assert batched.indexes == list(range(300, 650))
+    assert batched.gaps == []
+
+
+def test_on_batch_exception_counts_the_batch_delivered(plane, wait_until, caplog):
+    publish_range(plane, 0, 50)
+    seen: list[int] = []
+
+    def on_batch(messages):
+        seen.extend(index(raw) for raw, _ in messages)
+        raise RuntimeError("bad batch")
+
+    consumer = plane.stream_consumer()
+    with caplog.at_level(logging.ERROR, logger="transport.kombu_stream"):
+        consumer.start(lambda raw, offset: None, "first", on_batch=on_batch)
+        assert wait_until(lambda: len(seen) >= 50, 10)
+        publish_range(plane, 50, 51)  # still consuming after the failures
+        assert wait_until(lambda: len(seen) >= 51, 10)
+        consumer.stop()
+    assert seen == list(range(51))
+    assert consumer.delivered == 51 and consumer.errors >= 1
+    assert "bad batch" in caplog.text
+
+
 def test_concurrent_first_declaration_race(settings, wait_until):
     # Measured on 3.10: clients declaring a new stream at the same moment get
     # 406 "no replica on the local node" or 541 INTERNAL_ERROR on their next

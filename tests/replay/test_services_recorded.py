@@ -40,9 +40,9 @@ def _drop_next_delta_batch(sched, armed: threading.Event, dropped: list):
                 return
         ingest(body, offset)
 
-    def lossy_batch(first_offset, bodies):
-        for i, body in enumerate(bodies):
-            lossy(body, first_offset + i)
+    def lossy_batch(messages):
+        for body, offset in messages:
+            lossy(body, offset)
 
     sched.cache.ingest_stream = lossy
     sched.cache.ingest_stream_batch = lossy_batch  # what the in-process consumer calls

@@ -89,6 +89,18 @@ def test_order_and_offsets_from_first(sync_bus):
     assert consumer.last_offset == 99
 
 
+def test_backlog_goes_to_on_batch_as_body_offset_pairs(sync_bus):
+    _publish(sync_bus, 700)
+    calls: list[list[tuple[bytes, int]]] = []
+    consumer = sync_bus.stream_consumer()
+    consumer.start(lambda b, o: pytest.fail("on_message called despite on_batch"), 3,
+                   on_batch=calls.append)
+    assert consumer.poll() == 697
+    assert [m for call in calls for m in call] == [(b"m%d" % i, i) for i in range(3, 700)]
+    assert 1 < len(calls) < 697  # a backlog, read in a few slices
+    assert consumer.last_offset == 699 and consumer.delivered == 697
+
+
 def test_each_consumer_reads_at_its_own_offset(sync_bus):
     _publish(sync_bus, 10)
     a, b = [], []
