@@ -24,6 +24,7 @@ from typing import Any
 
 from protocol.batching import batches
 from protocol.document import SET, Document, Op
+from protocol.hostdoc import ENDPOINT, INSTANCES, SERVICE
 from protocol.messages import Batch, Claim, Message, ResyncRequest, Send
 from protocol.source import SourceMachine
 
@@ -47,7 +48,7 @@ class ReporterManager:
         for i, (source, doc) in enumerate(documents.items()):
             doc = {ns: dict(entries) for ns, entries in doc.items()}
             # Schedulers learn where to send claims for this source from its document.
-            doc.setdefault("service", {})["endpoint"] = name
+            doc.setdefault(SERVICE, {})[ENDPOINT] = name
             self.machines[source] = SourceMachine(
                 source, epochs[source], doc, coalesce_window=coalesce_window,
                 heartbeat_interval=heartbeat_interval, ring_size=ring_size,
@@ -91,11 +92,11 @@ class ReporterManager:
 
     def instances(self, source: str) -> list[str]:
         with self._lock:
-            return list(self.machines[source].document.get("instances", {}))
+            return list(self.machines[source].document.get(INSTANCES, {}))
 
     def set_service(self, source: str, now: float, **fields: Any) -> None:
         """Change the service namespace (disable/enable, forced_down)."""
-        self.change(source, [[SET, "service", k, v] for k, v in fields.items()], now)
+        self.change(source, [[SET, SERVICE, k, v] for k, v in fields.items()], now)
 
     # -- endpoints -----------------------------------------------------------------
 

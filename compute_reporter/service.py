@@ -26,6 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from oslo_config import cfg
+
+from compute_reporter import conf as reporter_conf
 from compute_reporter.epochs import EpochStore
 from compute_reporter.manager import ReporterManager
 from compute_reporter.tracker import ResourceTracker
@@ -33,10 +36,37 @@ from protocol.codec import Decoder, Encoder
 from protocol.document import Op
 from protocol.errors import ProtocolError
 from protocol.messages import Claim, ResyncRequest
-from shared_host_manager.rpcapi import SchedulerAPI
+from transport import factory, signing_opts
+from transport import opts as transport_opts
 from transport.base import ControlPlane, DataPlane
+from transport.rpcapi import SchedulerAPI
 
 LOG = logging.getLogger(__name__)
+
+
+class ReporterObserver:
+    """What a :class:`ReporterService` tells its observer (the update log); no-ops here.
+
+    Called from the service's threads; an observer must be thread-safe and must not raise.
+    """
+
+    def reporter_attached(self, service: ReporterService) -> None:
+        """``start()`` built the manager (epochs allocated): nothing was published yet."""
+
+    def control(self, body: bytes, now: float, sends: Any = None) -> None:
+        """A claim or resync request was handled (``body`` as received)."""
+
+    def dropped(self, body: Any, plane: str, offset: int | None, now: float) -> None:
+        """An invalid control message was dropped."""
+
+    def published(self, body: bytes, now: float) -> None:
+        """A batch went out on the stream (``body`` as published)."""
+
+    def sent(self, to: str | None, message: Any, now: float) -> None:
+        """A claim result or resync answer was cast to a scheduler."""
+
+    def close(self) -> None:
+        """The reporter stopped."""
 
 
 class _Sink:
@@ -81,7 +111,7 @@ class ReporterService:
         max_batch_items: int = 500,
         clock: Callable[[], float] = time.monotonic,
         wall_ns: Callable[[], int] = time.time_ns,
-        recorder: Any = None,
+        recorder: ReporterObserver | None = None,
     ) -> None:
         self.name = name
         self.tracker = tracker
@@ -92,7 +122,7 @@ class ReporterService:
         self._encoder = encoder or Encoder()
         self._decoder = decoder or Decoder()
         self._state_dir = state_dir
-        self._params = dict(coalesce_window=coalesce_window, heartbeat_interval=heartbeat_interval,
+        self.params = dict(coalesce_window=coalesce_window, heartbeat_interval=heartbeat_interval,
                             ring_size=ring_size, max_batch_items=max_batch_items)
         self.clock = clock
         self._wall_ns = wall_ns
@@ -101,7 +131,7 @@ class ReporterService:
         self._running = False
         self._thread: threading.Thread | None = None
         self.manager: ReporterManager
-        #: optional update log (shared_host_manager.updatelog.Recorder): attached by start(),
+        #: optional update log (shared_host_manager.updatelog.recorder.Recorder): attached by start(),
         #: records what is handled, published and cast; closed by stop()
         self.recorder: Any = recorder
         self.stats = {"published": 0, "publish_errors": 0, "casts": 0, "cast_errors": 0,
@@ -113,9 +143,9 @@ class ReporterService:
         hosts = self.tracker.hosts()
         epochs = EpochStore(self._state_dir).new_epochs(hosts, self._wall_ns())
         self.manager = ReporterManager(
-            self.name, {h: self.tracker.document(h) for h in hosts}, epochs, **self._params)
+            self.name, {h: self.tracker.document(h) for h in hosts}, epochs, **self.params)
         if self.recorder is not None:
-            self.recorder.attach_reporter(self)
+            self.recorder.reporter_attached(self)
         self._publisher = self._data_plane.stream_publisher()
         self._client = self._control_plane.control_client()
         self._scheduler_api = SchedulerAPI(self._client, self._encoder, self._scheduler_topic)
@@ -208,3 +238,28 @@ class ReporterService:
             except Exception as exc:
                 self.stats["cast_errors"] += 1
                 LOG.warning("cast to scheduler %s failed: %s", send.to, exc)
+
+
+# -- built from a configuration file -------------------------------------------------
+
+def register_service_opts(conf: cfg.ConfigOpts) -> None:
+    """Every option group a reporter reads: [reporter], [signing], [data_plane], [control_plane]."""
+    reporter_conf.register_opts(conf)
+    signing_opts.register_opts(conf)
+    transport_opts.register_opts(conf)
+
+
+def service_from_conf(conf: cfg.ConfigOpts, tracker: ResourceTracker, *,
+                      recorder: ReporterObserver | None = None) -> ReporterService:
+    """A ReporterService serving ``tracker``'s hosts, configured by ``conf``
+    (registered with :func:`register_service_opts`)."""
+    group = conf.reporter
+    keyring = signing_opts.keyring_from_conf(conf)
+    data_plane, control_plane = factory.from_conf(conf)
+    topics = factory.topics(conf)
+    return ReporterService(
+        group.name, tracker, data_plane, control_plane,
+        reporter_topic=topics.reporter, scheduler_topic=topics.scheduler,
+        encoder=Encoder(keyring), decoder=Decoder(keyring), state_dir=group.state_dir,
+        coalesce_window=group.coalesce_window, heartbeat_interval=group.heartbeat_interval,
+        ring_size=group.ring_size, max_batch_items=group.max_batch_items, recorder=recorder)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from protocol.document import SET, Document, Op
+from protocol.hostdoc import COMPUTE, METRICS, SERVICE
 
 
 class TrackerSink(Protocol):
@@ -61,7 +62,7 @@ def simulated_document(source: str, index: int, rng: random.Random,
     vcpus, memory_mb, disk_gb, _ = rng.choices(host_mix, weights=[m[3] for m in host_mix])[0]
     host = f"compute-{index:05d}"
     return {
-        "compute": {
+        COMPUTE: {
             "host": host, "nodename": host, "host_ip": f"10.{index >> 16 & 255}.{index >> 8 & 255}."
             f"{index & 255}",
             "vcpus": vcpus, "vcpus_used": 0, "memory_mb": memory_mb, "memory_mb_used": 0,
@@ -71,8 +72,8 @@ def simulated_document(source: str, index: int, rng: random.Random,
             "hypervisor_type": "QEMU", "hypervisor_version": 8002000,
             "supported_instances": [["x86_64", "kvm", "hvm"]],
         },
-        "service": {"disabled": False, "forced_down": False},
-        "metrics": {"cpu.percent": 0},
+        SERVICE: {"disabled": False, "forced_down": False},
+        METRICS: {"cpu.percent": 0},
     }
 
 
@@ -120,8 +121,8 @@ class SimulatedTracker:
                 sink.release(source, rng.choice(sorted(instances)))
                 return
         sink.change(source, [
-            [SET, "compute", "num_io_ops", rng.randrange(0, 8)],
-            [SET, "metrics", "cpu.percent", rng.randrange(0, 100)],
+            [SET, COMPUTE, "num_io_ops", rng.randrange(0, 8)],
+            [SET, METRICS, "cpu.percent", rng.randrange(0, 100)],
         ])
 
     def start(self, sink: TrackerSink) -> None:

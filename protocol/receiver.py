@@ -42,6 +42,12 @@ Rules: the clock is an argument; nothing here does I/O; every step returns
 the :class:`~protocol.messages.Send` instructions (resync requests) it needs.
 The edge drains :meth:`ReceiverMachine.drain_changed` (sources whose view
 changed, for incremental indexes) and :meth:`drain_outcomes` (claim outcomes).
+
+Observation: whoever must see the steps as they happen (an update log, the
+replay's tracer) registers a :class:`ReceiverObserver` with
+:meth:`ReceiverMachine.set_observer`; the machine calls it from inside the
+step, after the state changed.  Nothing outside this file replaces a method of
+the machine or reads its private state (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -127,6 +133,55 @@ class SourceView:
             self._digest = self._canonical.digest(self.doc)
         return self._digest
 
+    @property
+    def known_digest(self) -> bytes | None:
+        """The digest if already computed (for a heartbeat check), else None; never computes."""
+        return self._digest
+
+
+class ReceiverObserver:
+    """What a :class:`ReceiverMachine` tells the one observer it may have.
+
+    Every method is a no-op here; an observer overrides what it watches.
+    Calls are synchronous, made inside the step after its state change, under
+    whatever lock the caller holds.  An observer must not call back into the
+    machine, and should not raise: an exception propagates out of the step.
+
+    Transitions, from any step (``receive``, ``tick`` or an entry point):
+    """
+
+    def delta_applied(self, view: SourceView, delta: Delta) -> None:
+        """``delta`` was applied in order (also when it came out of the reorder buffer)."""
+
+    def snapshot_applied(self, view: SourceView, snapshot: Snapshot, previous: Document | None) -> None:
+        """``snapshot`` replaced the document (``previous``: the one it replaced, None if new)."""
+
+    def delta_buffered(self, view: SourceView, delta: Delta, new_gap: bool) -> None:
+        """``delta`` is ahead of the held version and waits in the reorder buffer."""
+
+    def resync_requested(self, view: SourceView, request: ResyncRequest) -> None:
+        """A resync request for ``view`` is being sent (it is also among the step's sends)."""
+
+    def claim_resolved(self, claim_id: str, source: str, outcome: Outcome) -> None:
+        """A pending claim was retired with ``outcome``, or (ACCEPTED) the arbiter said yes."""
+
+    # The entry points a scheduler calls besides receive/tick, after they ran:
+
+    def claim_added(self, claim: Claim, now: float) -> None:
+        """:meth:`ReceiverMachine.add_claim` registered ``claim`` as pending."""
+
+    def claim_cancelled(self, source: str, claim_id: str, cancelled: bool) -> None:
+        """:meth:`ReceiverMachine.cancel_claim` ran (``cancelled``: it was pending)."""
+
+    def resync_asked(self, source: str, now: float, full: bool, sends: list[Send]) -> None:
+        """:meth:`ReceiverMachine.request_resync` ran and produced ``sends``."""
+
+    def source_hinted(self, source: str, now: float, sends: list[Send]) -> None:
+        """:meth:`ReceiverMachine.add_source_hint` ran and produced ``sends``."""
+
+    def source_forgotten(self, source: str) -> None:
+        """:meth:`ReceiverMachine.forget` dropped ``source`` (its pending claims expired)."""
+
 
 STAT_KEYS = (
     "applied", "duplicates", "stale", "gaps", "buffered", "buffer_overflows", "snapshots",
@@ -165,6 +220,17 @@ class ReceiverMachine:
         self._outcomes: list[tuple[str, str, Outcome]] = []
         self._alerts: list[str] = []
         self._next_down_scan = 0.0
+        self._observer: ReceiverObserver | None = None
+
+    def set_observer(self, observer: ReceiverObserver | None) -> None:
+        """Give the machine its observer (None: none); see :class:`ReceiverObserver`."""
+        if observer is not None and self._observer is not None and observer is not self._observer:
+            raise LocalProtocolError(f"receiver {self.name!r} already has an observer")
+        self._observer = observer
+
+    @property
+    def observer(self) -> ReceiverObserver | None:
+        return self._observer
 
     # -- reading ---------------------------------------------------------------
 
@@ -258,7 +324,8 @@ class ReceiverMachine:
         if delta.seq in view.buffer:
             self.stats["duplicates"] += 1
             return
-        if view.gap_since is None:
+        new_gap = view.gap_since is None
+        if new_gap:
             view.gap_since = now
             self.stats["gaps"] += 1
         if len(view.buffer) >= self.reorder_window:
@@ -269,6 +336,8 @@ class ReceiverMachine:
         view.buffer[delta.seq] = delta
         self.stats["buffered"] += 1
         self._troubled.add(view.source)
+        if self._observer is not None:
+            self._observer.delta_buffered(view, delta, new_gap)
 
     def _apply(self, view: SourceView, delta: Delta) -> None:
         apply_ops(view.doc, delta.ops)  # type: ignore[arg-type]
@@ -277,6 +346,8 @@ class ReceiverMachine:
         view._canonical.invalidate(delta.ops)
         self.stats["applied"] += 1
         self._changed.add(view.source)
+        if self._observer is not None:
+            self._observer.delta_applied(view, delta)
         if delta.claims and view.pending:
             for claim_id in delta.claims:
                 if claim_id in view.pending:
@@ -315,6 +386,7 @@ class ReceiverMachine:
                 self._retire(view, claim_id,
                              Outcome.INCLUDED if claim_id in listed else Outcome.EPOCH_CHANGED)
             view.buffer.clear()
+        previous = view.doc
         view.doc = copy_document(snap.doc)
         view.epoch = snap.epoch
         view.seq = snap.seq
@@ -323,6 +395,8 @@ class ReceiverMachine:
         view.want_full = False
         self.stats["snapshots"] += 1
         self._changed.add(view.source)
+        if self._observer is not None:
+            self._observer.snapshot_applied(view, snap, previous)
         if view.pending:
             for claim_id in snap.claims:
                 if claim_id in view.pending:
@@ -357,9 +431,11 @@ class ReceiverMachine:
         view.resync_attempts += 1
         self.stats["resyncs_requested"] += 1
         held = view.doc is not None
-        out.append(Send(view.source, ResyncRequest(
-            view.source, self.name, view.epoch if held else NO_EPOCH, view.seq if held else 0,
-            view.want_full or not held)))
+        request = ResyncRequest(view.source, self.name, view.epoch if held else NO_EPOCH,
+                                view.seq if held else 0, view.want_full or not held)
+        out.append(Send(view.source, request))
+        if self._observer is not None:
+            self._observer.resync_requested(view, request)
 
     def _retry_at(self, view: SourceView) -> float:
         """When an unanswered resync request may be repeated (exponential backoff)."""
@@ -395,6 +471,8 @@ class ReceiverMachine:
         heapq.heappush(self._deadlines, (deadline, claim.claim_id, claim.source))
         self.stats["claims_added"] += 1
         self._changed.add(claim.source)
+        if self._observer is not None:
+            self._observer.claim_added(claim, now)
 
     def cancel_claim(self, source: str, claim_id: str) -> bool:
         """Stop deducting a pending claim whose build this scheduler gave up.
@@ -408,10 +486,12 @@ class ReceiverMachine:
         never an overcommit.  Returns False when the claim is not pending.
         """
         view = self.sources.get(source)
-        if view is None or claim_id not in view.pending:
-            return False
-        self._retire(view, claim_id, Outcome.CANCELLED)
-        return True
+        cancelled = view is not None and claim_id in view.pending
+        if cancelled:
+            self._retire(view, claim_id, Outcome.CANCELLED)  # type: ignore[arg-type]
+        if self._observer is not None:
+            self._observer.claim_cancelled(source, claim_id, cancelled)
+        return cancelled
 
     def _retire(self, view: SourceView, claim_id: str, outcome: Outcome) -> None:
         pending = view.pending.pop(claim_id)
@@ -425,6 +505,8 @@ class ReceiverMachine:
         self.stats[f"claims_{'epoch_retired' if outcome is Outcome.EPOCH_CHANGED else outcome.value}"] += 1
         self._outcomes.append((claim_id, view.source, outcome))
         self._changed.add(view.source)
+        if self._observer is not None:
+            self._observer.claim_resolved(claim_id, view.source, outcome)
 
     def _claim_result(self, result: ClaimResult, now: float, out: list[Send]) -> None:
         view = self.sources.get(result.source)
@@ -444,6 +526,8 @@ class ReceiverMachine:
             if not pending.accepted:
                 pending.accepted = True
                 self._outcomes.append((result.claim_id, view.source, Outcome.ACCEPTED))
+                if self._observer is not None:
+                    self._observer.claim_resolved(result.claim_id, view.source, Outcome.ACCEPTED)
                 # The arbiter answered: the delta listing the claim (or a snapshot after
                 # a gap) will retire it. The deadline restarts only as a safety net.
                 pending.deadline = now + self.claim_deadline
@@ -501,6 +585,8 @@ class ReceiverMachine:
         if full:
             view.want_full = True
         self._resync(view, now, out)
+        if self._observer is not None:
+            self._observer.resync_asked(source, now, full, out)
         return out
 
     def add_source_hint(self, source: str, now: float) -> list[Send]:
@@ -509,6 +595,8 @@ class ReceiverMachine:
         view = self._view(source, now)
         if view.doc is None:
             self._resync(view, now, out)
+        if self._observer is not None:
+            self._observer.source_hinted(source, now, out)
         return out
 
     def forget(self, source: str) -> None:
@@ -521,6 +609,9 @@ class ReceiverMachine:
         del self.sources[source]
         self._troubled.discard(source)
         self._changed.add(source)
+        if self._observer is not None:
+            self._observer.source_forgotten(source)
 
 
-__all__ = ["ReceiverMachine", "SourceView", "Status", "Outcome", "PendingClaim", "ResyncRequest"]
+__all__ = ["Outcome", "PendingClaim", "ReceiverMachine", "ReceiverObserver", "ResyncRequest", "SourceView",
+           "Status"]

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol.errors import FieldError, ValueRangeError
+from protocol.hostdoc import COMPUTE
 
 STANDARD_RESOURCES = ("vcpus", "memory_mb", "disk_gb")
 RATIO_KEYS = {
@@ -113,7 +114,7 @@ def check_resources(value: Any, where: str) -> dict[str, int]:
 
 def check_namespace_entry(ns: str, key: str, value: Any, where: str) -> None:
     """Range-check the entries whose meaning the protocol knows (the compute namespace)."""
-    if ns != "compute":
+    if ns != COMPUTE:
         return
     if key.endswith("_allocation_ratio"):
         if type(value) not in (int, float) or type(value) is bool:

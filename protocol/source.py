@@ -60,6 +60,7 @@ from protocol.document import (
     same_value,
 )
 from protocol.errors import LocalProtocolError
+from protocol.hostdoc import COMPUTE, INSTANCES, SERVICE
 from protocol.messages import (
     Claim,
     ClaimResult,
@@ -123,7 +124,7 @@ class SourceMachine:
         #: source rebuilt from its last document lists the claims of the instances it
         #: still holds, so schedulers see those claims as included, not lost
         self._included: OrderedDict[str, int] = OrderedDict(
-            (record["claim"], 0) for record in self._doc.get("instances", {}).values()
+            (record["claim"], 0) for record in self._doc.get(INSTANCES, {}).values()
             if type(record) is dict and type(record.get("claim")) is str)
         self._announced = False
         self._last_heartbeat: float | None = None
@@ -243,16 +244,16 @@ class SourceMachine:
 
     def release(self, instance: str, now: float) -> bool:
         """Give back what an instance consumed (it was deleted); False if unknown."""
-        record = self._doc.get("instances", {}).get(instance)
+        record = self._doc.get(INSTANCES, {}).get(instance)
         if record is None:
             return False
-        ops: list[Op] = [[DEL, "instances", instance]]
-        compute = self._doc.get("compute", {})
+        ops: list[Op] = [[DEL, INSTANCES, instance]]
+        compute = self._doc.get(COMPUTE, {})
         for resource, amount in (record.get("resources") or {}).items():
             key = f"{resource}_used"
-            ops.append([SET, "compute", key, max(0, compute.get(key, 0) - amount)])
+            ops.append([SET, COMPUTE, key, max(0, compute.get(key, 0) - amount)])
         if "num_instances" in compute:
-            ops.append([SET, "compute", "num_instances", max(0, compute["num_instances"] - 1)])
+            ops.append([SET, COMPUTE, "num_instances", max(0, compute["num_instances"] - 1)])
         self.change(ops, now)
         return True
 
@@ -390,25 +391,25 @@ class SourceMachine:
             # Decided on another epoch: this process may already have answered it
             # before a restart (and a receiver retires it as epoch_changed anyway).
             return f"claim based on epoch {claim.epoch}, source is at epoch {self.epoch}"
-        service = self._doc.get("service", {})
+        service = self._doc.get(SERVICE, {})
         if service.get("disabled"):
             return "compute service is disabled"
         if service.get("forced_down"):
             return "compute service is forced down"
-        if claim.instance and claim.instance in self._doc.get("instances", {}):
+        if claim.instance and claim.instance in self._doc.get(INSTANCES, {}):
             return f"instance {claim.instance} is already on this host"
-        return check_fit(self._doc.get("compute", {}), claim.resources)
+        return check_fit(self._doc.get(COMPUTE, {}), claim.resources)
 
     def _accept(self, claim: Claim, now: float) -> None:
-        compute = self._doc.get("compute", {})
+        compute = self._doc.get(COMPUTE, {})
         ops: list[Op] = []
         for resource, amount in claim.resources.items():
             if amount:
                 key = f"{resource}_used"
-                ops.append([SET, "compute", key, compute.get(key, 0) + amount])
+                ops.append([SET, COMPUTE, key, compute.get(key, 0) + amount])
         if claim.instance:
-            ops.append([SET, "compute", "num_instances", compute.get("num_instances", 0) + 1])
-            ops.append([SET, "instances", claim.instance,
+            ops.append([SET, COMPUTE, "num_instances", compute.get("num_instances", 0) + 1])
+            ops.append([SET, INSTANCES, claim.instance,
                         {"claim": claim.claim_id, "resources": dict(claim.resources)}])
         self.change(ops, now)
         self._pending_claims.append(claim.claim_id)

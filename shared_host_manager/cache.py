@@ -24,6 +24,12 @@ Persistence (restart without resyncing everything)::
 Bad input (invariant 6): an undecodable or invalid message is dropped, logged
 with what is known of its sender, and counted in :attr:`invalid` by reason;
 the receiver is not touched.
+
+Observation (docs/design.md §8): one :class:`CacheObserver` (the update log)
+may watch the cache.  It sees every ingested message as received, with the
+step's sends, under the lock, right after the receiver step, and it is the
+receiver's :class:`~protocol.receiver.ReceiverObserver` too, so it also sees
+the claims, cancellations and resync requests other code makes under the lock.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import msgpack
 
 from protocol.codec import Decoder
 from protocol.errors import ProtocolError
+from protocol.hostdoc import endpoint_of
 from protocol.messages import (
     Batch,
     ClaimResult,
@@ -51,13 +58,44 @@ from protocol.messages import (
     Send,
     Snapshot,
 )
-from protocol.receiver import ReceiverMachine
+from protocol.receiver import ReceiverMachine, ReceiverObserver
 
 LOG = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
 _CONTROL_TYPES = (ResyncAnswer, ClaimResult)
+
+
+class CacheObserver(ReceiverObserver):
+    """What a :class:`HostStateCache` tells its observer, besides the receiver's transitions.
+
+    Called under the cache lock, after the receiver step (no-ops here).
+    """
+
+    def cache_attached(self, cache: HostStateCache) -> None:
+        """The cache took this observer (before it ingests anything, or with what it holds)."""
+
+    def stream(self, body: bytes, offset: int | None, now: float, sends: Sequence[Send]) -> None:
+        """A stream message was applied; ``body`` as received."""
+
+    def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
+        """A control message (resync answer, claim result) was applied."""
+
+    def dropped(self, body: Any, plane: str, offset: int | None, now: float) -> None:
+        """An invalid message was dropped before the receiver (``plane``: "stream" or "control")."""
+
+    def tick(self, now: float, sends: Sequence[Send]) -> None:
+        """The receiver's timers ran."""
+
+    def restored(self, snapshot: Snapshot, now: float) -> None:
+        """:meth:`HostStateCache.load` fed a saved source back to the receiver."""
+
+    def sent(self, to: str | None, message: Message, now: float) -> None:
+        """A control message left this scheduler (a claim)."""
+
+    def close(self) -> None:
+        """The scheduler stops: nothing more will be observed."""
 
 
 class HostStateCache:
@@ -68,7 +106,7 @@ class HostStateCache:
         *,
         decoder: Decoder | None = None,
         clock: Callable[[], float] = time.monotonic,
-        recorder: Any = None,
+        recorder: CacheObserver | None = None,
     ) -> None:
         self.receiver = receiver
         self.lock = threading.RLock()
@@ -82,11 +120,20 @@ class HostStateCache:
         self.messages = 0
         #: called under :attr:`lock` after every receive and tick, e.g. to drain claim
         #: outcomes into a request tracker as soon as they arrive
-        self.observers: list[Callable[[], None]] = []
-        #: optional update log (shared_host_manager.updatelog.Recorder); hooks run under the lock
-        self.recorder: Any = None
+        self.ingest_listeners: list[Callable[[], None]] = []
+        #: the observer (an update log), see :meth:`set_recorder`
+        self.recorder: CacheObserver | None = None
         if recorder is not None:
-            recorder.attach_cache(self)
+            self.set_recorder(recorder)
+
+    def set_recorder(self, recorder: CacheObserver) -> None:
+        """Make ``recorder`` this cache's and its receiver's observer (at most one, ever)."""
+        if self.recorder is not None:
+            raise RuntimeError(f"the cache of {self.receiver.name!r} is already observed")
+        with self.lock:
+            self.receiver.set_observer(recorder)
+            self.recorder = recorder
+            recorder.cache_attached(self)
 
     # -- input -----------------------------------------------------------------
 
@@ -159,11 +206,11 @@ class HostStateCache:
         self._dispatch(sends)
 
     def _notify(self) -> None:
-        for observer in self.observers:
+        for listener in self.ingest_listeners:
             try:
-                observer()
-            except Exception:  # an observer's bug must not stop ingest
-                LOG.exception("cache observer failed")
+                listener()
+            except Exception:  # a listener's bug must not stop ingest
+                LOG.exception("cache ingest listener failed")
 
     def resync_all(self, full: bool = False) -> int:
         """Ask every known source to resync (the stream lost our offset)."""
@@ -204,11 +251,8 @@ class HostStateCache:
 
     def endpoint_of(self, source: str) -> str | None:
         view = self.receiver.sources.get(source)
-        if view is not None and view.doc is not None:
-            endpoint = view.doc.get("service", {}).get("endpoint")
-            if type(endpoint) is str:
-                return endpoint
-        return self.origins.get(source)
+        endpoint = endpoint_of(view.doc) if view is not None else None
+        return endpoint if endpoint is not None else self.origins.get(source)
 
     def _dispatch(self, sends: list[Send]) -> None:
         for send in sends:

@@ -32,14 +32,18 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from compute_reporter.rpcapi import ReporterAPI
+from oslo_config import cfg
+
 from protocol.codec import Decoder, Encoder
 from protocol.messages import Claim, Message, ResyncRequest
 from protocol.receiver import ReceiverMachine
-from shared_host_manager.cache import HostStateCache
+from shared_host_manager.cache import CacheObserver, HostStateCache
+from shared_host_manager.conf import cache as cache_conf
+from transport import factory, signing_opts
+from transport import opts as transport_opts
 from transport.base import ControlPlane, DataPlane
+from transport.rpcapi import ReporterAPI
 
 LOG = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ class SchedulerService:
         tick_interval: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         known_sources: Mapping[str, str] | None = None,
-        recorder: Any = None,
+        recorder: CacheObserver | None = None,
         **receiver_params: float,
     ) -> None:
         self.name = name
@@ -72,7 +76,7 @@ class SchedulerService:
         self.receiver = ReceiverMachine(name, **receiver_params)
         self.cache = HostStateCache(self.receiver, self._send, decoder=decoder, clock=clock,
                                     recorder=recorder)
-        #: optional update log (shared_host_manager.updatelog.Recorder), closed by stop()
+        #: optional update log (shared_host_manager.updatelog.recorder.Recorder), closed by stop()
         self.recorder = recorder
         self._state_path = os.path.join(state_dir, f"cache-{name}.msgpack") if state_dir else None
         self.snapshot_interval = snapshot_interval
@@ -84,6 +88,11 @@ class SchedulerService:
         self.resumed_from: int | None = None
         self.running = False
         self._known_sources = dict(known_sources or {})
+
+    def set_recorder(self, recorder: CacheObserver) -> None:
+        """Observe this scheduler's cache (before :meth:`start`); see :class:`CacheObserver`."""
+        self.cache.set_recorder(recorder)
+        self.recorder = recorder
 
     # -- life cycle ------------------------------------------------------------
 
@@ -162,3 +171,31 @@ class SchedulerService:
                     self.cache.save(self._state_path)
             except Exception:  # timers must outlive any single failure
                 LOG.exception("scheduler timer iteration failed")
+
+
+# -- built from a configuration file -------------------------------------------------
+
+def register_service_opts(conf: cfg.ConfigOpts) -> None:
+    """Every option group a scheduler's cache reads: [cache], [signing], [data_plane], [control_plane]."""
+    cache_conf.register_opts(conf)
+    signing_opts.register_opts(conf)
+    transport_opts.register_opts(conf)
+
+
+def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = None
+                      ) -> SchedulerService:
+    """A SchedulerService configured by ``conf`` (registered with :func:`register_service_opts`)."""
+    group = conf.cache
+    keyring = signing_opts.keyring_from_conf(conf)
+    data_plane, control_plane = factory.from_conf(conf)
+    topics = factory.topics(conf)
+    return SchedulerService(
+        group.name, data_plane, control_plane,
+        reporter_topic=topics.reporter, scheduler_topic=topics.scheduler,
+        encoder=Encoder(keyring),
+        decoder=Decoder(keyring, max_message_bytes=group.max_message_bytes),
+        state_dir=group.state_dir, snapshot_interval=group.snapshot_interval,
+        tick_interval=group.tick_interval, reorder_window=group.reorder_window,
+        reorder_timeout=group.reorder_timeout, resync_timeout=group.resync_timeout,
+        resync_backoff_max=group.resync_backoff_max, down_interval=group.down_interval,
+        claim_deadline=group.claim_deadline, recorder=recorder)

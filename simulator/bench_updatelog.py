@@ -43,8 +43,9 @@ from typing import Any
 
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.cache import HostStateCache
-from shared_host_manager.replay import replay, resolve_log
-from shared_host_manager.updatelog import Recorder
+from shared_host_manager.updatelog.reader import resolve_log
+from shared_host_manager.updatelog.recorder import Recorder
+from shared_host_manager.updatelog.replay import replay
 from simulator.bench_protocol import Workload
 
 

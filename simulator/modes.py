@@ -1,13 +1,13 @@
 """The three host managers the simulator compares, behind one interface.
 
-Every mode decides with the same :class:`~shared_host_manager.scheduler.DecisionEngine`
+Every mode decides with the same :class:`~shared_host_manager.decision.engine.DecisionEngine`
 (same filters, same weighers); only where host state comes from differs:
 
 * ``shared`` – this project: a :class:`~shared_host_manager.service.SchedulerService`
   keeps every host in memory from the stream; decisions read no database;
   pending claims are deducted until the compute node's delta includes them;
   a rejected claim moves to the next alternate after a re-check in the view
-  (:class:`~shared_host_manager.tracker.RequestTracker`).
+  (:class:`~shared_host_manager.decision.request_tracker.RequestTracker`).
 * ``legacy`` – nova's filter scheduler before this project: every request
   reads all compute nodes (and, when it needs them, the instance lists) from
   SQL; nothing is remembered between requests.
@@ -33,18 +33,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from compute_reporter.rpcapi import ReporterAPI
 from protocol.codec import Decoder, Encoder
 from protocol.errors import ProtocolError
 from protocol.messages import Claim, ClaimResult, Snapshot
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.manager import RequestResult, SchedulerManager
-from shared_host_manager.request import RequestSpec
-from shared_host_manager.scheduler import DecisionEngine, NoValidHost, Selection
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost, Selection
+from shared_host_manager.decision.manager import RequestResult, SchedulerManager
+from shared_host_manager.decision.request import RequestSpec
 from shared_host_manager.service import SchedulerService
 from simulator.database import HostDatabase
 from transport.base import ControlPlane, DataPlane
+from transport.rpcapi import ReporterAPI
 
 #: seconds a client waits for a request before counting it lost
 REQUEST_TIMEOUT = 60.0
@@ -119,7 +119,7 @@ class DatabaseScheduler:
         self._encoder, self._decoder = Encoder(), Decoder()
         self.lock = threading.RLock()
         self._rng = random.Random(f"{s.seed}-{s.name}")
-        from shared_host_manager.plugins import load_filters, load_weighers
+        from shared_host_manager.decision.plugins import load_filters, load_weighers
 
         self._filters = load_filters(s.config.enabled_filters, s.config)
         self._weighers = load_weighers(s.config.weight_classes, s.config)

@@ -5,7 +5,7 @@ RabbitMQ stream and casting claims over oslo.messaging.  With ``--processes
 P`` (shared mode, ``--transport rabbit://...``) the simulator runs its M
 schedulers that way: P child processes (spawned, not forked), scheduler ``i``
 in process ``i % P``, each a real :class:`~simulator.modes.SharedScheduler`
-(a :class:`~shared_host_manager.manager.SchedulerManager`) with its own
+(a :class:`~shared_host_manager.decision.manager.SchedulerManager`) with its own
 stream consumer and RPC server.  The compute side stays in the main process:
 the reporters arbitrating every claim, the seeded :class:`Workload`, the churn
 (boots and the matching deletions) and every figure.
@@ -18,7 +18,7 @@ asks for it (so a server group's members are those booted so far, exactly as
 in-process; pre-generating the requests would freeze the members), and sends
 back the outcome (placed instance -> host, failed, decision and end-to-end
 seconds, claims, rejections, timeout) with the time its decision began.  The
-main process records it with :meth:`Simulation._record` (metrics, NoValidHost
+main process records it with :meth:`Simulation.record_outcome` (metrics, NoValidHost
 oracle, churn through the reporters), then answers with the next request, or
 with None when the run is over.  One message each way per request.
 
@@ -72,7 +72,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from simulator.modes import REQUEST_TIMEOUT, ModeSettings, SharedScheduler
-from simulator.run import Simulation, _Transport, view_digests
+from simulator.run_transport import RunTransport
+from simulator.simulation import Simulation, view_digests, wait_until
 
 #: seconds a child may take to start (interpreter, imports) and read every host
 READY_TIMEOUT = 240.0
@@ -126,7 +127,7 @@ class _Child:
 
     def main(self) -> None:
         run = self.run
-        transport = _Transport(run["transport"], suffix=run["suffix"], owner=False)
+        transport = RunTransport(run["transport"], suffix=run["suffix"], owner=False)
         try:
             self.schedulers = [SharedScheduler(s, transport.data, transport.control)
                                for s in self.settings]
@@ -136,7 +137,7 @@ class _Child:
             for sched in self.schedulers:
                 sched.start()
             n = len(run["sources"])
-            Simulation._wait(lambda: all(len(s.versions()) == n for s in self.schedulers), 120,
+            wait_until(lambda: all(len(s.versions()) == n for s in self.schedulers), 120,
                              f"scheduler process {self.index} to see every host")
             self.ctl.send(("ready",))
             while True:
@@ -365,7 +366,7 @@ class ProcessSimulation(Simulation):
         # start on a busy machine may still be seconds behind, which the run would count
         # as staleness (and decide on).  The run starts once every view has applied all
         # that was published before it was asked.
-        self._wait(self._caught_up, 60, "scheduler processes to catch up with the stream")
+        wait_until(self._caught_up, 60, "scheduler processes to catch up with the stream")
 
     def _caught_up(self) -> bool:
         published = {}
@@ -398,7 +399,7 @@ class ProcessSimulation(Simulation):
                     raise RuntimeError(f"in its scheduler process: {message[1]}")
                 if message[0] == "outcome":
                     _, outcome, e2e, decided_at = message
-                    self._record(spec, outcome, e2e, decided_at)
+                    self.record_outcome(spec, outcome, e2e, decided_at)
                 spec = None if stop.is_set() else self._next_request()
                 conn.send(spec)
                 if spec is None:

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 
 from protocol.document import SET, Document
-from shared_host_manager.request import Flavor, InstanceGroup, RequestSpec
+from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
 
 #: name, vcpus, memory_mb, root_gb, weight, extra_specs
 FLAVORS = (

@@ -51,9 +51,9 @@ def test_default_backend_never_imports_eventlet(tmp_path):
     result = _run("""
         import sys
         from oslo_config import cfg
-        from shared_host_manager.cmd import common, scheduler
+        from shm_cli import common, scheduler
         conf = cfg.ConfigOpts()
-        common.setup([], "test", scheduler._register, conf)
+        common.setup([], "test", scheduler.register, conf)
         service = scheduler.build(conf)
         service.start(); service.stop()
         assert conf.concurrency_backend == "threading"
@@ -69,9 +69,9 @@ def test_eventlet_backend_when_asked(tmp_path):
     result = _run(f"""
         import sys
         from oslo_config import cfg
-        from shared_host_manager.cmd import common, scheduler
+        from shm_cli import common, scheduler
         conf = cfg.ConfigOpts()
-        common.setup(["--config-file", {str(config)!r}], "test", scheduler._register, conf)
+        common.setup(["--config-file", {str(config)!r}], "test", scheduler.register, conf)
         import eventlet.patcher
         assert eventlet.patcher.is_monkey_patched("socket")
         assert eventlet.patcher.is_monkey_patched("thread")

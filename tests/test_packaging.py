@@ -3,7 +3,7 @@
 import os
 import re
 
-from shared_host_manager.plugins import entry_point_lines
+from shared_host_manager.decision.plugins import entry_point_lines
 
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

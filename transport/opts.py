@@ -466,8 +466,11 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
 
 
 def list_opts() -> list[tuple[cfg.OptGroup, list[cfg.Opt]]]:
-    """Entry point for oslo-config-generator (``shm.transport``)."""
+    """Entry point for oslo-config-generator (``shm.transport``): the planes and [signing]."""
+    from transport import signing_opts
+
     return [
         (DATA_PLANE_GROUP, list(DATA_PLANE_OPTS)),
         (CONTROL_PLANE_GROUP, list(CONTROL_PLANE_OPTS)),
+        *signing_opts.list_opts(),
     ]

@@ -10,14 +10,6 @@ from __future__ import annotations
 from oslo_config import cfg
 
 
-def list_common_opts() -> list[tuple[str, list[cfg.Opt]]]:
-    """[DEFAULT] concurrency_backend and [signing], used by every service."""
-    from shared_host_manager.cmd import common
-    from shared_host_manager.conf import signing
-
-    return [("DEFAULT", common.common_opts), *signing.list_opts()]
-
-
 def list_scheduler_opts() -> list[tuple[str, list[cfg.Opt]]]:
     """The scheduler side: [cache] and the decision path."""
     from shared_host_manager.conf import cache, scheduler

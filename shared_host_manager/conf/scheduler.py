@@ -14,7 +14,7 @@ engine is built; a SIGHUP-style reload means building a new engine.
 Option names, defaults and meanings follow nova 34 (``nova/conf/scheduler.py``)
 where nova has the option; ``host_subset_size_min``/``_max`` and the
 ``claim_rejection_*`` options replace nova's fixed ``host_subset_size`` with an
-adaptive one (see :mod:`shared_host_manager.subset`).
+adaptive one (see :mod:`shared_host_manager.decision.subset`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ An update log records everything a scheduler's host-state cache received and
 did (and what a reporter published), so ``shm replay`` can rebuild the cache
 record by record and prove invariant 5.  Off by default; ``enabled = true``
 and a ``directory`` turn it on.  The service layer builds the recorder with
-:func:`shared_host_manager.updatelog.from_conf` and hands it to
+:func:`shared_host_manager.updatelog.recorder.from_conf` and hands it to
 ``SchedulerService(recorder=...)`` / ``ReporterService(recorder=...)``.
 
 Entry point (``oslo.config.opts``): ``shm.updatelog =

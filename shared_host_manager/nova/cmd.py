@@ -117,14 +117,20 @@ def scheduler_service() -> Any:
         if _service is None:
             import nova.conf
 
-            from shared_host_manager.cmd import scheduler as shm_scheduler
+            from shared_host_manager import service as scheduler_service
+            from shared_host_manager.conf import updatelog as updatelog_conf
+            from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
 
-            conf = _stream_conf(shm_scheduler._register)
+            def register(conf: Any) -> None:
+                updatelog_conf.register_opts(conf)
+                scheduler_service.register_service_opts(conf)
+
+            conf = _stream_conf(register)
             workers = nova.conf.CONF.scheduler.workers
             if workers != 1:
                 conf.set_override("name", f"{conf.cache.name}-{os.getpid()}", group="cache")
                 conf.set_override("state_dir", None, group="cache")
-            _service = shm_scheduler.build(conf)
+            _service = scheduler_service.service_from_conf(conf, recorder=recorder_from_conf(conf))
         return _service
 
 
@@ -216,24 +222,10 @@ def install_compute() -> Any:
         hook.reserved = ndoc.Reserved.from_conf(conf)
         hook.aggregate_refresh_interval = group.aggregate_refresh_interval
         result = original_pre_start(self, service_ref)  # the first update_available_resource
-        from compute_reporter.service import ReporterService
-        from shared_host_manager.cmd import reporter as shm_reporter
-        from shared_host_manager.conf.signing import keyring_from_conf
-        from transport import factory
+        from compute_reporter import service as reporter_service
 
-        ours = _stream_conf(shm_reporter._register)
-        keyring = keyring_from_conf(ours)
-        from protocol.codec import Decoder, Encoder
-
-        data_plane, control_plane = factory.from_conf(ours)
-        topics = factory.topics(ours)
-        r = ours.reporter
-        _reporter = ReporterService(
-            r.name, compute_hook.NovaTracker(hook), data_plane, control_plane,
-            reporter_topic=topics.reporter, scheduler_topic=topics.scheduler,
-            encoder=Encoder(keyring), decoder=Decoder(keyring), state_dir=r.state_dir,
-            coalesce_window=r.coalesce_window, heartbeat_interval=r.heartbeat_interval,
-            ring_size=r.ring_size, max_batch_items=r.max_batch_items)
+        ours = _stream_conf(reporter_service.register_service_opts)
+        _reporter = reporter_service.service_from_conf(ours, compute_hook.NovaTracker(hook))
         _reporter.start()
         return result
 

@@ -67,6 +67,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from protocol import hostdoc
 from protocol.document import Document, Op, copy_document, diff
 from shared_host_manager.nova import document as ndoc
 
@@ -124,11 +125,11 @@ class ComputeHook:
                 self._aggregates[host] = list(aggregates)
             old = self._docs.get(source)
             if instances is None:
-                instances = (old or {}).get(ndoc.INSTANCES, {})
+                instances = (old or {}).get(hostdoc.INSTANCES, {})
             doc = ndoc.document_from_compute_node(
                 compute_node, instances=sorted(instances), aggregates=self._aggregates.get(host, ()),
                 cell_uuid=self.cell_uuid, reserved=self.reserved)
-            doc[ndoc.SERVICE] = dict(self._service.get(host) or ndoc.service_namespace(None))
+            doc[hostdoc.SERVICE] = dict(self._service.get(host) or ndoc.service_namespace(None))
             self._host_of[source] = host
             return self._publish(source, old, doc)
 
@@ -142,7 +143,7 @@ class ComputeHook:
             self._service[host] = ns
             for source in self._sources_of(host):
                 doc = copy_document(self._docs[source])
-                doc[ndoc.SERVICE] = dict(ns)
+                doc[hostdoc.SERVICE] = dict(ns)
                 self._publish(source, self._docs[source], doc)
 
     def set_aggregates(self, host: str, aggregates: Iterable[Any]) -> None:
@@ -154,9 +155,9 @@ class ComputeHook:
             for source in self._sources_of(host):
                 doc = copy_document(self._docs[source])
                 if ns:
-                    doc[ndoc.AGGREGATES] = dict(ns)
+                    doc[hostdoc.AGGREGATES] = dict(ns)
                 else:
-                    doc.pop(ndoc.AGGREGATES, None)
+                    doc.pop(hostdoc.AGGREGATES, None)
                 self._publish(source, self._docs[source], doc)
 
     def forget(self, source: str) -> None:
@@ -171,8 +172,8 @@ class ComputeHook:
     def _publish(self, source: str, old: Document | None, doc: Document) -> tuple[list[Op], list[str]]:
         ops = diff(old or {}, doc)
         self._docs[source] = doc
-        old_instances = (old or {}).get(ndoc.INSTANCES, {})
-        included = [u for u in doc.get(ndoc.INSTANCES, {}) if u not in old_instances]
+        old_instances = (old or {}).get(hostdoc.INSTANCES, {})
+        included = [u for u in doc.get(hostdoc.INSTANCES, {}) if u not in old_instances]
         sink = self.sink
         if not ops or sink is None:
             return ops, included

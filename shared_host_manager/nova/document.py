@@ -8,8 +8,10 @@ for the mapping, so the two sides cannot drift apart.
 
 Namespaces
 ----------
-``compute``   (the keys :mod:`shared_host_manager.hoststate` documents, plus
-              nova's extras)
+The namespaces and their keys are the host document of :mod:`protocol.hostdoc`;
+this table says where each comes from in nova.
+
+``compute``
 
               ========================  =========================================
               key                       nova source
@@ -81,14 +83,17 @@ from typing import Any
 from nova import objects
 from oslo_serialization import jsonutils
 
-COMPUTE = "compute"
-STATS = "stats"
-NUMA = "numa"
-PCI = "pci"
-METRICS = "metrics"
-SERVICE = "service"
-INSTANCES = "instances"
-AGGREGATES = "aggregates"
+from protocol.hostdoc import (
+    AGGREGATES,
+    COMPUTE,
+    INSTANCES,
+    METRICS,
+    NUMA,
+    PCI,
+    SERVICE,
+    STATS,
+    free_disk_gb,
+)
 
 _CHANGES = "nova_object.changes"
 
@@ -355,12 +360,6 @@ def document_from_compute_node(
 
 
 # -- back to nova -------------------------------------------------------------------------
-
-def free_disk_gb(compute: Mapping[str, Any]) -> int:
-    """nova's ``free_disk_gb`` (local_gb - local_gb_used), before disk_available_least."""
-    return (compute.get("disk_gb", 0) - compute.get("reserved_disk_gb", 0)
-            - compute.get("disk_gb_used", 0))
-
 
 def compute_node_from_document(source: str, doc: Mapping[str, Mapping[str, Any]]) -> Any:
     """A ComputeNode equal (in every field the scheduler reads) to the one the document came from.

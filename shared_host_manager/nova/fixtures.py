@@ -1,9 +1,10 @@
 """Test and benchmark fixtures: nova objects, a cache fed from documents, a fake placement.
 
-Shared by ``tests/nova`` and :mod:`.bench` so the benchmark measures the
-same setup the tests prove correct.  Nothing here touches a network; the
-database pieces (:class:`NovaDatabase`) write only the SQLite files they are
-given.
+Shared by ``tests/nova`` and :mod:`simulator.bench_nova` so the benchmark
+measures the same setup the tests prove correct (:class:`SchedulerPair` is
+the benchmark's whole nova side: the simulator times it, it never imports
+nova).  Nothing here touches a network; the database pieces
+(:class:`NovaDatabase`) write only the SQLite files they are given.
 """
 
 from __future__ import annotations
@@ -372,3 +373,81 @@ def _configure_context_managers() -> None:
     if not api_db.context_manager.is_started:
         api_db.configure(conf)
     nova_context.CELL_CACHE = {}
+
+
+# -- nova's scheduler twice over the same hosts (shm bench nova) ---------------------------------
+
+class SchedulerPair:
+    """nova's real SchedulerManager over the same compute nodes, built two ways.
+
+    * ``"nova"``: nova's own HostManager reading the nova schema in SQLite files
+      under ``directory`` (:class:`NovaDatabase`), instance info synced first
+      unless ``sync_instance_info`` is False;
+    * ``"shared"``: SharedHostManager over a cache holding the documents the
+      compute hook makes of the same nodes.
+
+    Both sides share one :class:`FakePlacement` (every host a candidate, every
+    claim accepted).  :meth:`select` runs one ``select_destinations``.
+    """
+
+    SIDES = ("nova", "shared")
+
+    def __init__(self, directory: str, *, hosts: int, filters: list[str],
+                 instances_per_host: int = 2, sync_instance_info: bool = True) -> None:
+        # The Service rows' heartbeats are written once, at setup; a long run must not see
+        # them age past service_down_time (nova-compute would refresh them every 10 s).
+        setup_nova(**{"filter_scheduler.enabled_filters": filters, "service_down_time": 86400})
+        import time
+
+        from nova import context as nova_context
+        from nova.scheduler import manager as nova_manager
+
+        from shared_host_manager.nova import document as ndoc
+        from shared_host_manager.nova import host_manager as shm
+
+        nodes = [compute_node(i, free_ram_mb=16384 + (i * 7919) % 40000) for i in range(hosts)]
+        instances = {cn.host: [uuid_for(f"inst-{cn.host}", k) for k in range(instances_per_host)]
+                     for cn in nodes}
+        db = NovaDatabase(directory)
+        db.configure()
+        db.populate(nodes, instances_per_host=instances_per_host)
+        docs = {cn.uuid: ndoc.document_from_compute_node(cn, service=service_dict(cn.host),
+                                                           instances=instances[cn.host], cell_uuid=CELL1)
+                for cn in nodes}
+        self.cache = cache_from_documents(docs)
+        self.placement = FakePlacement([cn.uuid for cn in nodes])
+        self._context = nova_context.get_admin_context()
+        self._shm = shm
+        self.managers: dict[str, Any] = {}
+        with patched_scheduler(self.placement, shared=False):
+            self.managers["nova"] = nova_manager.SchedulerManager()
+        hm = self.managers["nova"].host_manager
+        if sync_instance_info:
+            deadline = time.monotonic() + 60
+            while instances_per_host and len(hm._instance_info) < len(instances) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)  # nova's asynchronous _init_instance_info
+            for host, uuids in instances.items():
+                hm.sync_instance_info(self._context, host, list(uuids))
+                hm.sync_instance_info(self._context, host, list(uuids))
+        shm.set_cache_provider(lambda: self.cache)
+        with patched_scheduler(self.placement, shared=True):
+            self.managers["shared"] = nova_manager.SchedulerManager()
+
+    @contextlib.contextmanager
+    def side(self, side: str) -> Iterator[None]:
+        """nova's module attributes as that side runs them (shared: the drop-in installed)."""
+        with patched_scheduler(self.placement, shared=side == "shared"):
+            yield
+
+    def select(self, side: str, instance_uuid: str) -> int:
+        """One select_destinations with alternates on ``side`` (inside :meth:`side`);
+        returns the number of selections of the instance."""
+        spec = request_spec(instance_uuid=instance_uuid)
+        sel = self.managers[side].select_destinations(
+            self._context, spec_obj=spec, instance_uuids=[instance_uuid],
+            return_objects=True, return_alternates=True)
+        return len(sel[0])
+
+    def close(self) -> None:
+        self._shm.set_cache_provider(None)

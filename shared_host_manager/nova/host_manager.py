@@ -79,6 +79,7 @@ from nova import objects
 from nova.pci import stats as pci_stats
 from nova.scheduler import host_manager as nova_host_manager
 
+from protocol import hostdoc
 from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
 from shared_host_manager.nova import document as ndoc
@@ -169,7 +170,7 @@ def _parts(doc: Any, previous: _Template | None) -> dict[str, Any]:
     costs about 1 ms per host).  NUMA cells are reused one by one."""
     old = previous.parts if previous is not None else _EMPTY
     parts: dict[str, Any] = {}
-    numa_items = _items(doc.get(ndoc.NUMA))
+    numa_items = _items(doc.get(hostdoc.NUMA))
     if _unchanged(old.get("numa_items"), numa_items):
         numa = old["numa"]
     else:
@@ -192,18 +193,18 @@ def _parts(doc: Any, previous: _Template | None) -> dict[str, Any]:
     parts["numa_items"] = numa_items
     parts.setdefault("cells", old.get("cells"))
     parts["numa"] = numa
-    pci_items = _items(doc.get(ndoc.PCI))
+    pci_items = _items(doc.get(hostdoc.PCI))
     if numa is old.get("numa") and _unchanged(old.get("pci_items"), pci_items):
         parts["pci_stats"] = old["pci_stats"]
     else:
-        pools = ndoc.pci_pools_from_namespace(doc.get(ndoc.PCI))
+        pools = ndoc.pci_pools_from_namespace(doc.get(hostdoc.PCI))
         parts["pci_stats"] = pci_stats.PciDeviceStats(numa, stats=pools)
     parts["pci_items"] = pci_items
-    metrics_items = _items(doc.get(ndoc.METRICS))
+    metrics_items = _items(doc.get(hostdoc.METRICS))
     if _unchanged(old.get("metrics_items"), metrics_items):
         parts["metrics"] = old["metrics"]
     else:
-        parts["metrics"] = ndoc.metrics_from_namespace(doc.get(ndoc.METRICS))
+        parts["metrics"] = ndoc.metrics_from_namespace(doc.get(hostdoc.METRICS))
     parts["metrics_items"] = metrics_items
     return parts
 
@@ -211,7 +212,7 @@ def _parts(doc: Any, previous: _Template | None) -> dict[str, Any]:
 def _build_template(source: str, view: Any, default_cell: str | None,
                     previous: _Template | None) -> _Template | None:
     doc = view.doc
-    c = doc.get(ndoc.COMPUTE)
+    c = doc.get(hostdoc.COMPUTE)
     if not c:
         return None  # not a compute node (an aggregate catalogue, a volume backend...)
     host = c.get("host") or source
@@ -220,7 +221,7 @@ def _build_template(source: str, view: Any, default_cell: str | None,
     numa = parts["numa"]
     memory_mb = c.get("memory_mb", 0)
     disk_gb = c.get("disk_gb", 0)
-    free_gb = ndoc.free_disk_gb(c)
+    free_gb = hostdoc.free_disk_gb(c)
     least = c.get("disk_available_least")
     if type(least) is int:
         free_gb = min(least, free_gb)
@@ -249,7 +250,7 @@ def _build_template(source: str, view: Any, default_cell: str | None,
         "hypervisor_hostname": node,
         "cpu_info": c.get("cpu_info"),
         "supported_instances": [list(s) for s in supported] if type(supported) is list else [],
-        "stats": dict(doc.get(ndoc.STATS) or _EMPTY),
+        "stats": dict(doc.get(hostdoc.STATS) or _EMPTY),
         "metrics": parts["metrics"],
         "cpu_allocation_ratio": _ratio(c, "cpu_allocation_ratio"),
         "ram_allocation_ratio": _ratio(c, "ram_allocation_ratio"),
@@ -258,10 +259,10 @@ def _build_template(source: str, view: Any, default_cell: str | None,
     }
     # Instance stubs (nova's scheduler keeps stubs too: filters read the keys only);
     # reuse the previous version's objects for instances that are still there.
-    doc_instances = doc.get(ndoc.INSTANCES) or _EMPTY
+    doc_instances = doc.get(hostdoc.INSTANCES) or _EMPTY
     old = previous.instances if previous is not None else _EMPTY
     instances = {u: old.get(u) or objects.Instance(uuid=u) for u in doc_instances}
-    s = doc.get(ndoc.SERVICE) or _EMPTY
+    s = doc.get(hostdoc.SERVICE) or _EMPTY
     service = {
         "host": host, "binary": "nova-compute", "topic": "compute",
         "disabled": bool(s.get("disabled", False)),
@@ -445,7 +446,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         if self._cache is not None:
             with self._cache.lock:
                 for view in self._cache.receiver.sources.values():
-                    c = (view.doc or _EMPTY).get(ndoc.COMPUTE)
+                    c = (view.doc or _EMPTY).get(hostdoc.COMPUTE)
                     if c:
                         cell = c.get("cell_uuid") or self.default_cell_uuid
                         if cell:
@@ -533,7 +534,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         overlay = self._agg_overlay
         deleted = self._agg_deleted
         out: dict[str, Any] = {}
-        for agg_uuid, entry in (doc.get(ndoc.AGGREGATES) or _EMPTY).items():
+        for agg_uuid, entry in (doc.get(hostdoc.AGGREGATES) or _EMPTY).items():
             if agg_uuid in overlay or agg_uuid in deleted or type(entry) is not dict:
                 continue
             meta = entry.get("metadata")
@@ -601,7 +602,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         with cache.lock:
             for view in cache.receiver.sources.values():
                 doc = view.doc
-                c = (doc or _EMPTY).get(ndoc.COMPUTE)
+                c = (doc or _EMPTY).get(hostdoc.COMPUTE)
                 if not c:
                     continue
                 if host and c.get("host") != host:
@@ -654,9 +655,9 @@ class SharedHostManager(nova_host_manager.HostManager):
         with self.cache.lock:
             for view in self.cache.receiver.sources.values():
                 doc = view.doc
-                if not doc or not doc.get(ndoc.COMPUTE):
+                if not doc or not doc.get(hostdoc.COMPUTE):
                     continue
-                version = (doc.get(ndoc.SERVICE) or _EMPTY).get("version")
+                version = (doc.get(hostdoc.SERVICE) or _EMPTY).get("version")
                 if type(version) is not int:
                     return None
                 versions.append(version)

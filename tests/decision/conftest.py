@@ -8,14 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from protocol.hostdoc import is_host
 from protocol.messages import Claim
 from protocol.receiver import ReceiverMachine
-from shared_host_manager.decision_fixtures import load_receiver
-from shared_host_manager.hoststate import HostView, is_host
-from shared_host_manager.index import HostIndex
-from shared_host_manager.request import RequestSpec, RequestView
-from shared_host_manager.scheduler import apply_vector
-from shared_host_manager.world import IndexWorld, ReceiverWorld
+from shared_host_manager.decision.engine import apply_vector
+from shared_host_manager.decision.hostview import HostView
+from shared_host_manager.decision.index import HostIndex
+from shared_host_manager.decision.request import RequestSpec, RequestView
+from shared_host_manager.decision.world import IndexWorld, ReceiverWorld
+from simulator.synthetic_hosts import load_receiver
 
 
 class FilterHarness:

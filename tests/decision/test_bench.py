@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from shared_host_manager import bench_decisions
+from simulator import bench_decisions
 
 
 def test_bench_decisions_writes_json(tmp_path, capsys):
@@ -23,10 +23,10 @@ def test_bench_decisions_writes_json(tmp_path, capsys):
 
 
 def test_bench_plugs_into_the_shm_bench_registry(tmp_path, monkeypatch):
-    from shared_host_manager.cmd import bench
+    from shm_cli import bench
 
     monkeypatch.setitem(bench.BENCHMARKS, "decisions", (
-        "shared_host_manager.bench_decisions:main", "scheduling decisions per second"))
+        "simulator.bench_decisions:main", "scheduling decisions per second"))
     out = tmp_path / "b.json"
     assert bench.main(["decisions", "--hosts", "20", "--runs", "1", "--decisions", "5",
                        "--slow-decisions", "2", "--json", str(out)]) == 0

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from protocol.messages import Claim
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.decision_fixtures import host_doc, load_receiver
-from shared_host_manager.filters import BUILTIN_FILTERS
-from shared_host_manager.plugins import load_filters
-from shared_host_manager.request import Flavor, InstanceGroup, RequestSpec
-from shared_host_manager.scheduler import DecisionEngine, NoValidHost
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.decision.filters import BUILTIN_FILTERS
+from shared_host_manager.decision.plugins import load_filters
+from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
+from simulator.synthetic_hosts import host_doc, load_receiver
 
 AGGREGATES = {
     "agg-ssd": {"name": "ssd", "metadata": {"ssd": "true", "cpu_mhz": "3000"}},

@@ -8,10 +8,10 @@ import pytest
 
 from protocol.resources import check_fit
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.decision_fixtures import host_doc, load_receiver
-from shared_host_manager.request import Flavor, InstanceGroup, RequestSpec
-from shared_host_manager.scheduler import DecisionEngine, NoValidHost
-from shared_host_manager.subset import AdaptiveSubset
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
+from shared_host_manager.decision.subset import AdaptiveSubset
+from simulator.synthetic_hosts import host_doc, load_receiver
 
 PATHS = ("fast", "slow")
 
@@ -230,7 +230,7 @@ def test_decisions_never_write_to_the_receivers_documents(path):
 def test_peers_claim_hosts_they_own_so_concurrent_decisions_differ():
     # Two schedulers with the same view and the same peer list: each claims the best host
     # it owns, so their concurrent first choices never collide, and each owns about half.
-    from shared_host_manager.subset import PeerOwnership
+    from shared_host_manager.decision.subset import PeerOwnership
 
     spec = RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0))
     engines = []

@@ -5,28 +5,28 @@ from __future__ import annotations
 import pytest
 
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.decision_fixtures import host_doc
-from shared_host_manager.filters.aggregate_instance_extra_specs import (
+from shared_host_manager.decision.filters.aggregate_instance_extra_specs import (
     AggregateInstanceExtraSpecsFilter,
 )
-from shared_host_manager.filters.aggregate_multitenancy_isolation import (
+from shared_host_manager.decision.filters.aggregate_multitenancy_isolation import (
     AggregateMultiTenancyIsolation,
 )
-from shared_host_manager.filters.availability_zone_filter import AvailabilityZoneFilter
-from shared_host_manager.filters.compute_filter import ComputeFilter
-from shared_host_manager.filters.different_host_filter import DifferentHostFilter
-from shared_host_manager.filters.extra_specs_ops import match
-from shared_host_manager.filters.image_props_filter import ImagePropertiesFilter
-from shared_host_manager.filters.io_ops_filter import IoOpsFilter
-from shared_host_manager.filters.num_instances_filter import NumInstancesFilter
-from shared_host_manager.filters.resource_fit_filter import ResourceFitFilter
-from shared_host_manager.filters.same_host_filter import SameHostFilter
-from shared_host_manager.filters.server_group_affinity_filter import ServerGroupAffinityFilter
-from shared_host_manager.filters.server_group_anti_affinity_filter import (
+from shared_host_manager.decision.filters.availability_zone_filter import AvailabilityZoneFilter
+from shared_host_manager.decision.filters.compute_filter import ComputeFilter
+from shared_host_manager.decision.filters.different_host_filter import DifferentHostFilter
+from shared_host_manager.decision.filters.extra_specs_ops import match
+from shared_host_manager.decision.filters.image_props_filter import ImagePropertiesFilter
+from shared_host_manager.decision.filters.io_ops_filter import IoOpsFilter
+from shared_host_manager.decision.filters.num_instances_filter import NumInstancesFilter
+from shared_host_manager.decision.filters.resource_fit_filter import ResourceFitFilter
+from shared_host_manager.decision.filters.same_host_filter import SameHostFilter
+from shared_host_manager.decision.filters.server_group_affinity_filter import ServerGroupAffinityFilter
+from shared_host_manager.decision.filters.server_group_anti_affinity_filter import (
     ServerGroupAntiAffinityFilter,
 )
-from shared_host_manager.filters.volume_locality_filter import VolumeLocalityFilter
-from shared_host_manager.request import Flavor, InstanceGroup, RequestSpec
+from shared_host_manager.decision.filters.volume_locality_filter import VolumeLocalityFilter
+from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
+from simulator.synthetic_hosts import host_doc
 
 INST = {"claim": "c", "resources": {"vcpus": 1}}
 

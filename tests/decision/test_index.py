@@ -6,9 +6,9 @@ import numpy as np
 
 from protocol.document import SET
 from protocol.messages import Claim, ClaimResult, Delta, Snapshot
-from shared_host_manager.decision_fixtures import host_doc, load_receiver
-from shared_host_manager.hoststate import HostView
-from shared_host_manager.index import AGGREGATE_GROUPS, WEIGHER_COLUMNS, HostIndex
+from shared_host_manager.decision.hostview import HostView
+from shared_host_manager.decision.index import AGGREGATE_GROUPS, WEIGHER_COLUMNS, HostIndex
+from simulator.synthetic_hosts import host_doc, load_receiver
 
 
 def _row_equals_hostview(ix: HostIndex, source: str) -> None:

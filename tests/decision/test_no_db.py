@@ -9,10 +9,10 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from protocol.messages import ClaimResult
-from shared_host_manager.decision_fixtures import cloud, load_receiver
-from shared_host_manager.request import Flavor, InstanceGroup, RequestSpec
-from shared_host_manager.scheduler import DecisionEngine, NoValidHost
-from shared_host_manager.tracker import RequestTracker
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
+from shared_host_manager.decision.request_tracker import RequestTracker
+from simulator.synthetic_hosts import cloud, load_receiver
 
 
 def test_select_destinations_issues_no_sql_statement():

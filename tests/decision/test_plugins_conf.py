@@ -7,12 +7,12 @@ from unittest import mock
 import pytest
 from oslo_config import cfg
 
-from shared_host_manager import plugins
 from shared_host_manager.conf import scheduler as conf_scheduler
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.filters import BUILTIN_FILTERS, BaseHostFilter
-from shared_host_manager.filters.compute_filter import ComputeFilter
-from shared_host_manager.weights import BUILTIN_WEIGHERS, BaseHostWeigher
+from shared_host_manager.decision import plugins
+from shared_host_manager.decision.filters import BUILTIN_FILTERS, BaseHostFilter
+from shared_host_manager.decision.filters.compute_filter import ComputeFilter
+from shared_host_manager.decision.weights import BUILTIN_WEIGHERS, BaseHostWeigher
 
 
 def test_every_builtin_loads_from_a_source_tree():
@@ -54,9 +54,10 @@ def test_a_broken_entry_point_scan_falls_back_to_the_builtins():
 
 def test_entry_point_lines_match_the_tables():
     lines = plugins.entry_point_lines()
-    assert "ComputeFilter = shared_host_manager.filters.compute_filter:ComputeFilter" in \
+    assert "ComputeFilter = shared_host_manager.decision.filters.compute_filter:ComputeFilter" in \
         lines["shm.scheduler.filters"]
-    assert "RAMWeigher = shared_host_manager.weights.ram:RAMWeigher" in lines["shm.scheduler.weighers"]
+    assert "RAMWeigher = shared_host_manager.decision.weights.ram:RAMWeigher" in \
+        lines["shm.scheduler.weighers"]
 
 
 def test_options_register_and_map_to_the_engine_config():
@@ -86,7 +87,7 @@ def test_list_opts_covers_every_config_field_with_help():
 def test_a_real_entry_point_is_found_by_stevedore(tmp_path, monkeypatch):
     # an installed third-party package, as pip would lay it out: module + dist-info
     (tmp_path / "shm_test_plugin.py").write_text(
-        "from shared_host_manager.filters import BaseHostFilter\n"
+        "from shared_host_manager.decision.filters import BaseHostFilter\n"
         "class EvenHostFilter(BaseHostFilter):\n"
         "    def host_passes(self, host_state, spec_obj):\n"
         "        return host_state.host.endswith(('0', '2', '4', '6', '8'))\n")

@@ -30,17 +30,17 @@ from protocol.receiver import Outcome, ReceiverMachine
 from protocol.resources import overcommitted
 from protocol.source import SourceMachine
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.decision_fixtures import host_doc
-from shared_host_manager.index import HostIndex
-from shared_host_manager.request import Flavor, InstanceGroup, RequestSpec
-from shared_host_manager.scheduler import DecisionEngine, NoValidHost
-from shared_host_manager.tracker import (
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.decision.index import HostIndex
+from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
+from shared_host_manager.decision.request_tracker import (
     InstanceFailed,
     InstanceRescheduled,
     InstanceScheduled,
     RequestFinished,
     RequestTracker,
 )
+from simulator.synthetic_hosts import host_doc
 
 TERMINAL = {Outcome.INCLUDED, Outcome.REJECTED, Outcome.EXPIRED, Outcome.EPOCH_CHANGED}
 

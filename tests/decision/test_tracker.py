@@ -10,10 +10,9 @@ from protocol.document import SET
 from protocol.messages import ClaimResult, Delta
 from protocol.receiver import Outcome
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.decision_fixtures import host_doc, load_receiver
-from shared_host_manager.request import Flavor, RequestSpec
-from shared_host_manager.scheduler import DecisionEngine, NoValidHost
-from shared_host_manager.tracker import (
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.decision.request import Flavor, RequestSpec
+from shared_host_manager.decision.request_tracker import (
     InstanceFailed,
     InstanceRescheduled,
     InstanceScheduled,
@@ -21,6 +20,7 @@ from shared_host_manager.tracker import (
     RequestFinished,
     RequestTracker,
 )
+from simulator.synthetic_hosts import host_doc, load_receiver
 
 
 def _setup(n=3, **cfg):
@@ -129,7 +129,7 @@ def test_outcomes_of_unknown_claims_are_ignored():
 def test_alternate_failing_a_filter_now_is_skipped():
     # anti-affinity: after the decision, a member of the group shows up on the first alternate
     tracker, rec, sent = _setup()
-    from shared_host_manager.request import InstanceGroup
+    from shared_host_manager.decision.request import InstanceGroup
 
     group = InstanceGroup("anti-affinity", members=["m1"])
     tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["vm"],
@@ -143,7 +143,7 @@ def test_alternate_failing_a_filter_now_is_skipped():
 
 
 def test_rejected_siblings_do_not_meet_on_a_shared_alternate():
-    from shared_host_manager.request import InstanceGroup
+    from shared_host_manager.decision.request import InstanceGroup
 
     tracker, rec, sent = _setup(n=3)
     req = tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["a", "b"],

@@ -7,16 +7,16 @@ import random
 import pytest
 
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.decision_fixtures import host_doc, load_receiver
-from shared_host_manager.hoststate import HostView
-from shared_host_manager.request import RequestSpec
-from shared_host_manager.scheduler import DecisionEngine
-from shared_host_manager.weights import get_weight_multiplier, normalize, weigh_hosts
-from shared_host_manager.weights.cpu import CPUWeigher
-from shared_host_manager.weights.disk import DiskWeigher
-from shared_host_manager.weights.io_ops import IoOpsWeigher
-from shared_host_manager.weights.num_instances import NumInstancesWeigher
-from shared_host_manager.weights.ram import RAMWeigher
+from shared_host_manager.decision.engine import DecisionEngine
+from shared_host_manager.decision.hostview import HostView
+from shared_host_manager.decision.request import RequestSpec
+from shared_host_manager.decision.weights import get_weight_multiplier, normalize, weigh_hosts
+from shared_host_manager.decision.weights.cpu import CPUWeigher
+from shared_host_manager.decision.weights.disk import DiskWeigher
+from shared_host_manager.decision.weights.io_ops import IoOpsWeigher
+from shared_host_manager.decision.weights.num_instances import NumInstancesWeigher
+from shared_host_manager.decision.weights.ram import RAMWeigher
+from simulator.synthetic_hosts import host_doc, load_receiver
 
 
 def _hosts(docs):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from shared_host_manager.cmd.replay import main
-from shared_host_manager.replay import resolve_log
+from shared_host_manager.updatelog.reader import resolve_log
+from shm_cli.replay import main
 
 
 @pytest.fixture

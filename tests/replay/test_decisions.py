@@ -7,10 +7,11 @@ import random
 import pytest
 
 from shared_host_manager.conf.scheduler import SchedulerConfig
-from shared_host_manager.replay import LogReader, replay, resolve_log
-from shared_host_manager.request import Flavor, InstanceGroup, RequestSpec
-from shared_host_manager.scheduler import DecisionEngine, NoValidHost
-from shared_host_manager.updatelog import DECISION, DECISION_END, ENGINE, spec_from_wire, spec_to_wire
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
+from shared_host_manager.updatelog.format import DECISION, DECISION_END, ENGINE, spec_from_wire, spec_to_wire
+from shared_host_manager.updatelog.reader import LogReader, resolve_log
+from shared_host_manager.updatelog.replay import replay
 
 
 def _recorded_run(mini_run):
@@ -19,7 +20,7 @@ def _recorded_run(mini_run):
     cache = run.caches["s0"]
     engine = DecisionEngine(cache.receiver, lambda claim: run._to_reporter("r0", claim),
                             config=SchedulerConfig(host_subset_size_min=3), rng=random.Random(7))
-    run.recorders["s0"].attach_engine(engine)
+    engine.set_observer(run.recorders["s0"])
     placed, failed = [], 0
     for i in range(12):
         spec = RequestSpec(flavor=Flavor(vcpus=1 + i % 2, memory_mb=512 * (1 + i % 3)),

@@ -5,7 +5,8 @@ from __future__ import annotations
 from protocol import codec
 from protocol.document import SET
 from protocol.messages import Batch, Delta
-from shared_host_manager.replay import diff_logs, resolve_log
+from shared_host_manager.updatelog.diff import diff_logs
+from shared_host_manager.updatelog.reader import resolve_log
 
 
 def _diff(run, a, b):

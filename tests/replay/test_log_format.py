@@ -12,8 +12,10 @@ from ulog_harness import RECEIVER_PARAMS, MiniRun
 
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.cache import HostStateCache
-from shared_host_manager.replay import LogReader, replay, resolve_log
-from shared_host_manager.updatelog import FRAME, MAGIC, Recorder, ViewStates, part_paths
+from shared_host_manager.updatelog.format import FRAME, MAGIC, ViewStates, part_paths
+from shared_host_manager.updatelog.reader import LogReader, resolve_log
+from shared_host_manager.updatelog.recorder import Recorder
+from shared_host_manager.updatelog.replay import replay
 
 
 def _states(result):

@@ -6,8 +6,17 @@ import msgpack
 
 from protocol import codec
 from protocol.messages import Batch, Claim, Delta
-from shared_host_manager.replay import LogReader, replay, resolve_log
-from shared_host_manager.updatelog import CANCEL, CHECKPOINT, FRAME, MAGIC, RX_STREAM, ViewStates, frame
+from shared_host_manager.updatelog.format import (
+    CANCEL,
+    CHECKPOINT,
+    FRAME,
+    MAGIC,
+    RX_STREAM,
+    ViewStates,
+    frame,
+)
+from shared_host_manager.updatelog.reader import LogReader, resolve_log
+from shared_host_manager.updatelog.replay import replay
 
 
 def _live(cache):

@@ -11,12 +11,15 @@ from svc_harness import converged, make_reporter, make_scheduler, quiesce, wait_
 
 from protocol import codec
 from protocol.messages import Batch, Delta
-from shared_host_manager import updatelog
 from shared_host_manager.conf import updatelog as updatelog_conf
-from shared_host_manager.replay import diff_logs, replay, resolve_log
-from shared_host_manager.request import Flavor, RequestSpec
-from shared_host_manager.scheduler import DecisionEngine
-from shared_host_manager.updatelog import RunRecording, ViewStates
+from shared_host_manager.decision.engine import DecisionEngine
+from shared_host_manager.decision.request import Flavor, RequestSpec
+from shared_host_manager.updatelog import recorder as updatelog
+from shared_host_manager.updatelog.diff import diff_logs
+from shared_host_manager.updatelog.format import ViewStates
+from shared_host_manager.updatelog.reader import resolve_log
+from shared_host_manager.updatelog.recorder import RunRecording
+from shared_host_manager.updatelog.replay import replay
 from transport.inprocess import InProcessBus
 
 

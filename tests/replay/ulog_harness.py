@@ -20,8 +20,8 @@ from protocol.messages import Claim, Delta
 from protocol.receiver import ReceiverMachine
 from protocol.source import SourceMachine
 from shared_host_manager.cache import HostStateCache
-from shared_host_manager.decision_fixtures import host_doc
-from shared_host_manager.updatelog import Recorder
+from shared_host_manager.updatelog.recorder import Recorder
+from simulator.synthetic_hosts import host_doc
 
 REPORTER = "r0"
 RECEIVER_PARAMS = dict(reorder_timeout=0.1, resync_timeout=0.5, down_interval=3.0, claim_deadline=5.0)
@@ -73,9 +73,9 @@ class MiniRun:
         self.reporter_recorder = None
         if record_reporter:
             self.reporter_recorder = Recorder(directory, **params)
-            self.reporter_recorder.attach_reporter(types.SimpleNamespace(
+            self.reporter_recorder.reporter_attached(types.SimpleNamespace(
                 name=REPORTER, manager=types.SimpleNamespace(machines=self.sources), clock=self.clock,
-                _params={"coalesce_window": 0.0, "heartbeat_interval": 0.5}))
+                params={"coalesce_window": 0.0, "heartbeat_interval": 0.5}))
         self._data: list = []
         self.claims = 0
 

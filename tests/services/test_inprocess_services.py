@@ -174,8 +174,8 @@ def test_cold_start_by_asking_every_known_source(bus):
 
 
 def test_scheduler_manager_places_retries_and_refuses(bus):
-    from shared_host_manager.manager import SchedulerManager
-    from shared_host_manager.request import Flavor, RequestSpec
+    from shared_host_manager.decision.manager import SchedulerManager
+    from shared_host_manager.decision.request import Flavor, RequestSpec
 
     reporter = make_reporter(bus, bus, "r", hosts=3, seed=21, change_interval=0)
     managers = [SchedulerManager(make_scheduler(bus, bus, f"s{i}"), peers=["s0", "s1"])

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from shared_host_manager.cmd import sim as sim_cmd
-from simulator.run import SimConfig, Simulation, run_mode, summary_table
+from shm_cli import sim as sim_cmd
+from simulator.run import run_mode, summary_table
+from simulator.simulation import SimConfig, Simulation
 from simulator.workload import Workload
 
 SMALL = dict(nodes=40, schedulers=2, clients=4, requests=300, duration=0.0, fill=0.7,
@@ -81,7 +82,7 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_recorded_run_replays_with_matching_digests(tmp_path):
     # shm sim --record, then shm replay: every checkpoint's digests are reproduced (invariant 5)
-    from shared_host_manager.cmd import replay as replay_cmd
+    from shm_cli import replay as replay_cmd
 
     record = tmp_path / "rec"
     cfg = SimConfig(host_manager="shared", record=str(record),

@@ -14,8 +14,8 @@ import pytest
 from integration.conftest import KOMBU_URL, OSLO_URL, _probe, _unavailable
 from kombu import Connection
 
-from shared_host_manager.cmd import sim as sim_cmd
-from simulator import run as run_module
+from shm_cli import sim as sim_cmd
+from simulator import run_transport
 from simulator.processes import staleness
 
 
@@ -41,13 +41,13 @@ def _queue_exists(name: str) -> bool:
 @pytest.mark.rabbit
 def test_scheduler_processes_keep_the_invariants(rabbit, tmp_path, monkeypatch):
     closed: list = []
-    close = run_module._Transport.close
+    close = run_transport.RunTransport.close
 
     def recording_close(self):
         closed.append(self)
         close(self)
 
-    monkeypatch.setattr(run_module._Transport, "close", recording_close)
+    monkeypatch.setattr(run_transport.RunTransport, "close", recording_close)
     out = tmp_path / "proc.json"
     code = sim_cmd.main(["--host-manager", "shared", "--nodes", "60", "--schedulers", "2",
                          "--processes", "2", "--requests", "200", "--clients", "4",

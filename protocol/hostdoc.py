@@ -1,0 +1,183 @@
+"""The host document: the one schema every party reads and writes (docs/design.md §2).
+
+A compute node's source publishes one document ``{namespace: {key: value}}``
+(see :mod:`protocol.document` for documents in general).  This module is the
+only place that names its namespaces and knows the dict paths inside them:
+the arbiter (:mod:`protocol.source`), the simulated and nova trackers that
+write documents, the decision core that reads them, and the nova mapping
+(:mod:`shared_host_manager.nova.document`) all go through these names.
+
+Namespaces
+----------
+``compute``     the host and its resources.  Identity: ``host``, ``nodename``,
+                ``host_ip``, ``cell_uuid``.  Per resource class ``r`` (``vcpus``,
+                ``memory_mb``, ``disk_gb``, or any integer class): ``r`` (total),
+                ``r_used`` (what instances consume), ``reserved_r`` (kept by the
+                host), and the allocation ratio (:mod:`protocol.resources`).
+                Counters: ``num_instances``, ``num_io_ops``, ``failed_builds``.
+                Capabilities: ``hypervisor_type``, ``hypervisor_version``,
+                ``cpu_info`` (a map), ``supported_instances`` (``[[arch, hv_type,
+                vm_mode], ...]``), ``disk_available_least``, ``updated_at`` (ISO 8601).
+``service``     ``disabled``, ``disabled_reason``, ``forced_down``, ``version``
+                (the compute service version), ``endpoint`` (the reporter that
+                serves the host: where claims and resync requests go).
+``instances``   ``{instance_uuid: record}``: the instances whose usage ``*_used``
+                includes.  An arbiter-made record is ``{"claim": id,
+                "resources": {...}}``; a nova-tracked one is ``{}``.
+``aggregates``  ``{aggregate_uuid: {"name": str, "metadata": {str: str}, "id"?: int}}``.
+``stats``       free-form ``{str: str}`` (nova's ComputeNode.stats).
+``numa``        ``{"cell<id>": NUMA cell}`` (nova's NUMACell primitive).
+``pci``         ``{"pool<index>": {product_id, vendor_id, numa_node, tags, count}}``.
+``metrics``     ``{name: value or {name, value, timestamp, source}}``.
+``locality``    (a volume backend's document) ``{"hosts": [host names]}``.
+``volumes``     (a volume backend's document) ``{volume_id: {...}}``.
+
+Another project may publish a namespace of its own; readers ignore what they
+do not know.  A source is a schedulable host iff its document has a non-empty
+``compute`` namespace.
+
+The accessors below never copy and never return None: an absent namespace
+reads as an empty mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+COMPUTE = "compute"
+SERVICE = "service"
+INSTANCES = "instances"
+AGGREGATES = "aggregates"
+STATS = "stats"
+NUMA = "numa"
+PCI = "pci"
+METRICS = "metrics"
+#: namespaces of a volume backend source (cross-project affinity)
+LOCALITY = "locality"
+VOLUMES = "volumes"
+
+#: ``service.endpoint``: the control-plane name of the reporter serving the host
+ENDPOINT = "endpoint"
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+def namespace(doc: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
+    """``doc[name]`` or an empty mapping; never None, never a copy."""
+    if not doc:
+        return _EMPTY
+    return doc.get(name) or _EMPTY
+
+
+def compute_of(doc: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return namespace(doc, COMPUTE)
+
+
+def service_of(doc: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return namespace(doc, SERVICE)
+
+
+def instances_of(doc: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return namespace(doc, INSTANCES)
+
+
+def is_host(doc: Mapping[str, Any] | None) -> bool:
+    """A source is a schedulable host iff its document has a compute namespace."""
+    return bool(doc) and bool(doc.get(COMPUTE))  # type: ignore[union-attr]
+
+
+def host_name(compute: Mapping[str, Any], source: str) -> str:
+    """nova's ``host`` (the compute service host); the source id if not reported."""
+    name = compute.get("host")
+    return name if type(name) is str and name else source
+
+
+def node_name(compute: Mapping[str, Any], source: str) -> str:
+    name = compute.get("nodename")
+    return name if type(name) is str and name else host_name(compute, source)
+
+
+def enabled(service: Mapping[str, Any]) -> bool:
+    """Service enabled and not forced down (nova's disabled flag and forced_down)."""
+    return not service.get("disabled") and not service.get("forced_down")
+
+
+def endpoint_of(doc: Mapping[str, Any] | None) -> str | None:
+    """The reporter serving this source (``service.endpoint``), if the document names one."""
+    endpoint = service_of(doc).get(ENDPOINT)
+    return endpoint if type(endpoint) is str else None
+
+
+def volume_hosts_of(doc: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """Host names a foreign (volume backend) source declares itself local to."""
+    hosts = namespace(doc, LOCALITY).get("hosts")
+    if type(hosts) is not list:
+        return ()
+    return tuple(h for h in hosts if type(h) is str)
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """One aggregate the host is in, as its document lists it (nova's Aggregate, read-only)."""
+
+    uuid: str
+    name: str
+    metadata: Mapping[str, str]
+
+
+def aggregates_of(doc: Mapping[str, Any] | None) -> tuple[Aggregate, ...]:
+    """The host's aggregates, sorted by uuid so every reader sees the same order.
+
+    Metadata values are nova's strings; a non-string value (a reporter bug) is
+    turned into its ``str`` rather than crashing a filter.
+    """
+    ns = namespace(doc, AGGREGATES)
+    if not ns:
+        return ()
+    out = []
+    for agg_uuid in sorted(ns):
+        entry = ns[agg_uuid]
+        if type(entry) is not dict:
+            continue
+        meta = entry.get("metadata")
+        if type(meta) is not dict:
+            meta = {}
+        elif any(type(v) is not str for v in meta.values()):
+            meta = {str(k): v if type(v) is str else str(v) for k, v in meta.items()}
+        name = entry.get("name")
+        out.append(Aggregate(agg_uuid, name if type(name) is str else "", meta))
+    return tuple(out)
+
+
+def aggregates_key(aggs: tuple[Aggregate, ...]) -> tuple[Any, ...]:
+    """Hashable identity of an aggregate set (same key = same filter/weigher answers)."""
+    return tuple((a.uuid, a.name, tuple(sorted(a.metadata.items()))) for a in aggs)
+
+
+def supported_instances_of(compute: Mapping[str, Any]) -> tuple[tuple[Any, ...], ...]:
+    value = compute.get("supported_instances")
+    if type(value) is not list:
+        return ()
+    return tuple(tuple(item) for item in value if type(item) in (list, tuple))
+
+
+def free_disk_gb(compute: Mapping[str, Any]) -> int:
+    """nova's ``free_disk_gb``: total - reserved - used, without the allocation ratio."""
+    return (compute.get("disk_gb", 0) - compute.get("reserved_disk_gb", 0)
+            - compute.get("disk_gb_used", 0))
+
+
+def free_ram_mb(compute: Mapping[str, Any]) -> int:
+    """nova's ``free_ram_mb``: total - reserved - used, without the allocation ratio."""
+    return (compute.get("memory_mb", 0) - compute.get("reserved_memory_mb", 0)
+            - compute.get("memory_mb_used", 0))
+
+
+__all__ = [
+    "AGGREGATES", "COMPUTE", "ENDPOINT", "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "SERVICE",
+    "STATS", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
+    "endpoint_of", "free_disk_gb", "free_ram_mb", "host_name", "instances_of", "is_host", "namespace",
+    "node_name", "service_of", "supported_instances_of", "volume_hosts_of",
+]

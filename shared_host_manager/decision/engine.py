@@ -1,0 +1,652 @@
+"""The decision path: filter, weigh, pick, claim — over a ReceiverMachine, with no database read.
+
+Theory of operation
+-------------------
+:meth:`DecisionEngine.select_destinations` is nova's ``_schedule`` over our own
+host view.  For each instance of the request::
+
+    rank(request view)                 filters, then weighers, over every host
+      -> top k (k = adaptive host_subset_size)  -> one at random (seeded RNG)
+      -> consume it in the request's scratch (RequestView), next instance
+    alternates: the max_attempts-1 next-best hosts of the same cell
+    claims: one Claim per instance, registered as pending with the receiver
+            (add_claim) and handed to ``send_claim`` — no broker round trip first
+
+All-or-nothing like nova: if any instance finds no host, NoValidHost is raised
+before any claim is registered or sent (the scratch is simply dropped).
+
+Two interchangeable ranking paths decide identically (the differential tests
+prove it):
+
+* **slow** (nova's way): a HostView per host, every filter's ``host_passes``
+  per host, every weigher per host, normalise, sort.  O(hosts) Python.
+* **fast**: every filter's vector form over the columnar index (bool columns,
+  row sets, or per-group answers for aggregate/capability filters), then the
+  hosts this request already touched are re-checked in Python with the
+  request's scratch, then the weighers as numpy column operations with the
+  same float operations as the slow path, then a partial sort that orders
+  only the top of the list.  Filters without a vector form (plugins) run per
+  host on the survivors: lazily in weight order, stopping once enough hosts
+  passed, when the order cannot depend on which hosts they remove (at most one
+  weigher with a multiplier, uniform across hosts); otherwise on all survivors
+  before weighing, as nova would.
+
+Ties are ordered by source id in both paths.
+
+Consistency and threads
+-----------------------
+The engine is not thread-safe and does no locking: the service layer holds
+its cache lock while ingesting (receiver + :meth:`HostIndex.sync`) and while
+deciding, so a decision sees one consistent version of every host.  The engine
+calls ``index.sync()`` itself at the start of a decision and after registering
+claims.  ``send_claim`` is called with the lock held: it must only queue the
+claim (not deliver it synchronously into this receiver), and it must not
+raise — the receiver cannot withdraw a registered claim, so a claim that was
+never sent stays deducted until its deadline expires it.  Per-decision work
+allocates a few O(hosts) numpy arrays (masks, gathered weigher columns) and
+a handful of Python objects; nothing is allocated per host in Python.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid as uuid_mod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any
+
+import numpy as np
+
+from protocol.hostdoc import compute_of, enabled, host_name, is_host, node_name
+from protocol.messages import Claim
+from protocol.receiver import ReceiverMachine
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.hostview import HostView
+from shared_host_manager.decision.index import (
+    AGGREGATE_GROUPS,
+    PASS_ALL,
+    Exclude,
+    HostIndex,
+    Only,
+    VectorResult,
+)
+from shared_host_manager.decision.plugins import load_filters, load_weighers
+from shared_host_manager.decision.request import RequestSpec, RequestView
+from shared_host_manager.decision.subset import AdaptiveSubset, PeerOwnership, RendezvousChoice
+from shared_host_manager.decision.weights import BaseHostWeigher, weigh_hosts
+from shared_host_manager.decision.world import IndexWorld, ReceiverWorld
+
+FAST = "fast"
+SLOW = "slow"
+
+
+class DecisionObserver:
+    """What a :class:`DecisionEngine` tells its observer (the update log); no-ops here.
+
+    Called under the caller's lock, around each decision (docs/design.md §8):
+    the claims a decision registers reach the receiver's observer in between.
+    """
+
+    def engine_attached(self, engine: DecisionEngine) -> None:
+        """The engine took this observer: its configuration, filters and weighers are final."""
+
+    def decision_started(self, engine: DecisionEngine, spec: RequestSpec, now: float, *,
+                         return_alternates: bool, live_schedulers: int | None,
+                         path: str | None) -> Any:
+        """A decision begins (before the RNG is used); returns a token for the end call."""
+
+    def decision_finished(self, token: Any, rows: list[list[Selection]], now: float) -> None:
+        """The decision ``token`` placed every instance (rows as returned)."""
+
+    def decision_failed(self, token: Any, error: Exception, now: float) -> None:
+        """The decision ``token`` raised ``error`` (NoValidHost, or a bug)."""
+
+
+class NoValidHost(Exception):
+    """No host passed the filters (or every attempt for an instance failed); nova's NoValidHost."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"No valid host was found. {reason}")
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """One destination for one instance (nova's Selection): claimed, or an alternate."""
+
+    source: str  # the compute node's source id (nova: compute_node_uuid)
+    host: str
+    nodename: str
+    cell_uuid: str | None
+    instance_uuid: str
+    weight: float
+    #: set on the selected (claimed) destination, None on alternates
+    claim_id: str | None = None
+
+
+def _top(w: np.ndarray, rk: np.ndarray, n: int) -> np.ndarray:
+    """Positions of the ``n`` best entries, ordered by weight desc then rank asc (exact at ties)."""
+    m = len(w)
+    if n >= m:
+        return np.lexsort((rk, -w))
+    kth = m - n
+    threshold = np.partition(w, kth)[kth]
+    cand = np.flatnonzero(w >= threshold)  # every entry tied with the n-th is a candidate
+    order = np.lexsort((rk[cand], -w[cand]))
+    return cand[order[:n]]
+
+
+def apply_vector(mask: np.ndarray, res: VectorResult) -> np.ndarray:
+    """``mask`` narrowed by a filter's vector answer (in place when possible)."""
+    if res is PASS_ALL:
+        return mask
+    if type(res) is Only:
+        keep = np.zeros(len(mask), dtype=bool)
+        rows = np.fromiter(res.rows, dtype=np.intp)
+        keep[rows] = mask[rows]
+        return keep
+    if type(res) is Exclude:
+        mask[np.fromiter(res.rows, dtype=np.intp)] = False
+        return mask
+    mask &= res  # type: ignore[operator]
+    return mask
+
+
+class _FastRanking:
+    """Candidates in decision order, computed lazily from the weight vector."""
+
+    __slots__ = ("engine", "req", "idx", "w", "deferred", "hv")
+
+    def __init__(self, engine: DecisionEngine, req: RequestView, idx: np.ndarray, w: np.ndarray,
+                 deferred: list[BaseHostFilter], hv: dict[int, HostView]) -> None:
+        self.engine = engine
+        self.req = req
+        self.idx = idx
+        self.w = w
+        self.deferred = deferred
+        self.hv = hv
+
+    def __iter__(self) -> Iterator[tuple[str, float]]:
+        idx, w = self.idx, self.w
+        m = len(idx)
+        if m == 0:
+            return
+        ix = self.engine.index
+        rk = ix.rank[idx]
+        sources = ix.sources
+        done, n = 0, 8
+        while done < m:
+            n = min(n, m)
+            for p in _top(w, rk, n)[done:]:
+                row = int(idx[p])
+                if self.deferred and not self._deferred_pass(row):
+                    continue
+                yield sources[row], float(w[p])  # type: ignore[misc]
+            done, n = n, n * 8
+
+    def _deferred_pass(self, row: int) -> bool:
+        hv = self.hv.get(row) or HostView(self.engine.index.view(row))
+        return all(f.host_passes(hv, self.req) for f in self.deferred)
+
+
+class DecisionEngine:
+    """Filter, weigh, pick and claim over one receiver; see the module docstring."""
+
+    def __init__(
+        self,
+        receiver: ReceiverMachine,
+        send_claim: Callable[[Claim], Any],
+        *,
+        config: SchedulerConfig | None = None,
+        index: HostIndex | None = None,
+        rng: random.Random | None = None,
+        filters: Sequence[BaseHostFilter] | None = None,
+        weighers: Sequence[BaseHostWeigher] | None = None,
+        path: str = FAST,
+        live_schedulers: int = 1,
+    ) -> None:
+        if path not in (FAST, SLOW):
+            raise ValueError(f"path must be {FAST!r} or {SLOW!r}")
+        self.receiver = receiver
+        self.send_claim = send_claim
+        self.config = config or SchedulerConfig()
+        self.index = index if index is not None else HostIndex(receiver)
+        self.rng = rng or random.Random()
+        self.filters = list(filters) if filters is not None else load_filters(
+            self.config.enabled_filters, self.config)
+        self.weighers = list(weighers) if weighers is not None else load_weighers(
+            self.config.weight_classes, self.config)
+        self.path = path
+        self.live_schedulers = live_schedulers
+        self.subset = AdaptiveSubset(self.config.host_subset_size_min, self.config.host_subset_size_max,
+                                     self.config.claim_rejection_target,
+                                     self.config.claim_rejection_ewma_alpha)
+        self._rendezvous = (RendezvousChoice(receiver.name)
+                            if self.config.host_subset_choice == "rendezvous" else None)
+        self._ownership: PeerOwnership | None = None
+        # claim ids: scheduler name, a per-engine nonce (a restarted scheduler must not
+        # reuse an id a compute node still remembers), a counter, the view's version
+        self._nonce = f"{self.rng.getrandbits(32):08x}"
+        self._claims = 0
+        self.stats = {"requests": 0, "instances": 0, "no_valid_host": 0, "claims_sent": 0,
+                      "alternates_claimed": 0, "owned_choices": 0}
+        self.observer: DecisionObserver | None = None
+
+    def set_observer(self, observer: DecisionObserver) -> None:
+        """Have ``observer`` told of every decision from now on (at most one)."""
+        if self.observer is not None:
+            raise RuntimeError(f"the engine of {self.receiver.name!r} is already observed")
+        self.observer = observer
+        observer.engine_attached(self)
+
+    # -- public API ------------------------------------------------------------------
+
+    def select_destinations(
+        self,
+        spec: RequestSpec,
+        now: float,
+        *,
+        return_alternates: bool = True,
+        live_schedulers: int | None = None,
+        path: str | None = None,
+        dry_run: bool = False,
+    ) -> list[list[Selection]]:
+        """Place every instance of ``spec``; per instance: [claimed selection, *alternates].
+
+        Raises NoValidHost (and claims nothing) when an instance finds no host.
+        ``now`` is the receiver's clock (claim deadlines); ``live_schedulers``
+        overrides :attr:`live_schedulers` for the subset size.  ``dry_run``
+        decides without registering or sending the claims (``shm replay
+        --decisions`` re-runs recorded decisions this way) and is not observed.
+        """
+        observer = self.observer
+        if observer is None or dry_run:
+            return self._select(spec, now, return_alternates, live_schedulers, path, dry_run)
+        token = observer.decision_started(self, spec, now, return_alternates=return_alternates,
+                                          live_schedulers=live_schedulers, path=path)
+        try:
+            rows = self._select(spec, now, return_alternates, live_schedulers, path, False)
+        except Exception as exc:
+            observer.decision_failed(token, exc, now)
+            raise
+        observer.decision_finished(token, rows, now)
+        return rows
+
+    def _select(self, spec: RequestSpec, now: float, return_alternates: bool,
+                live_schedulers: int | None, path: str | None, dry_run: bool) -> list[list[Selection]]:
+        self.index.sync()
+        self.stats["requests"] += 1
+        fast = (path or self.path) == FAST
+        uuids = self.instance_uuids(spec)
+        req = self.request_view(spec, fast, uuids)
+        k = self.subset.size(live_schedulers if live_schedulers is not None else self.live_schedulers)
+        # with known peers, look deeper: about k of the top k*peers hosts are ours
+        depth = k * len(self._ownership.peers) if self._ownership is not None else k
+        rank = self._rank_fast if fast else self._rank_slow
+        picks: list[tuple[str, str, float]] = []
+        ranking: Any = None
+        for i, uuid in enumerate(uuids):
+            req.begin(i, uuid)
+            ranking = rank(req)
+            top = list(islice(ranking, depth))
+            if not top:
+                self.stats["no_valid_host"] += 1
+                raise NoValidHost(self._explain(req, fast, i, len(uuids)))
+            source, weight = top[self._choose(top, k)]
+            req.consume(source, self._host_of(source), uuid)
+            picks.append((uuid, source, weight))
+
+        num_alts = self.config.max_attempts - 1 if return_alternates else 0
+        alternates: dict[str | None, list[tuple[str, float]]] = {}
+        if num_alts > 0:
+            if len(uuids) > 1:
+                # nova re-ranks once after consuming every instance (claimed hosts have less left)
+                ranking = rank(req)
+            alternates = self._alternates(ranking, {s for _, s, _ in picks}, num_alts)
+
+        out: list[list[Selection]] = []
+        claims: list[Claim] = []
+        payload = self.claim_payload(spec)
+        for uuid, source, weight in picks:
+            claim = self._new_claim(source, uuid, req.resources, payload)
+            if not dry_run:
+                self.receiver.add_claim(claim, now)
+                claims.append(claim)
+            cell = self._cell_of(source)
+            row = [self._selection(source, uuid, weight, claim.claim_id)]
+            row.extend(self._selection(s, uuid, w) for s, w in alternates.get(cell, ())[:num_alts])
+            out.append(row)
+        # the pending claims are now in the receiver's ledger: refresh those rows before
+        # the next decision, and drop the scratch (it would subtract them twice)
+        req.consumed.clear()
+        self.index.sync()
+        for claim in claims:
+            self.send_claim(claim)
+        self.stats["instances"] += len(uuids)
+        self.stats["claims_sent"] += len(claims)
+        return out
+
+    def set_peers(self, peers: Sequence[str]) -> None:
+        """The live schedulers (this one included): each claims first the best host it owns.
+
+        An empty or single-name list turns ownership off (plain subset choice).
+        """
+        names = set(peers) | {self.receiver.name}
+        self._ownership = PeerOwnership(self.receiver.name, list(names)) if len(names) > 1 else None
+        self.live_schedulers = len(names)
+
+    def _choose(self, top: list[tuple[str, float]], k: int) -> int:
+        """Which host of the ranked ``top`` to claim.
+
+        The best host this scheduler owns among its peers, if any is in ``top``;
+        otherwise one of the best ``k`` (see [filter_scheduler] host_subset_choice).
+        """
+        if self._ownership is not None:
+            owns = self._ownership.owns
+            for i, (source, _) in enumerate(top):
+                if owns(source):
+                    self.stats["owned_choices"] += 1
+                    return i
+            top = top[:k]
+        if len(top) == 1:
+            return 0
+        if self._rendezvous is not None:
+            return self._rendezvous.index([s for s, _ in top])
+        return self.rng.randrange(len(top))
+
+    def ordered_hosts(self, spec: RequestSpec, *, path: str | None = None) -> list[tuple[str, float]]:
+        """Every host passing the filters for the first instance, best first (a dry run)."""
+        self.index.sync()
+        fast = (path or self.path) == FAST
+        uuids = self.instance_uuids(spec)
+        req = self.request_view(spec, fast, uuids)
+        req.begin(0, uuids[0])
+        return list((self._rank_fast if fast else self._rank_slow)(req))
+
+    def request_view(self, spec: RequestSpec, fast: bool = True, uuids: Sequence[str] = ()
+                     ) -> RequestView:
+        world = IndexWorld(self.index) if fast else ReceiverWorld(self.receiver)
+        return RequestView(spec, world, uuids)
+
+    def instance_uuids(self, spec: RequestSpec) -> list[str]:
+        """The instances to place: the spec's, or fresh uuids (from the seeded RNG) for num_instances."""
+        if spec.instance_uuids:
+            return list(spec.instance_uuids)
+        return [str(uuid_mod.UUID(int=self.rng.getrandbits(128), version=4))
+                for _ in range(max(1, spec.num_instances))]
+
+    def recheck(self, source: str, spec: RequestSpec, instance_uuid: str,
+                siblings: Sequence[str] = ()) -> str | None:
+        """Why claiming ``source`` for ``instance_uuid`` would be wrong in our view now (None: fine).
+
+        The tracker's check before it claims an alternate (nova checks group policy
+        late on the compute node; here the scheduler re-runs its filters): the host is
+        up and enabled, the instance is not already there, the resources fit by the
+        arbiter's rule, and every filter this request uses still passes.  ``siblings``
+        are the request's other instances (members of its server group, like this one).
+        """
+        view = self.receiver.sources.get(source)
+        if view is None or not is_host(view.doc):
+            return "host is no longer known"
+        hv = HostView(view)
+        if not enabled(hv.service) or not hv.is_up:
+            return "compute service is down or disabled"
+        if instance_uuid and instance_uuid in hv.instances:
+            return f"instance {instance_uuid} is already on this host"
+        req = self.request_view(spec, True, [instance_uuid, *siblings])
+        reason = hv.fits(req.resources)
+        if reason is not None:
+            return reason
+        req.begin(0, instance_uuid)
+        for f in self._used_filters(req):
+            if not f.host_passes(hv, req):
+                return f"{f.name} no longer passes"
+        return None
+
+    def claim_alternate(self, selection: Selection, spec: RequestSpec, now: float,
+                        siblings: Sequence[str] = ()) -> tuple[Claim | None, str]:
+        """Claim ``selection`` (an alternate) if it still passes; (claim, "") or (None, reason)."""
+        self.index.sync()
+        reason = self.recheck(selection.source, spec, selection.instance_uuid, siblings)
+        if reason is not None:
+            return None, reason
+        claim = self._new_claim(selection.source, selection.instance_uuid, spec.resources,
+                                self.claim_payload(spec))
+        self.receiver.add_claim(claim, now)
+        self.index.sync()
+        self.send_claim(claim)
+        self.stats["claims_sent"] += 1
+        self.stats["alternates_claimed"] += 1
+        return claim, ""
+
+    @staticmethod
+    def claim_payload(spec: RequestSpec) -> dict[str, Any]:
+        """The build request travelling with a claim (opaque to the arbiter)."""
+        payload: dict[str, Any] = dict(spec.build_request)
+        if spec.request_id:
+            payload["request_id"] = spec.request_id
+        if spec.project_id:
+            payload["project_id"] = spec.project_id
+        return payload
+
+    # -- claims and selections ------------------------------------------------------------
+
+    def _new_claim(self, source: str, instance_uuid: str, resources: Mapping[str, int],
+                   payload: Mapping[str, Any]) -> Claim:
+        view = self.receiver.sources[source]
+        self._claims += 1
+        claim_id = f"{self.receiver.name}:{self._nonce}:{self._claims}@{view.epoch}.{view.seq}"
+        amounts = {r: a for r, a in resources.items() if a}
+        return Claim(claim_id, self.receiver.name, source, view.epoch, view.seq, amounts,
+                     instance_uuid, dict(payload))
+
+    def _compute(self, source: str) -> Mapping[str, Any]:
+        view = self.receiver.sources.get(source)
+        return compute_of(view.doc if view is not None else None)
+
+    def _host_of(self, source: str) -> str:
+        return host_name(self._compute(source), source)
+
+    def _cell_of(self, source: str) -> str | None:
+        return self._compute(source).get("cell_uuid")
+
+    def _selection(self, source: str, uuid: str, weight: float, claim_id: str | None = None
+                   ) -> Selection:
+        compute = self._compute(source)
+        return Selection(source, host_name(compute, source), node_name(compute, source),
+                         compute.get("cell_uuid"), uuid, weight, claim_id)
+
+    def _alternates(self, ranking: Any, chosen: set[str], num_alts: int
+                    ) -> dict[str | None, list[tuple[str, float]]]:
+        """Per cell of a chosen host: the best ``num_alts`` unclaimed hosts of that cell."""
+        cells = {self._cell_of(s) for s in chosen}
+        out: dict[str | None, list[tuple[str, float]]] = {c: [] for c in cells}
+        missing = len(cells)
+        for source, weight in ranking:
+            if source in chosen:
+                continue
+            bucket = out.get(self._cell_of(source))
+            if bucket is None or len(bucket) >= num_alts:
+                continue
+            bucket.append((source, weight))
+            if len(bucket) == num_alts:
+                missing -= 1
+                if missing == 0:
+                    break
+        return out
+
+    # -- filtering and weighing: common -----------------------------------------------------
+
+    def _used_filters(self, req: RequestView) -> list[BaseHostFilter]:
+        forced = bool(req.spec.force_hosts or req.spec.force_nodes)
+        return [f for f in self.filters if f.active(req) and (f.placement or not forced)]
+
+    @staticmethod
+    def _name_ok(hv: HostView, spec: RequestSpec) -> bool:
+        """nova's ignore_hosts / force_hosts / force_nodes (case-insensitive)."""
+        if spec.ignore_hosts and hv.host.lower() in {h.lower() for h in spec.ignore_hosts}:
+            return False
+        if spec.force_hosts and hv.host.lower() not in {h.lower() for h in spec.force_hosts}:
+            return False
+        if spec.force_nodes and hv.nodename.lower() not in {n.lower() for n in spec.force_nodes}:
+            return False
+        return True
+
+    def _explain(self, req: RequestView, fast: bool, i: int, n: int) -> str:
+        counts = self._filter_counts_fast(req) if fast else self._filter_counts_slow(req)
+        results = ", ".join(f"{name}: (start: {a}, end: {b})" for name, a, b in counts)
+        what = f"instance {i + 1} of {n} ({req.instance_uuid})" if n > 1 else str(req.instance_uuid)
+        return f"There are not enough hosts available for {what}. Filter results: [{results}]"
+
+    # -- slow path ------------------------------------------------------------------------
+
+    def _slow_hosts(self, req: RequestView) -> list[HostView]:
+        spec = req.spec
+        return [hv for hv in (HostView(v, req.consumed.get(v.source))
+                              for v in self.receiver.sources.values() if is_host(v.doc))
+                if self._name_ok(hv, spec)]
+
+    def _rank_slow(self, req: RequestView) -> list[tuple[str, float]]:
+        hosts = self._slow_hosts(req)
+        forced = bool(req.spec.force_hosts or req.spec.force_nodes)
+        for f in self.filters:  # every enabled filter, per host, as nova
+            if forced and not f.placement:
+                continue
+            hosts = [h for h in hosts if f.host_passes(h, req)]
+            if not hosts:
+                break
+        return [(w.obj.uuid, w.weight) for w in weigh_hosts(self.weighers, hosts, req)]
+
+    def _filter_counts_slow(self, req: RequestView) -> list[tuple[str, int, int]]:
+        hosts = self._slow_hosts(req)
+        out = []
+        for f in self._used_filters(req):
+            start = len(hosts)
+            hosts = [h for h in hosts if f.host_passes(h, req)]
+            out.append((f.name, start, len(hosts)))
+        return out
+
+    # -- fast path ----------------------------------------------------------------------------
+
+    def _fast_mask(self, req: RequestView, counts: list[tuple[str, int, int]] | None = None
+                   ) -> tuple[np.ndarray, list[BaseHostFilter], dict[int, HostView]]:
+        """Hosts passing every vector filter, plus the filters left to run per host.
+
+        With ``counts`` (explaining a failure) every filter is applied in order,
+        per host where it has no vector form, and the survivors counted after each.
+        """
+        ix = self.index
+        n = ix.size
+        spec = req.spec
+        mask = ix.live[:n].copy()
+        # nova's ignore_hosts / force_hosts / force_nodes come first
+        if spec.ignore_hosts:
+            mask[ix.rows_of_hosts(spec.ignore_hosts, lower=True)] = False
+        if spec.force_hosts:
+            mask = apply_vector(mask, Only(ix.rows_of_hosts(spec.force_hosts, lower=True)))
+        if spec.force_nodes:
+            mask = apply_vector(mask, Only(ix.rows_of_nodes(spec.force_nodes)))
+        # hosts earlier instances of this request went to: the request's scratch changes
+        # their answers, so every used filter decides them per host
+        touched: dict[int, HostView] = {}
+        for source, over in req.consumed.items():
+            row = ix.row_of.get(source)
+            if row is not None:
+                touched[row] = HostView(ix.receiver.sources[source], over)
+        used = self._used_filters(req)
+        deferred: list[BaseHostFilter] = []
+        for f in used:
+            before = mask.copy() if counts is not None else mask
+            res = f.vector(ix, req)
+            if counts is not None:
+                if res is None:
+                    for row in np.flatnonzero(mask).tolist():
+                        mask[row] = f.host_passes(touched.get(row) or HostView(ix.view(row)), req)
+                else:
+                    mask = apply_vector(mask, res)
+                for row, hv in touched.items():
+                    mask[row] = bool(before[row]) and f.host_passes(hv, req)
+                counts.append((f.name, int(np.count_nonzero(before)), int(np.count_nonzero(mask))))
+            elif res is None:
+                deferred.append(f)
+            else:
+                mask = apply_vector(mask, res)
+        if counts is None:
+            for row, hv in touched.items():
+                mask[row] = self._name_ok(hv, spec) and all(f.host_passes(hv, req) for f in used)
+        return mask, deferred, touched
+
+    def _filter_counts_fast(self, req: RequestView) -> list[tuple[str, int, int]]:
+        counts: list[tuple[str, int, int]] = []
+        self._fast_mask(req, counts)
+        return counts
+
+    def _multipliers(self) -> list[tuple[BaseHostWeigher, float | None, np.ndarray | None]]:
+        """(weigher, uniform multiplier or None, per-aggregate-group multipliers or None)."""
+        out = []
+        ix = self.index
+        for wg in self.weighers:
+            default = wg.default_multiplier
+            vals, uniform = ix.group_values(AGGREGATE_GROUPS, (wg.name, wg.multiplier_name, default),
+                                            wg.weight_multiplier)
+            if uniform:
+                out.append((wg, float(vals[0]) if len(vals) else default, None))
+            else:
+                out.append((wg, None, vals))
+        return out
+
+    def _rank_fast(self, req: RequestView) -> _FastRanking:
+        ix = self.index
+        mask, deferred, touched = self._fast_mask(req)
+        idx = np.flatnonzero(mask)
+        mults = self._multipliers()
+        if deferred:
+            weighing = [m for m in mults if m[2] is not None or m[1] != 0.0]
+            if len(weighing) > 1 or (weighing and weighing[0][2] is not None):
+                # the normalisation (min/max over the final hosts) could reorder hosts
+                # depending on which ones the deferred filters remove: filter them all first
+                keep = [row for row in idx.tolist()
+                        if all(f.host_passes(touched.get(row) or HostView(ix.view(row)), req)
+                               for f in deferred)]
+                idx = np.asarray(keep, dtype=np.intp)
+                deferred = []
+        m = len(idx)
+        w = np.zeros(m, dtype=np.float64)
+        if m > 1:
+            touched_pos = []
+            for row, hv in touched.items():
+                p = int(np.searchsorted(idx, row))
+                if p < m and idx[p] == row:
+                    touched_pos.append((p, hv))
+            gid = None
+            for wg, scalar, gvals in mults:
+                if gvals is None and scalar == 0.0:
+                    continue  # adds 0.0 * x: no change (skipped like a zero multiplier)
+                if wg.index_column is None:
+                    x = np.fromiter(
+                        (wg._weigh_object(touched.get(r) or HostView(ix.view(r)), req)
+                         for r in idx.tolist()), dtype=np.float64, count=m)
+                else:
+                    x = ix.weigher_cols[wg.index_column][idx]
+                    for p, hv in touched_pos:
+                        x[p] = wg._weigh_object(hv, req)
+                lo = x.min()
+                hi = x.max()
+                if lo == hi:
+                    continue
+                # same operations, same order as weights.normalize + weigh_hosts
+                x -= lo
+                x /= hi - lo
+                if gvals is None:
+                    x *= scalar
+                else:
+                    if gid is None:
+                        gid = ix.gid[AGGREGATE_GROUPS][idx]
+                    x *= gvals[gid]
+                w += x
+        return _FastRanking(self, req, idx, w, deferred, touched)
+
+
+__all__ = ["FAST", "SLOW", "DecisionEngine", "NoValidHost", "Selection", "apply_vector"]

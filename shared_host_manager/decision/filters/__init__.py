@@ -1,0 +1,91 @@
+"""Host filters: nova's BaseHostFilter contract, plus an optional vector form for the fast path.
+
+Role: a filter answers "may this instance go to this host?".  Each filter lives
+in its own module under this package with nova's name and nova 34's
+``host_passes(host_state, spec_obj)`` semantics; ``host_state`` is a
+:class:`~shared_host_manager.decision.hostview.HostView` and ``spec_obj`` a
+:class:`~shared_host_manager.decision.request.RequestView` (or a plain RequestSpec for
+filters that need no per-request scratch).
+
+Fast path contract (optional, see :mod:`shared_host_manager.decision.engine`): a
+filter may also implement :meth:`BaseHostFilter.vector`, returning the same
+answer for *every* row of the columnar index at once (a bool array, ``Only``
+rows, ``Exclude`` rows, or ``PASS_ALL``).  It must agree with ``host_passes``
+on every host; the differential tests prove it for the built-in filters.  A
+filter without a vector form (None) is run per host on the survivors.
+
+Life cycle: filters are instantiated once per engine (with the engine's
+:class:`~shared_host_manager.conf.scheduler.SchedulerConfig`) and are
+stateless across requests; per-request data goes in ``spec_obj.memo``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from shared_host_manager.conf.scheduler import SchedulerConfig
+
+if TYPE_CHECKING:
+    from shared_host_manager.decision.index import HostIndex, VectorResult
+
+
+class BaseHostFilter:
+    """Base class of host filters (nova's ``nova.scheduler.filters.BaseHostFilter``)."""
+
+    #: nova: the answer does not change between instances of one request (informational here)
+    run_filter_once_per_request: ClassVar[bool] = False
+    #: nova: run on rebuild to the same host (we schedule only new placements; informational)
+    RUN_ON_REBUILD: ClassVar[bool] = False
+    #: decided by placement in nova (not a filter there): still applied to forced hosts
+    placement: ClassVar[bool] = False
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def active(self, spec_obj: Any) -> bool:
+        """False when ``host_passes`` is True for every host for this request (skip it)."""
+        return True
+
+    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+        raise NotImplementedError
+
+    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+        """The answer for every index row at once; None = no vector form, run per host."""
+        return None
+
+    def filter_all(self, hosts: Iterable[Any], spec_obj: Any) -> list[Any]:
+        return [h for h in hosts if self.host_passes(h, spec_obj)]
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+#: built-in filters: name -> "module:class" (the fallback when entry points are not installed)
+BUILTIN_FILTERS: dict[str, str] = {
+    "ComputeFilter": "shared_host_manager.decision.filters.compute_filter:ComputeFilter",
+    "ResourceFitFilter": "shared_host_manager.decision.filters.resource_fit_filter:ResourceFitFilter",
+    "AvailabilityZoneFilter":
+        "shared_host_manager.decision.filters.availability_zone_filter:AvailabilityZoneFilter",
+    "AggregateInstanceExtraSpecsFilter":
+        "shared_host_manager.decision.filters.aggregate_instance_extra_specs:AggregateInstanceExtraSpecsFilter",
+    "AggregateMultiTenancyIsolation":
+        "shared_host_manager.decision.filters.aggregate_multitenancy_isolation:AggregateMultiTenancyIsolation",
+    "ImagePropertiesFilter": "shared_host_manager.decision.filters.image_props_filter:ImagePropertiesFilter",
+    "ServerGroupAffinityFilter":
+        "shared_host_manager.decision.filters.server_group_affinity_filter:ServerGroupAffinityFilter",
+    "ServerGroupAntiAffinityFilter":
+        "shared_host_manager.decision.filters.server_group_anti_affinity_filter:ServerGroupAntiAffinityFilter",
+    "SameHostFilter": "shared_host_manager.decision.filters.same_host_filter:SameHostFilter",
+    "DifferentHostFilter": "shared_host_manager.decision.filters.different_host_filter:DifferentHostFilter",
+    "NumInstancesFilter": "shared_host_manager.decision.filters.num_instances_filter:NumInstancesFilter",
+    "IoOpsFilter": "shared_host_manager.decision.filters.io_ops_filter:IoOpsFilter",
+    "VolumeLocalityFilter":
+        "shared_host_manager.decision.filters.volume_locality_filter:VolumeLocalityFilter",
+}
+
+__all__ = ["BUILTIN_FILTERS", "BaseHostFilter"]

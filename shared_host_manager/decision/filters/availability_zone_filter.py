@@ -1,0 +1,40 @@
+"""AvailabilityZoneFilter: only hosts in the requested availability zone.
+
+nova 28 removed this filter in favour of the placement prefilter
+(``map_az_to_placement_aggregate``); here it is a filter again because the
+aggregates travel in each host's document.  Semantics of the former filter:
+a host's zones are the ``availability_zone`` metadata values of its
+aggregates, or ``default_availability_zone`` when none has one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared_host_manager.decision.filters import BaseHostFilter, utils
+from shared_host_manager.decision.index import AGGREGATE_GROUPS, PASS_ALL, HostIndex, VectorResult
+
+
+class AvailabilityZoneFilter(BaseHostFilter):
+    """Filter on the availability zone of the host's aggregates."""
+
+    run_filter_once_per_request = True
+
+    def active(self, spec_obj: Any) -> bool:
+        return bool(spec_obj.availability_zone)
+
+    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+        availability_zone = spec_obj.availability_zone
+        if not availability_zone:
+            return True
+        metadata = utils.aggregate_metadata_get_by_host(host_state, key="availability_zone")
+        if "availability_zone" in metadata:
+            return availability_zone in metadata["availability_zone"]
+        return availability_zone == self.config.default_availability_zone
+
+    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+        if not spec_obj.availability_zone:
+            return PASS_ALL
+        key = (self.name, spec_obj.availability_zone, self.config.default_availability_zone)
+        return index.group_mask(AGGREGATE_GROUPS, key,
+                                lambda stub: self.host_passes(stub, spec_obj))

@@ -1,0 +1,29 @@
+"""DifferentHostFilter: hint ``different_host=[uuids]``: only hosts running none of them (nova 34)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared_host_manager.decision.filters import BaseHostFilter, utils
+from shared_host_manager.decision.index import PASS_ALL, Exclude, HostIndex, VectorResult
+
+
+class DifferentHostFilter(BaseHostFilter):
+    """Schedule the instance on a different host from a set of instances."""
+
+    run_filter_once_per_request = True
+
+    def active(self, spec_obj: Any) -> bool:
+        return bool(spec_obj.get_scheduler_hint("different_host"))
+
+    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+        affinity_uuids = spec_obj.get_scheduler_hint("different_host")
+        if affinity_uuids:
+            return not utils.instance_uuids_overlap(host_state, affinity_uuids)
+        return True
+
+    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+        uuids = utils.hint_list(spec_obj.get_scheduler_hint("different_host"))
+        if not uuids:
+            return PASS_ALL
+        return Exclude({row for uuid in uuids for row in index.rows_of_instance(uuid)})

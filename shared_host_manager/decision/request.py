@@ -1,0 +1,208 @@
+"""What a scheduling request asks for (RequestSpec) and the per-request view of it (RequestView).
+
+Role
+----
+:class:`RequestSpec` is our own, plain-data counterpart of nova's RequestSpec
+object: flavor, image properties, project, instance uuids, server group,
+scheduler hints, ignore/force hosts and availability zone.  The service layer
+builds it from whatever the caller sent; the decision path never mutates it.
+
+:class:`RequestView` is the per-request scratch nova keeps by mutating the
+spec and the HostStates during a multi-instance request
+(``_consume_selected_host``: the group's ``hosts`` grows, the host's
+``instances`` gains a stub, its free resources shrink).  Here that scratch
+lives in the RequestView — never in the receiver's documents or the columnar
+index, which other requests share.
+
+Life cycle of a RequestView::
+
+    RequestView(spec, world)          group members/hosts derived once from the world
+      for each instance:
+        begin(i, uuid)                filters see instance_uuid = the one being placed
+        consume(source, host, ...)    scratch: resources, instance stub, group host
+      claims registered -> view dropped (the pending ledger now carries the consumption)
+
+Filters receive the RequestView as nova's ``spec_obj``: it answers the same
+attribute names (``flavor``, ``project_id``, ``instance_group``,
+``get_scheduler_hint``...), plus :meth:`memo` for per-request derived data
+(e.g. the hosts near a volume) and :attr:`world` for foreign sources.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shared_host_manager.decision.hostview import Consumption
+
+
+@dataclass(frozen=True, slots=True)
+class Flavor:
+    vcpus: int = 1
+    memory_mb: int = 512
+    root_gb: int = 0
+    ephemeral_gb: int = 0
+    swap: int = 0  # MB, as nova
+    extra_specs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InstanceGroup:
+    """A server group: ``policy`` is "affinity" or "anti-affinity" (nova's soft policies are weighers)."""
+
+    policy: str
+    members: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    rules: Mapping[str, Any] = field(default_factory=dict)
+    uuid: str = ""
+
+    @property
+    def policies(self) -> list[str]:
+        """nova's legacy list form of ``policy``."""
+        return [self.policy] if self.policy else []
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One scheduling request (see module docstring); plain data, never mutated by the scheduler."""
+
+    flavor: Flavor = field(default_factory=Flavor)
+    #: image properties as nova's ImageMetaProps names them (hw_architecture, img_hv_type, ...)
+    image_properties: Mapping[str, Any] = field(default_factory=dict)
+    project_id: str = ""
+    user_id: str = ""
+    instance_uuids: Sequence[str] = ()
+    #: used when instance_uuids is empty (nova's num_instances)
+    num_instances: int = 1
+    instance_group: InstanceGroup | None = None
+    #: nova's scheduler_hints: {name: [values]} (a bare value is accepted too)
+    scheduler_hints: Mapping[str, Any] = field(default_factory=dict)
+    ignore_hosts: Sequence[str] = ()
+    force_hosts: Sequence[str] = ()
+    force_nodes: Sequence[str] = ()
+    availability_zone: str | None = None
+    #: boot from volume: the root disk is not on the host (nova's is_bfv)
+    is_bfv: bool = False
+    #: extra resource classes (e.g. {"vgpu": 1}), checked with the same fit rule
+    extra_resources: Mapping[str, int] = field(default_factory=dict)
+    request_id: str = ""
+    #: opaque, JSON-like build request sent to the compute node with each claim
+    build_request: Mapping[str, Any] = field(default_factory=dict)
+
+    def get_scheduler_hint(self, hint_name: str, default: Any = None) -> Any:
+        """nova's RequestSpec.get_scheduler_hint: a one-element list is returned as its element."""
+        hints = self.scheduler_hints
+        if not hints:
+            return default
+        value = hints.get(hint_name, default)
+        if isinstance(value, list) and len(value) == 1:
+            return value[0]
+        return value
+
+    @property
+    def instance_uuid(self) -> str | None:
+        return self.instance_uuids[0] if self.instance_uuids else None
+
+    @property
+    def resources(self) -> dict[str, int]:
+        """Resource classes and amounts one instance claims (nova's resources_from_flavor)."""
+        f = self.flavor
+        disk = (0 if self.is_bfv else f.root_gb) + f.ephemeral_gb + math.ceil(f.swap / 1024)
+        out = {"vcpus": f.vcpus, "memory_mb": f.memory_mb, "disk_gb": disk}
+        for resource, amount in self.extra_resources.items():
+            out[resource] = out.get(resource, 0) + amount
+        return out
+
+
+class World(Protocol):
+    """What a request may ask about sources other than the host being filtered."""
+
+    def hosts_of_instances(self, uuids: Iterable[str]) -> list[str]:
+        """Host names of the hosts holding any of ``uuids`` (reported or pending)."""
+        ...
+
+    def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
+        """Hosts local to the volume backend(s) holding ``volume_id``; None if no source holds it."""
+        ...
+
+
+class RequestView:
+    """Per-request scratch and nova-compatible spec face; see the module docstring."""
+
+    __slots__ = ("spec", "world", "instance_group", "instance_uuid", "index", "consumed",
+                 "chosen", "_memo", "resources")
+
+    def __init__(self, spec: RequestSpec, world: World, uuids: Sequence[str] = ()) -> None:
+        self.spec = spec
+        self.world = world
+        self.resources = spec.resources
+        group = spec.instance_group
+        if group is not None:
+            # nova's API makes the instances of the request members of their group, and
+            # the conductor fills group.hosts from the members' hosts; we derive the hosts
+            # from the instances namespaces (and our pending claims) instead of a database.
+            members = list(dict.fromkeys([*group.members, *(uuids or spec.instance_uuids)]))
+            hosts = list(dict.fromkeys([*group.hosts, *world.hosts_of_instances(members)]))
+            self.instance_group: InstanceGroup | None = InstanceGroup(
+                group.policy, members, hosts, dict(group.rules), group.uuid)
+        else:
+            self.instance_group = None
+        self.instance_uuid: str | None = uuids[0] if uuids else spec.instance_uuid
+        self.index = 0
+        self.consumed: dict[str, Consumption] = {}
+        self.chosen: list[str] = []
+        self._memo: dict[str, Any] = {}
+
+    # -- nova spec_obj face --------------------------------------------------------
+    @property
+    def flavor(self) -> Flavor:
+        return self.spec.flavor
+
+    @property
+    def image_properties(self) -> Mapping[str, Any]:
+        return self.spec.image_properties
+
+    @property
+    def project_id(self) -> str:
+        return self.spec.project_id
+
+    @property
+    def scheduler_hints(self) -> Mapping[str, Any]:
+        return self.spec.scheduler_hints
+
+    @property
+    def availability_zone(self) -> str | None:
+        return self.spec.availability_zone
+
+    def get_scheduler_hint(self, hint_name: str, default: Any = None) -> Any:
+        return self.spec.get_scheduler_hint(hint_name, default)
+
+    # -- scratch -------------------------------------------------------------------
+    def begin(self, index: int, instance_uuid: str) -> None:
+        """Start placing instance ``index`` (nova sets spec_obj.instance_uuid per instance)."""
+        self.index = index
+        self.instance_uuid = instance_uuid
+
+    def consume(self, source: str, host: str, instance_uuid: str) -> None:
+        """nova's _consume_selected_host, on the request's scratch only."""
+        over = self.consumed.get(source)
+        if over is None:
+            over = self.consumed[source] = Consumption()
+        over.add(self.resources, instance_uuid)
+        self.chosen.append(source)
+        group = self.instance_group
+        if group is not None and host not in group.hosts:
+            group.hosts.append(host)
+
+    def memo(self, key: str, compute: Callable[[], Any]) -> Any:
+        """Per-request cache for data a filter derives once (e.g. hosts near a volume)."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = compute()
+            return value
+
+
+__all__ = ["Flavor", "InstanceGroup", "RequestSpec", "RequestView", "World"]

@@ -1,0 +1,114 @@
+"""Host weighers: nova's BaseHostWeigher and BaseWeightHandler, with an index column per weigher.
+
+Role: rank the hosts that passed every filter.  As in nova, each weigher
+produces a raw value per host, the values are normalised to 0..1 over the
+hosts being weighed (``(x - min) / (max - min)``, all 0 when min == max), then
+multiplied by the weigher's multiplier for that host (the configured one, or
+the minimum of its aggregates' metadata override, nova's
+``utils.get_weight_multiplier``) and summed.  Unlike nova, min and max are
+those of the current request's hosts only (nova keeps them on the weigher
+object across requests, which makes a decision depend on history).  Hosts are
+ordered by weight, highest first; equal weights are ordered by source id so
+both decision paths and every scheduler break ties the same way.
+
+Fast path contract: a weigher names the index column holding its raw value
+(``index_column``); the engine then normalises with numpy using the same
+float operations in the same order as :func:`weigh_hosts`, so both paths
+produce bit-identical weights.  A weigher without a column is evaluated per
+host.
+
+Life cycle: weighers are instantiated once per engine and hold no per-request
+state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.decision.filters import utils as filter_utils
+
+
+def get_weight_multiplier(host_state: Any, multiplier_name: str, multiplier_config: float) -> float:
+    """nova's utils.get_weight_multiplier: the minimum aggregate override, else the config value."""
+    values = filter_utils.aggregate_values_from_key(host_state, multiplier_name)
+    try:
+        return filter_utils.validate_num_values(values, multiplier_config,
+                                                cast_to=filter_utils.finite_float)
+    except ValueError:
+        return multiplier_config
+
+
+class BaseHostWeigher:
+    """Base class of host weighers (nova's ``nova.weights.BaseHostWeigher``)."""
+
+    #: config option and aggregate metadata key of the multiplier
+    multiplier_name: ClassVar[str] = ""
+    #: index column with this weigher's raw value (None: evaluated per host)
+    index_column: ClassVar[str | None] = None
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def default_multiplier(self) -> float:
+        return float(getattr(self.config, self.multiplier_name, 1.0))
+
+    def weight_multiplier(self, host_state: Any) -> float:
+        return get_weight_multiplier(host_state, self.multiplier_name, self.default_multiplier)
+
+    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+@dataclass(slots=True)
+class WeighedHost:
+    obj: Any
+    weight: float = 0.0
+
+
+def normalize(weight_list: Sequence[float], minval: float, maxval: float) -> list[float]:
+    """nova's weights.normalize."""
+    if not weight_list:
+        return []
+    maxval = float(maxval)
+    minval = float(minval)
+    if minval == maxval:
+        return [0.0] * len(weight_list)
+    range_ = maxval - minval
+    return [(i - minval) / range_ for i in weight_list]
+
+
+def weigh_hosts(
+    weighers: Iterable[BaseHostWeigher], hosts: Sequence[Any], spec_obj: Any,
+) -> list[WeighedHost]:
+    """nova's BaseWeightHandler.get_weighed_objects, ties ordered by source id."""
+    weighed = [WeighedHost(h, 0.0) for h in hosts]
+    if len(weighed) > 1:
+        for weigher in weighers:
+            raw = [weigher._weigh_object(w.obj, spec_obj) for w in weighed]
+            for w, value in zip(weighed, normalize(raw, min(raw), max(raw)), strict=True):
+                w.weight += weigher.weight_multiplier(w.obj) * value
+    return sorted(weighed, key=lambda w: (-w.weight, w.obj.uuid))
+
+
+#: built-in weighers: name -> "module:class" (the fallback when entry points are not installed)
+BUILTIN_WEIGHERS: dict[str, str] = {
+    "RAMWeigher": "shared_host_manager.decision.weights.ram:RAMWeigher",
+    "CPUWeigher": "shared_host_manager.decision.weights.cpu:CPUWeigher",
+    "DiskWeigher": "shared_host_manager.decision.weights.disk:DiskWeigher",
+    "NumInstancesWeigher": "shared_host_manager.decision.weights.num_instances:NumInstancesWeigher",
+    "IoOpsWeigher": "shared_host_manager.decision.weights.io_ops:IoOpsWeigher",
+}
+
+__all__ = ["BUILTIN_WEIGHERS", "BaseHostWeigher", "WeighedHost", "get_weight_multiplier",
+           "normalize", "weigh_hosts"]

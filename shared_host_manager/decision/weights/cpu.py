@@ -1,0 +1,19 @@
+"""CPUWeigher: more free vCPUs weigh more (multiplier cpu_weight_multiplier, default 1.0: spread).
+
+Raw value: nova's ``vcpus_total * cpu_allocation_ratio - vcpus_used`` (our
+pending claims included in vcpus_used).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared_host_manager.decision.weights import BaseHostWeigher
+
+
+class CPUWeigher(BaseHostWeigher):
+    multiplier_name = "cpu_weight_multiplier"
+    index_column = "vcpus_free"
+
+    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+        return host_state.vcpus_free

@@ -1,0 +1,19 @@
+"""DiskWeigher: more free disk weighs more (multiplier disk_weight_multiplier, default 1.0: spread).
+
+Raw value: nova's ``free_disk_mb`` — (total - reserved - used) GB * 1024, our
+pending claims included, without the allocation ratio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared_host_manager.decision.weights import BaseHostWeigher
+
+
+class DiskWeigher(BaseHostWeigher):
+    multiplier_name = "disk_weight_multiplier"
+    index_column = "free_disk_mb"
+
+    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+        return host_state.free_disk_mb

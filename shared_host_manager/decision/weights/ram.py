@@ -1,0 +1,19 @@
+"""RAMWeigher: more free RAM weighs more (multiplier ram_weight_multiplier, default 1.0: spread).
+
+Raw value: nova's ``free_ram_mb`` — total minus reserved minus used (our
+pending claims included), without the allocation ratio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared_host_manager.decision.weights import BaseHostWeigher
+
+
+class RAMWeigher(BaseHostWeigher):
+    multiplier_name = "ram_weight_multiplier"
+    index_column = "free_ram_mb"
+
+    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+        return host_state.free_ram_mb

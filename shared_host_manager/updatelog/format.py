@@ -1,0 +1,323 @@
+"""TODO docstring"""
+
+from __future__ import annotations
+
+import array
+import dataclasses
+import glob
+import os
+import random
+import re
+import struct
+import time
+from collections.abc import Mapping
+from hashlib import blake2b
+from typing import Any
+
+import msgpack
+
+from protocol import hashing
+from shared_host_manager.decision import request
+
+FORMAT = 1
+
+
+MAGIC = b"SHMULOG1"
+
+
+FRAME = struct.Struct("<II")
+
+
+#: a record larger than this is treated as damage (a flipped length field)
+MAX_RECORD_BYTES = 1 << 30
+
+
+SUFFIX = ".ulog"
+
+
+DEFAULT_MAX_FILE_BYTES = 256 * 1024 * 1024
+
+
+DEFAULT_CHECKPOINT_INTERVAL = 5.0
+
+
+DEFAULT_BUFFER_BYTES = 256 * 1024
+
+
+DROPPED_BODY_LIMIT = 64 * 1024
+
+
+HEADER = 0
+
+
+RX_STREAM = 1
+
+
+RX_CONTROL = 2
+
+
+RX_DROPPED = 3
+
+
+TICK = 4
+
+
+CLAIM = 5
+
+
+RESYNC = 6
+
+
+HINT = 7
+
+
+FORGET = 8
+
+
+RESTORE = 9
+
+
+TX = 10
+
+
+CANCEL = 11
+
+
+CHECKPOINT = 12
+
+
+DECISION = 13
+
+
+DECISION_END = 14
+
+
+ENGINE = 15
+
+
+NOTE = 16
+
+
+PUBLISHED = 20
+
+
+KIND_NAMES = {
+    HEADER: "header", RX_STREAM: "rx_stream", RX_CONTROL: "rx_control", RX_DROPPED: "rx_dropped",
+    TICK: "tick", CLAIM: "claim", RESYNC: "resync", HINT: "hint", FORGET: "forget",
+    RESTORE: "restore", TX: "tx", CANCEL: "cancel", CHECKPOINT: "checkpoint", DECISION: "decision",
+    DECISION_END: "decision_end", ENGINE: "engine", NOTE: "note", PUBLISHED: "published",
+}
+
+
+SCHEDULER = "scheduler"
+
+
+REPORTER = "reporter"
+
+
+#: receiver parameters copied into a scheduler log's header (replay builds its receiver from them)
+RECEIVER_PARAMS = ("reorder_window", "reorder_timeout", "resync_timeout", "resync_backoff_max",
+                   "down_interval", "claim_deadline")
+
+
+#: digest field of a view that holds no document yet (None means "not digested at this checkpoint")
+NO_DOCUMENT = b""
+
+
+def view_base(view: Any) -> tuple:
+    """What every checkpoint records of every view: version, liveness, pending claims."""
+    pending = view.pending
+    return (view.epoch, view.seq, view.down, tuple(sorted(pending)) if pending else ())
+
+
+def view_state(view: Any, digest: bool = True) -> tuple:
+    """(epoch, seq, document digest | None | NO_DOCUMENT, down, pending claim ids)."""
+    epoch, seq, down, pending = view_base(view)
+    if view.doc is None:
+        dig: bytes | None = NO_DOCUMENT
+    else:
+        dig = view.digest() if digest else None
+    return (epoch, seq, dig, down, pending)
+
+
+class ViewStates:
+    """Every view's checkpointed state and the XOR of their hashes, kept incrementally.
+
+    :meth:`scan` compares the views with the states of the previous scan and
+    returns what changed (``None`` for a forgotten source).  Versions,
+    liveness and pending claims are compared for every view; document digests
+    cost ~60 us each, so they are computed within ``budget`` seconds per scan:
+    a digest the receiver already holds (computed for a heartbeat) is free, a
+    changed view past the budget is recorded without one (``None``) and
+    digested at a later scan.  The replay verifies digests where recorded.
+    """
+
+    __slots__ = ("states", "hashes", "acc", "_pack")
+
+    def __init__(self) -> None:
+        self.states: dict[str, tuple] = {}
+        self.hashes: dict[str, int] = {}
+        self.acc = 0
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+
+    def scan(self, sources: Mapping[str, Any], budget: float = float("inf")) -> list[list[Any]]:
+        changes: list[list[Any]] = []
+        states = self.states
+        deadline = time.perf_counter() + budget if budget != float("inf") else None
+        spent = False
+        for source, view in sources.items():
+            base = view_base(view)
+            old = states.get(source)
+            if old is not None and old[:2] == base[:2] and old[3:] == base[2:]:
+                recorded = old[2]
+                if recorded is not None and (recorded == NO_DOCUMENT or view.known_digest == recorded):
+                    continue  # unchanged and digested
+                if spent:
+                    continue
+                # not digested yet, or the document was replaced at the same version
+                # (a full resync after a divergence drops the cached digest)
+            if view.doc is None:
+                dig: bytes | None = NO_DOCUMENT
+            else:
+                dig = view._digest  # computed for a heartbeat check: free
+                if dig is None and not spent:
+                    dig = view.digest()
+                    spent = deadline is not None and time.perf_counter() > deadline
+            state = (base[0], base[1], dig, base[2], base[3])
+            if state != old:
+                self.set(source, state)
+                changes.append([source, state])
+        if len(states) != len(sources):
+            for source in [s for s in states if s not in sources]:
+                self.set(source, None)
+                changes.append([source, None])
+        return changes
+
+    def set(self, source: str, state: tuple | None) -> None:
+        old = self.hashes.pop(source, None)
+        if old is not None:
+            self.acc ^= old
+            del self.states[source]
+        if state is not None:
+            h = int.from_bytes(blake2b(self._pack((source, state)), digest_size=8).digest(), "little")
+            self.states[source] = state
+            self.hashes[source] = h
+            self.acc ^= h
+
+    @property
+    def combined(self) -> bytes:
+        return self.acc.to_bytes(8, "little")
+
+
+def state_from_wire(state: list | None) -> tuple | None:
+    if state is None:
+        return None
+    epoch, seq, dig, down, pending = state
+    return (epoch, seq, dig, down, tuple(pending))
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {"__type__": type(value).__name__}
+        for f in dataclasses.fields(value):
+            out[f.name] = _plain(getattr(value, f.name))
+        return out
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def spec_to_wire(spec: Any) -> dict[str, Any]:
+    """A RequestSpec as plain msgpack-able data (dataclasses tagged with their type name)."""
+    return _plain(spec)
+
+
+def spec_from_wire(data: Mapping[str, Any]) -> Any:
+    """Rebuild a RequestSpec recorded by :func:`spec_to_wire` (unknown fields are ignored)."""
+    types = {"Flavor": request.Flavor, "InstanceGroup": request.InstanceGroup,
+             "RequestSpec": request.RequestSpec}
+
+    def build(value: Any) -> Any:
+        if isinstance(value, dict):
+            cls = types.get(value.get("__type__", ""))
+            if cls is None:
+                return {k: build(v) for k, v in value.items()}
+            kwargs = {}
+            for f in dataclasses.fields(cls):
+                if f.name in value:
+                    v = build(value[f.name])
+                    default = f.default if f.default is not dataclasses.MISSING else None
+                    if isinstance(v, list) and isinstance(default, tuple):
+                        v = tuple(v)
+                    kwargs[f.name] = v
+            return cls(**kwargs)
+        if isinstance(value, list):
+            return [build(v) for v in value]
+        return value
+
+    return build(dict(data, __type__="RequestSpec"))
+
+
+def rng_to_wire(rng: random.Random) -> list[Any] | None:
+    """A Mersenne Twister state in 2.5 KB (None if the generator has no state to save)."""
+    try:
+        version, internal, gauss = rng.getstate()
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        return None
+    words = array.array("I", internal)
+    return [version, words.tobytes(), gauss]
+
+
+def rng_from_wire(data: list[Any]) -> tuple:
+    version, words, gauss = data
+    internal = array.array("I")
+    internal.frombytes(words)
+    return (version, tuple(internal), gauss)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.@-]", "_", name)[:120] or "unnamed"
+
+
+def log_base(directory: str, role: str, name: str) -> str:
+    """The path every file of a log starts with (add ``.0001`` ... for the parts)."""
+    return os.path.join(directory, f"{role}-{_safe(name)}{SUFFIX}")
+
+
+def part_paths(base: str) -> list[str]:
+    """The existing parts of the log at ``base``, in order."""
+    paths = [p for p in glob.glob(glob.escape(base) + ".*") if re.fullmatch(r"\d{4,}", p[len(base) + 1:])]
+    return sorted(paths, key=lambda p: int(p[len(base) + 1:]))
+
+
+def frame(payload: bytes) -> bytes:
+    return FRAME.pack(len(payload), hashing.crc32(payload)) + payload
+
+
+# field types of RECORD_SHAPES
+OPT_NUM = (int, float, type(None))
+OPT_INT = (int, type(None))
+OPT_STR = (str, type(None))
+
+#: kind -> types of the fields after (kind, now); trailing extras (effects) are allowed
+RECORD_SHAPES: dict[int, tuple[tuple[type, ...], ...]] = {
+    RX_STREAM: (OPT_INT, (bytes,)),
+    RX_CONTROL: ((bytes,),),
+    RX_DROPPED: ((str,), OPT_INT, (bytes,)),
+    TICK: (),
+    CLAIM: ((bytes,),),
+    RESYNC: ((str,), (bool,)),
+    HINT: ((str,),),
+    FORGET: ((str,),),
+    CANCEL: ((str,), (str,)),
+    RESTORE: ((bytes,),),
+    TX: (OPT_STR, (bytes,)),
+    CHECKPOINT: ((bytes,), (int,), (list,)),
+    DECISION: ((dict,),),
+    DECISION_END: ((dict,),),
+    ENGINE: ((dict,),),
+    NOTE: ((str,),),
+    PUBLISHED: ((bytes,),),
+}

@@ -1,0 +1,521 @@
+"""Recording an update log: every input of a scheduler's cache (or a reporter's output).
+
+Theory of operation
+-------------------
+Invariant 5 (docs/design.md §6) says that replaying a scheduler's update log
+through the cache reproduces its state digest at every point.  The receiver
+(:class:`~protocol.receiver.ReceiverMachine`) is deterministic given its
+inputs and the clock values it is handed, so the log records exactly those
+inputs, in the order they were applied, plus what each step produced and
+periodic digests of the resulting state, so a replay can prove it arrived at
+the same place::
+
+    stream bytes ---+                                  +--> RX_STREAM  (now, offset, bytes as received)
+    control bytes --+--> HostStateCache --> receiver --+--> RX_CONTROL (now, bytes as received)
+    clock ----------+                                  +--> TICK       (now)
+    decisions ---------> receiver.add_claim / ... -----+--> CLAIM, CANCEL, RESYNC, HINT, FORGET (now, args)
+                                                       +--> effects of the step: resync requests sent,
+                                                       |    claim outcomes (compared on replay)
+                                    every checkpoint_interval --> CHECKPOINT (digest of every view)
+
+The records and their fields are :mod:`shared_host_manager.updatelog.format`.
+
+How it watches: through the explicit observer interfaces of the parties,
+never by replacing their methods.  A :class:`Recorder` is at once
+
+* the cache's :class:`~shared_host_manager.cache.CacheObserver` (messages as
+  received, ticks, restores, claims sent) and, through it, the receiver's
+  :class:`~protocol.receiver.ReceiverObserver` (claims added and cancelled,
+  resyncs asked, hints, forgotten sources, every claim outcome: the effects),
+  called under the cache lock right after the step;
+* the engine's :class:`~shared_host_manager.decision.engine.DecisionObserver`
+  (a DECISION record before a decision, DECISION_END after);
+* a reporter's :class:`~compute_reporter.service.ReporterObserver` (what it
+  handled, published and cast).
+
+Life cycle::
+
+    Recorder(directory)              detached: records nothing
+      --cache_attached / reporter_attached-->  header written, recording
+      --(a write fails)-->           disabled: logged once, never breaks the party
+      --close()-->                   last checkpoint, buffer written, closed
+
+Two rules make it cheap enough to leave on (< 10 % of ingest, see
+:mod:`simulator.bench_updatelog`): message bytes are recorded as received,
+never re-encoded, and records go to a memory buffer that is written out in
+large chunks (at ``buffer_bytes``, at checkpoints, at close) with no fsync.
+A crash can lose the unwritten tail; the reader replays up to where the file
+ends and says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgpack
+
+from compute_reporter.service import ReporterObserver, ReporterService
+from protocol import codec
+from protocol.messages import PROTOCOL_VERSION, Message, Send, Snapshot
+from protocol.receiver import Outcome
+from shared_host_manager.cache import CacheObserver, HostStateCache
+from shared_host_manager.decision.engine import DecisionEngine, DecisionObserver
+from shared_host_manager.service import SchedulerService
+from shared_host_manager.updatelog.format import (
+    CANCEL,
+    CHECKPOINT,
+    CLAIM,
+    DECISION,
+    DECISION_END,
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_MAX_FILE_BYTES,
+    DROPPED_BODY_LIMIT,
+    ENGINE,
+    FORGET,
+    FORMAT,
+    HINT,
+    NOTE,
+    PUBLISHED,
+    RECEIVER_PARAMS,
+    REPORTER,
+    RESTORE,
+    RESYNC,
+    RX_CONTROL,
+    RX_DROPPED,
+    RX_STREAM,
+    SCHEDULER,
+    TICK,
+    TX,
+    ViewStates,
+    _plain,
+    log_base,
+    rng_to_wire,
+    spec_to_wire,
+)
+from shared_host_manager.updatelog.writer import LogWriter
+
+LOG = logging.getLogger(__name__)
+
+
+class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
+    """Records one party (a scheduler's cache and engine, or a reporter) into an update log.
+
+    Built detached; the party it is given to tells it :meth:`cache_attached`
+    or :meth:`reporter_attached`, which names the party, writes the header and
+    starts recording.  Every hook is cheap and never raises.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        digest_budget: float | None = None,
+    ) -> None:
+        self.directory = directory
+        self.max_file_bytes = max_file_bytes
+        self.checkpoint_interval = checkpoint_interval
+        #: seconds of document digests per checkpoint (the rest wait for the next one),
+        #: which bounds how long a checkpoint holds the cache lock; default: 0.5 % of
+        #: the interval, at least 2 ms
+        self.digest_budget = (max(0.002, checkpoint_interval * 0.005) if digest_budget is None
+                              else digest_budget)
+        self.buffer_bytes = buffer_bytes
+        self.role: str | None = None
+        self.name: str | None = None
+        self.session = uuid.uuid4().hex[:16]
+        self._lock = threading.Lock()
+        self._writer: LogWriter | None = None
+        self._cache: Any = None
+        self._receiver: Any = None
+        self._clock: Callable[[], float] = time.monotonic
+        self._states = ViewStates()
+        self._next_checkpoint = float("-inf")
+        #: claim outcomes of the step being recorded (told by the receiver, written with the step)
+        self._outcomes: list[list[str]] = []
+        self._decisions = itertools.count(1)
+        self.enabled = False
+        self.closed = False
+        self.errors = 0
+        self.checkpoints = 0
+
+    # -- life cycle --------------------------------------------------------------
+
+    @property
+    def path(self) -> str | None:
+        """The log's base path (parts are ``path.0001``, ...)."""
+        return self._writer.base if self._writer is not None else None
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._writer.files) if self._writer is not None else []
+
+    @property
+    def records(self) -> int:
+        return self._writer.records if self._writer is not None else 0
+
+    @property
+    def receiver(self) -> Any:
+        """The receiver of the recorded cache (None for a reporter, or detached)."""
+        return self._receiver
+
+    def _start(self, role: str, name: str, config: dict[str, Any], clock: Callable[[], float]) -> None:
+        if self._writer is not None:
+            raise RuntimeError(f"recorder already attached to {self.role} {self.name!r}")
+        self.role, self.name, self._clock = role, name, clock
+        header = {
+            "format": FORMAT, "role": role, "name": name, "session": self.session,
+            "config": config, "clock": clock(), "wall": time.time(),
+            "protocol_version": PROTOCOL_VERSION, "host": socket.gethostname(), "pid": os.getpid(),
+        }
+        self._writer = LogWriter(log_base(self.directory, role, name), header,
+                                 max_file_bytes=self.max_file_bytes, buffer_bytes=self.buffer_bytes)
+        self.enabled = True
+
+    def cache_attached(self, cache: Any) -> None:
+        """Start recording a :class:`~shared_host_manager.cache.HostStateCache` (under its lock)."""
+        receiver = cache.receiver
+        config = {p: getattr(receiver, p) for p in RECEIVER_PARAMS}
+        config["checkpoint_interval"] = self.checkpoint_interval
+        self._start(SCHEDULER, receiver.name, config, cache.clock)
+        self._cache = cache
+        self._receiver = receiver
+        if receiver.sources:
+            # Attached late: what the receiver already holds is recorded as restored
+            # snapshots (timers and pending claims from before are not reproducible).
+            now = cache.clock()
+            self.note(now, f"attached to a running cache holding {len(receiver.sources)} sources")
+            for view in list(receiver.sources.values()):
+                if view.doc is not None:
+                    self._append([RESTORE, now, codec.encode(
+                        Snapshot(view.source, view.epoch, view.seq, view.doc))])
+
+    def reporter_attached(self, service: Any) -> None:
+        """Start recording a :class:`~compute_reporter.service.ReporterService` (from its ``start()``)."""
+        config = dict(service.params)
+        config["sources"] = {s: m.epoch for s, m in service.manager.machines.items()}
+        self._start(REPORTER, service.name, config, service.clock)
+
+    def close(self) -> None:
+        """Write a last checkpoint (scheduler) and everything buffered; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._writer is None:
+            return
+        try:
+            if self.enabled and self._cache is not None:
+                with self._cache.lock:
+                    self._checkpoint(self._clock())
+        except Exception as exc:  # noqa: BLE001 — never let the log break a shutdown
+            self._failed(exc)
+        with self._lock:
+            self.enabled = False
+            try:
+                self._writer.close()
+            except OSError as exc:
+                LOG.warning("update log %s: close failed: %s", self._writer.base, exc)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._writer is not None and self.enabled:
+                try:
+                    self._writer.flush()
+                except OSError as exc:
+                    self._failed_locked(exc)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _append(self, record: list[Any]) -> None:
+        with self._lock:
+            if not self.enabled:
+                return
+            try:
+                self._writer.append(record)  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001
+                self._failed_locked(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._failed_locked(exc)
+
+    def _failed_locked(self, exc: BaseException) -> None:
+        self.errors += 1
+        if self.enabled:
+            self.enabled = False
+            LOG.error("update log of %s %s failed, recording stopped: %s", self.role, self.name, exc)
+
+    def _effects(self, sends: Sequence[Send] | None) -> dict[str, Any] | None:
+        """What the step being recorded produced: resync requests and claim outcomes."""
+        effects = None
+        if sends:
+            effects = {"s": [[s.to, codec.encode(s.message)] for s in sends]}
+        if self._outcomes:
+            if effects is None:
+                effects = {}
+            effects["o"], self._outcomes = self._outcomes, []
+        return effects
+
+    def _step(self, record: list[Any], sends: Sequence[Send] | None, now: float) -> None:
+        effects = self._effects(sends)
+        if effects is not None:
+            record.append(effects)
+        self._append(record)
+        if now >= self._next_checkpoint:
+            self._checkpoint(now)
+
+    def _record_step(self, record: list[Any], sends: Sequence[Send] | None, now: float) -> None:
+        if self.enabled:
+            try:
+                self._step(record, sends, now)
+            except Exception as exc:  # noqa: BLE001 — recording must never break the caller
+                self._failed(exc)
+
+    def _checkpoint(self, now: float) -> None:
+        receiver = self._receiver
+        if receiver is None:
+            return
+        changes = self._states.scan(receiver.sources, self.digest_budget)
+        self._next_checkpoint = now + self.checkpoint_interval
+        self.checkpoints += 1
+        self._append([CHECKPOINT, now, self._states.combined, len(receiver.sources), changes])
+        self.flush()
+
+    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 — recording must never break the caller
+            self._failed(exc)
+
+    # -- the receiver's observer (under the cache lock) -------------------------------------
+
+    def claim_resolved(self, claim_id: str, source: str, outcome: Outcome) -> None:
+        if self.enabled:
+            self._outcomes.append([claim_id, source, outcome.value])
+
+    def claim_added(self, claim: Any, now: float) -> None:
+        self._record_step([CLAIM, now, codec.encode(claim)], None, now)
+
+    def claim_cancelled(self, source: str, claim_id: str, cancelled: bool) -> None:
+        now = self._clock()
+        self._record_step([CANCEL, now, source, claim_id], None, now)
+
+    def resync_asked(self, source: str, now: float, full: bool, sends: list[Send]) -> None:
+        self._record_step([RESYNC, now, source, full], sends, now)
+
+    def source_hinted(self, source: str, now: float, sends: list[Send]) -> None:
+        self._record_step([HINT, now, source], sends, now)
+
+    def source_forgotten(self, source: str) -> None:
+        now = self._clock()
+        self._record_step([FORGET, now, source], None, now)
+
+    # -- the cache's observer (under the cache lock) -----------------------------------------
+
+    def stream(self, body: bytes, offset: int | None, now: float, sends: Sequence[Send]) -> None:
+        """A stream message was applied (the bytes as received)."""
+        self._record_step([RX_STREAM, now, offset, body], sends, now)
+
+    def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
+        """A control message was applied (scheduler) or handled (reporter)."""
+        if self._receiver is not None:
+            self._record_step([RX_CONTROL, now, body], sends, now)
+        elif self.enabled:
+            self._guard(self._append, [RX_CONTROL, now, body])
+
+    def dropped(self, body: Any, plane: str, offset: int | None, now: float) -> None:
+        """An invalid message was dropped before the receiver (recorded, never replayed)."""
+        if self.enabled:
+            try:
+                data = bytes(body[:DROPPED_BODY_LIMIT]) if isinstance(
+                    body, (bytes, bytearray, memoryview)) else repr(body)[:1024].encode()
+                self._append([RX_DROPPED, now, plane, offset, data])
+            except Exception as exc:  # noqa: BLE001
+                self._failed(exc)
+
+    def tick(self, now: float, sends: Sequence[Send]) -> None:
+        self._record_step([TICK, now], sends, now)
+
+    def restored(self, snapshot: Snapshot, now: float) -> None:
+        """``cache.load`` fed a saved source back to the receiver."""
+        self._record_step([RESTORE, now, codec.encode(snapshot)], None, now)
+
+    # -- both roles ----------------------------------------------------------------------------
+
+    def sent(self, to: str | None, message: Message, now: float) -> None:
+        """A control message went out (a claim; a reporter's claim result or resync answer)."""
+        if self.enabled:
+            self._guard(lambda: self._append([TX, now, to, codec.encode(message)]))
+
+    def published(self, body: bytes, now: float) -> None:
+        """A reporter published ``body`` on the stream."""
+        if self.enabled:
+            self._guard(self._append, [PUBLISHED, now, body])
+
+    def note(self, now: float, text: str) -> None:
+        if self.enabled:
+            self._guard(self._append, [NOTE, now, text])
+
+    # -- the engine's observer (under the cache lock) -----------------------------------------
+
+    def engine_attached(self, engine: Any) -> None:
+        """Record the decisions of a :class:`~shared_host_manager.decision.engine.DecisionEngine`
+        from now on; writes its configuration once."""
+        if self._receiver is None:
+            raise RuntimeError("attach the cache before the engine")
+        config = _plain(engine.config)
+        config.pop("__type__", None)
+        self._append([ENGINE, self._clock(), {
+            "config": config,
+            "filters": [type(f).__name__ for f in engine.filters],
+            "weighers": [type(w).__name__ for w in engine.weighers],
+            "path": engine.path, "live": engine.live_schedulers,
+        }])
+
+    def decision_started(self, engine: Any, spec: Any, now: float, *, return_alternates: bool,
+                         live_schedulers: int | None, path: str | None) -> Any:
+        """A DECISION record: request spec, RNG and subset state, before the engine runs."""
+        if not self.enabled:
+            return None
+        did = next(self._decisions)
+        self._guard(self._decision_begin, did, engine, spec, now, return_alternates,
+                    live_schedulers, path)
+        return did
+
+    def decision_finished(self, token: Any, rows: Any, now: float) -> None:
+        """A DECISION_END record: hosts, weights, claims and the view versions they were based on."""
+        if token is not None:
+            self._guard(self._decision_end, token, rows, now)
+
+    def decision_failed(self, token: Any, error: Exception, now: float) -> None:
+        if token is not None:
+            self._guard(self._append, [DECISION_END, now, {
+                "id": token, "rows": None, "error": f"{type(error).__name__}: {error}"}])
+
+    def _decision_begin(self, did: int, engine: Any, spec: Any, now: float, alts: bool,
+                        live: int | None, path: str | None) -> None:
+        try:
+            wire = spec_to_wire(spec)
+            msgpack.packb(wire, use_bin_type=True)
+        except Exception as exc:  # noqa: BLE001 — an exotic spec is summarised, not replayable
+            wire = None
+            LOG.debug("decision %d: request spec not recordable: %s", did, exc)
+        self._append([DECISION, now, {
+            "id": did, "spec": wire, "summary": _spec_summary(spec),
+            "rng": rng_to_wire(engine.rng),
+            "subset": [engine.subset.rate, engine.subset.observed],
+            "live": engine.live_schedulers if live is None else live,
+            "path": path or engine.path, "alts": alts,
+        }])
+
+    def _decision_end(self, did: int, rows: Any, now: float) -> None:
+        sources = self._receiver.sources
+        out = []
+        for row in rows:
+            hosts = []
+            for sel in row:
+                view = sources.get(sel.source)
+                if view is None:
+                    hosts.append([sel.source, sel.weight, sel.claim_id, None, None, None])
+                else:
+                    hosts.append([sel.source, sel.weight, sel.claim_id, view.epoch, view.seq,
+                                  view.digest()])
+            out.append([row[0].instance_uuid if row else None, hosts])
+        self._append([DECISION_END, now, {"id": did, "rows": out, "error": None}])
+
+
+def _spec_summary(spec: Any) -> dict[str, Any]:
+    try:
+        return {"request_id": spec.request_id, "resources": dict(spec.resources),
+                "instances": list(spec.instance_uuids) or spec.num_instances,
+                "project_id": spec.project_id}
+    except Exception:  # noqa: BLE001
+        return {"repr": repr(spec)[:200]}
+
+
+# --------------------------------------------------------------------------
+# configuration and the simulator's hook
+
+
+def from_conf(conf: Any) -> Recorder | None:
+    """A detached recorder if ``[update_log] enabled``, else None (see conf/updatelog.py)."""
+    group = conf.update_log
+    if not group.enabled:
+        return None
+    if not group.directory:
+        raise ValueError("[update_log] enabled = true needs [update_log] directory")
+    return Recorder(group.directory, max_file_bytes=group.max_file_bytes,
+                    checkpoint_interval=group.checkpoint_interval)
+
+
+class RunRecording:
+    """Recorders for every party of one in-process run (``shm sim --record DIR``).
+
+    Usage::
+
+        rec = RunRecording(directory)
+        sched = SchedulerService(..., recorder=rec.recorder())   # or rec.attach(sched) before start
+        reporter = ReporterService(..., recorder=rec.recorder())
+        ... run ...
+        rec.close()            # after the services stopped (stop() closes their recorder too)
+        rec.logs()             # {(role, name): base path} for `shm replay`
+    """
+
+    def __init__(self, directory: str, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                 checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
+                 buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        self._params = dict(max_file_bytes=max_file_bytes, checkpoint_interval=checkpoint_interval,
+                            buffer_bytes=buffer_bytes)
+        self.recorders: list[Recorder] = []
+
+    def recorder(self) -> Recorder:
+        """A new detached recorder; the party it is given to attaches it."""
+        rec = Recorder(self.directory, **self._params)
+        self.recorders.append(rec)
+        return rec
+
+    def attach(self, party: Any) -> Recorder:
+        """Record an already built (not yet started) SchedulerService, HostStateCache,
+        ReporterService or DecisionEngine (the engine after its scheduler's cache)."""
+        if isinstance(party, (SchedulerService, HostStateCache)):
+            rec = self.recorder()
+            party.set_recorder(rec)
+            return rec
+        if isinstance(party, ReporterService):
+            rec = self.recorder()
+            party.recorder = rec  # told by start(), once the manager exists
+            return rec
+        if isinstance(party, DecisionEngine):
+            for rec in self.recorders:
+                if rec.receiver is not None and rec.receiver is party.receiver:
+                    party.set_observer(rec)
+                    return rec
+        raise TypeError(f"cannot record a {type(party).__name__} (attach its scheduler's cache first)")
+
+    def close(self) -> None:
+        for rec in self.recorders:
+            rec.close()
+
+    def logs(self) -> dict[tuple[str, str], str]:
+        return {(r.role, r.name): r.path for r in self.recorders if r.path}  # type: ignore[misc]
+
+
+def record_run(directory: str, **params: Any) -> RunRecording:
+    """The simulator's hook: recorders for every party of a run, writing into ``directory``."""
+    return RunRecording(directory, **params)
+
+
+__all__ = ["Recorder", "RunRecording", "from_conf", "record_run"]

@@ -1,0 +1,948 @@
+"""Replaying update logs (see :mod:`shared_host_manager.updatelog.recorder` for the format).
+
+Theory of operation
+-------------------
+A scheduler's log is replayed by feeding every recorded input, with its
+recorded clock value, to a fresh :class:`~protocol.receiver.ReceiverMachine`
+built with the recorded parameters — the same receiver code the cache runs,
+through the same entry points (``receive``, ``tick``, ``add_claim``,
+``request_resync``, ``add_source_hint``, ``forget``).  Bytes are decoded by
+the protocol's :class:`~protocol.codec.Decoder`; signatures were checked when
+the message was received (an invalid message is recorded as dropped and not
+replayed), so the replay trusts them instead of needing the keys.  A new
+session (a restarted scheduler) starts a new receiver, as the process did.
+
+What is checked, at every record (invariant 5)::
+
+    every step      the resync requests the step sent and the claim outcomes it
+                    produced equal the recorded ones ("effects")
+    CHECKPOINT      every view's (version, document digest, down, pending claims)
+                    equals the recorded one, and so does the combined hash
+    DECISION_END    the views the decision was based on have the recorded version and digest
+    --decisions     the decision, re-run on the replayed view with the recorded RNG
+                    and subset state, picks the same hosts with the same weights
+
+A reporter's log is replayed by feeding what it *published*, in order, to a
+receiver: the result is the authoritative sequence of every source's versions
+(its heartbeats' digests are checked on the way), which ``--diff`` can hold a
+scheduler's log against.
+
+Damage: :class:`LogReader` stops at the first record it cannot read (short
+frame, implausible length, checksum mismatch, undecodable or malformed
+record) and says at which byte offset of which file, and at which record;
+everything before it is replayed.  Damage at the end of a session followed by
+a file of a new session (a crash, then a restart) only ends that session.
+Nothing in a log can make the replay raise: a record that cannot be applied
+is reported like damage.
+
+Observation (``--history``, ``--diff``) uses a receiver subclass that calls
+the parent for every step and only notes what happened (versions applied,
+gaps, resync requests), so the state it reaches is the one the plain
+receiver reaches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.codec import Decoder, encode
+from protocol.document import DEL, DROP, SET, diff
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    Batch,
+    Claim,
+    ClaimResult,
+    Delta,
+    Heartbeat,
+    ResyncAnswer,
+    ResyncRequest,
+    Snapshot,
+)
+from protocol.receiver import ReceiverMachine, ReceiverObserver
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.updatelog import format as fmt
+from shared_host_manager.updatelog.format import (
+    CANCEL,
+    CHECKPOINT,
+    CLAIM,
+    DECISION,
+    DECISION_END,
+    ENGINE,
+    FORGET,
+    HEADER,
+    HINT,
+    KIND_NAMES,
+    MAX_RECORD_BYTES,
+    NOTE,
+    PUBLISHED,
+    RECEIVER_PARAMS,
+    RESTORE,
+    RESYNC,
+    RX_CONTROL,
+    RX_DROPPED,
+    RX_STREAM,
+    TICK,
+    TX,
+    ViewStates,
+    state_from_wire,
+)
+from shared_host_manager.updatelog.reader import BadRecord, Damage, LogReader, Record
+
+# --------------------------------------------------------------------------
+# reading
+
+
+
+
+# --------------------------------------------------------------------------
+# observation: versions, gaps and resyncs per source (for --history and --diff)
+
+
+@dataclass(slots=True)
+class Version:
+    epoch: int
+    seq: int
+    how: str  # "delta" | "snapshot"
+    plane: str  # "stream" | "resync" | "correction" | "restore" | "published"
+    record: int
+    now: float
+    reordered: bool = False
+    claims: list[str] = field(default_factory=list)
+    ops: list[Any] | None = None
+    detail: str = ""
+    digest: bytes | None = None
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return self.epoch, self.seq
+
+
+@dataclass(slots=True)
+class Event:
+    record: int
+    now: float
+    kind: str  # gap | resync_requested | resync_answered | claim_added | claim_outcome | claim_result |
+    #            down | up | claim_received
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class _Step:
+    __slots__ = ("record", "now", "kind", "plane", "msg", "keys", "detail")
+
+    def __init__(self, record: int, now: float, kind: int, plane: str, msg: Any, detail: str) -> None:
+        self.record = record
+        self.now = now
+        self.kind = kind
+        self.plane = plane
+        self.msg = msg
+        self.detail = detail
+        self.keys: set[tuple[str, int, int]] = set()
+        if msg is not None:
+            for item in _items(msg):
+                if type(item) is Delta:
+                    self.keys.add((item.source, item.epoch, item.seq))
+
+
+def _items(msg: Any) -> list[Any]:
+    t = type(msg)
+    if t is Batch or t is ResyncAnswer:
+        return msg.items
+    if t is ClaimResult:
+        return msg.correction
+    if t in (Delta, Snapshot, Heartbeat):
+        return [msg]
+    return []
+
+
+class Tracer(ReceiverObserver):
+    """Per source: every version reached (how and when) and the events around it."""
+
+    def __init__(self, only: set[str] | None = None, keep_ops: bool = False) -> None:
+        self.only = only
+        self.keep_ops = keep_ops
+        self.versions: dict[str, list[Version]] = {}
+        self.events: dict[str, list[Event]] = {}
+        self.stream_gaps: list[Event] = []
+        self.step: _Step | None = None
+        self._arrived: dict[tuple[str, int, int], tuple[str, int]] = {}
+        self._touched: set[str] = set()
+        self._down: dict[str, bool] = {}
+        self._docs: dict[str, Any] = {}
+
+    def wants(self, source: str) -> bool:
+        return self.only is None or source in self.only
+
+    def event(self, source: str, kind: str, text: str, **data: Any) -> None:
+        if self.wants(source) and self.step is not None:
+            self.events.setdefault(source, []).append(
+                Event(self.step.record, self.step.now, kind, text, data))
+
+    # -- called around every replayed step ----------------------------------------
+
+    def begin(self, step: _Step) -> None:
+        self.step = step
+        self._touched.clear()
+
+    def end(self, receiver: ReceiverMachine) -> None:
+        for source in self._touched:
+            view = receiver.sources.get(source)
+            entries = self.versions.get(source)
+            if view is not None and entries and entries[-1].version == view.version:
+                entries[-1].digest = view.digest()
+        if self.only is not None:
+            for source in self.only:
+                view = receiver.sources.get(source)
+                down = view.down if view is not None else False
+                if down != self._down.get(source, False):
+                    self.event(source, "down" if down else "up",
+                               "marked down (no word for down_interval)" if down else "heard again")
+                    self._down[source] = down
+
+    def new_session(self) -> None:
+        self._arrived.clear()
+        self._down.clear()
+        self._docs.clear()
+
+    # -- the receiver's observer ---------------------------------------------------------
+
+    def _add(self, source: str, entry: Version) -> None:
+        entries = self.versions.setdefault(source, [])
+        if entries and entry.version <= entries[-1].version:
+            return  # re-established after a restart: not a new version
+        entries.append(entry)
+        self._touched.add(source)
+
+    def delta_applied(self, view: Any, delta: Delta) -> None:
+        source = delta.source
+        if not self.wants(source):
+            return
+        step = self.step
+        key = (source, delta.epoch, delta.seq)
+        plane, reordered, record = step.plane, False, step.record
+        if key not in step.keys:
+            arrived = self._arrived.pop(key, None)
+            reordered = True
+            if arrived is not None:
+                plane, record = arrived
+        else:
+            self._arrived.pop(key, None)
+        self._add(source, Version(delta.epoch, delta.seq, "delta", plane, step.record, step.now,
+                                  reordered, list(delta.claims),
+                                  delta.ops if self.keep_ops else None,
+                                  f"arrived at record {record}" if reordered else step.detail))
+
+    def snapshot_applied(self, view: Any, snap: Snapshot, old_doc: Any) -> None:
+        source = snap.source
+        if not self.wants(source):
+            return
+        step = self.step
+        ops = None
+        if self.keep_ops:
+            ops = diff(old_doc, view.doc) if old_doc is not None else None
+        self._add(source, Version(snap.epoch, snap.seq, "snapshot", step.plane, step.record,
+                                  step.now, False, list(snap.claims), ops, step.detail))
+
+    def delta_buffered(self, view: Any, delta: Delta, new_gap: bool) -> None:
+        if not self.wants(delta.source):
+            return
+        self._arrived[(delta.source, delta.epoch, delta.seq)] = (self.step.plane, self.step.record)
+        if new_gap:
+            self.event(delta.source, "gap",
+                       f"gap: delta {delta.seq} arrived while holding {view.seq}",
+                       held=view.seq, arrived=delta.seq, epoch=delta.epoch)
+
+    def resync_requested(self, view: Any, req: ResyncRequest) -> None:
+        if not self.wants(view.source):
+            return
+        step = self.step
+        if view.doc is None:
+            reason = "source not held yet"
+        elif view.want_full:
+            reason = "digest divergence"
+        elif view.buffer:
+            reason = "gap not closed within reorder_timeout" if step.kind == TICK else "reorder buffer full"
+        elif any(type(i) is Heartbeat and i.source == view.source
+                 and (i.epoch, i.seq) > (view.epoch, view.seq) for i in _items(step.msg)):
+            hb = next(i for i in _items(step.msg) if type(i) is Heartbeat and i.source == view.source)
+            reason = f"heartbeat ahead (source at {hb.epoch}:{hb.seq})"
+        elif step.kind == TICK:
+            reason = "retry of an unanswered request"
+        elif step.kind == RESYNC:
+            reason = "asked by the cache (stream offset lost, or an operator)"
+        elif step.kind == HINT:
+            reason = "cold start: asked the known source"
+        else:
+            reason = "newer epoch seen"
+        self.event(view.source, "resync_requested",
+                   f"resync requested from {req.epoch}:{req.seq}{' (full)' if req.full else ''}: {reason}",
+                   reason=reason, held=(view.epoch, view.seq), full=req.full)
+
+
+class _TrustRecorded:
+    """A keyring that accepts every signature: recorded messages were verified when received."""
+
+    required = False
+
+    def verify(self, name: str, payload: bytes, mac: bytes) -> bool:
+        return True
+
+
+@dataclass
+class ReplayResult:
+    paths: list[str]
+    role: str | None = None
+    name: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    sessions: int = 0
+    records: int = 0
+    last_record: int | None = None
+    last_now: float | None = None
+    bytes: int = 0
+    elapsed: float = 0.0
+    damage: Damage | None = None
+    damages: list[Damage] = field(default_factory=list)
+    checkpoints: int = 0
+    checkpoints_failed: int = 0
+    digests_verified: int = 0
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    effect_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    effects_checked: int = 0
+    decisions: int = 0
+    decisions_checked: int = 0
+    decisions_skipped: int = 0
+    decision_diffs: list[dict[str, Any]] = field(default_factory=list)
+    decisions_note: str | None = None
+    dropped: int = 0
+    sent: int = 0
+    notes: list[tuple[int, float, str]] = field(default_factory=list)
+    stream_gaps: list[tuple[int, int, int]] = field(default_factory=list)
+    divergences: int = 0
+    stopped_early: bool = False
+    receiver: ReceiverMachine | None = None
+    tracer: Tracer | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not (self.mismatches or self.effect_mismatches or self.decision_diffs)
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.elapsed if self.elapsed > 0 else 0.0
+
+
+MAX_REPORTED = 50
+
+
+class Replayer:
+    """Applies records to a receiver and checks them; see the module docstring."""
+
+    def __init__(self, paths: Sequence[str], *, tracer: Tracer | None = None, decisions: bool = False,
+                 decision_options: Mapping[str, Any] | None = None) -> None:
+        self.result = ReplayResult(list(paths), tracer=tracer)
+        self.tracer = tracer
+        self.decisions = decisions
+        self.decision_options = dict(decision_options or {})
+        self.decoder = Decoder(_TrustRecorded(), max_message_bytes=MAX_RECORD_BYTES)  # type: ignore[arg-type]
+        self.receiver: ReceiverMachine | None = None
+        self.session: str | None = None
+        self.states = ViewStates()
+        self.expected: dict[str, tuple] = {}
+        self.expected_acc: bytes | None = None
+        self.last_checkpoint: int | None = None
+        self.window: list[Record] = []
+        self.last_offset: int | None = None
+        self.engine: Any = None
+        self._pending_decisions: dict[int, tuple[int, Any]] = {}
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def header(self, header: dict[str, Any]) -> None:
+        r = self.result
+        role = header["role"]
+        if r.role is not None and (role != r.role or header["name"] != r.name):
+            raise BadRecord(f"log of {role} {header['name']!r} mixed into the log of {r.role} {r.name!r}")
+        r.role, r.name = role, header["name"]
+        if header["session"] == self.session:
+            return
+        self.session = header["session"]
+        r.sessions += 1
+        r.config = dict(header.get("config") or {})
+        if role == fmt.REPORTER and self.receiver is not None:
+            return  # the published stream continues: new epochs replace old ones
+        params = {p: r.config[p] for p in RECEIVER_PARAMS if p in r.config}
+        receiver = ReceiverMachine(r.name, **params)
+        if self.tracer is not None:
+            receiver.set_observer(self.tracer)
+            self.tracer.new_session()
+        self.receiver = r.receiver = receiver
+        self.states = ViewStates()
+        self.expected = {}
+        self.expected_acc = None
+        self.last_offset = None
+        self.engine = None
+        self.window = []
+
+    # -- records ----------------------------------------------------------------------
+
+    def _decode(self, rec: Record, body: bytes) -> Any:
+        try:
+            return self.decoder.decode(body)
+        except ProtocolError as exc:
+            self._mismatch(rec, "undecodable", f"recorded as applied but does not decode: {exc}")
+            return None
+
+    def _mismatch(self, rec: Record, what: str, detail: str, **data: Any) -> None:
+        entry = {"record": rec.index, "now": rec.now, "kind": rec.kind_name, "what": what,
+                 "detail": detail, **data}
+        if what == "effects":
+            if len(self.result.effect_mismatches) < MAX_REPORTED:
+                self.result.effect_mismatches.append(entry)
+        elif len(self.result.mismatches) < MAX_REPORTED:
+            self.result.mismatches.append(entry)
+
+    def step(self, rec: Record) -> None:
+        kind = rec.kind
+        if kind == HEADER:
+            self.header(rec.fields[0])
+            return
+        receiver = self.receiver
+        if receiver is None:
+            raise BadRecord("record before any header")
+        r = self.result
+        r.records += 1
+        r.last_record, r.last_now = rec.index, rec.now
+        now = rec.now
+        f = rec.fields
+        self.window.append(rec)
+        if r.role == fmt.REPORTER:
+            self._reporter_step(rec)
+            return
+        sends: Any = None
+        effects = None
+        tracer = self.tracer
+        if kind == RX_STREAM:
+            offset = f[0]
+            if offset is not None:
+                if self.last_offset is not None and offset > self.last_offset + 1:
+                    r.stream_gaps.append((rec.index, self.last_offset + 1, offset - 1))
+                self.last_offset = offset
+            msg = self._decode(rec, f[1])
+            if msg is None:
+                return
+            effects = f[2] if len(f) > 2 else None
+            if tracer is not None:
+                tracer.begin(_Step(rec.index, now, kind, "stream", msg, f"stream offset {offset}"))
+            sends = receiver.receive(msg, now)
+        elif kind == RX_CONTROL or kind == RESTORE:
+            msg = self._decode(rec, f[0])
+            if msg is None:
+                return
+            effects = f[1] if len(f) > 1 else None
+            if tracer is not None:
+                self._control_step(rec, msg)
+            sends = receiver.receive(msg, now)
+        elif kind == TICK:
+            effects = f[0] if f else None
+            if tracer is not None:
+                tracer.begin(_Step(rec.index, now, kind, "timer", None, "tick"))
+            sends = receiver.tick(now)
+        elif kind == CLAIM:
+            claim = self._decode(rec, f[0])
+            if type(claim) is not Claim:
+                self._mismatch(rec, "claim", "a claim record holds no claim")
+                return
+            effects = f[1] if len(f) > 1 else None
+            if tracer is not None:
+                tracer.begin(_Step(rec.index, now, kind, "local", None, "claim added"))
+                tracer.event(claim.source, "claim_added",
+                             f"claim {claim.claim_id} added ({_resources(claim.resources)}, "
+                             f"decided on {claim.epoch}:{claim.seq})", claim=claim.claim_id)
+            try:
+                receiver.add_claim(claim, now)
+            except ProtocolError as exc:
+                self._mismatch(rec, "claim", f"claim {claim.claim_id} could not be added: {exc}")
+            sends = []
+        elif kind == CANCEL:
+            source, claim_id = f[0], f[1]
+            effects = f[2] if len(f) > 2 else None
+            if tracer is not None:
+                tracer.begin(_Step(rec.index, now, kind, "local", None, f"claim {claim_id} cancelled"))
+            receiver.cancel_claim(source, claim_id)
+            sends = []
+        elif kind in (RESYNC, HINT, FORGET):
+            source = f[0]
+            effects = f[2 if kind == RESYNC else 1] if len(f) > (2 if kind == RESYNC else 1) else None
+            if tracer is not None:
+                tracer.begin(_Step(rec.index, now, kind, "local", None, KIND_NAMES[kind]))
+            if kind == RESYNC:
+                sends = receiver.request_resync(source, now, full=f[1])
+            elif kind == HINT:
+                sends = receiver.add_source_hint(source, now)
+            else:
+                receiver.forget(source)
+                sends = []
+        elif kind == RX_DROPPED:
+            r.dropped += 1
+            return
+        elif kind == TX:
+            r.sent += 1
+            return
+        elif kind == CHECKPOINT:
+            self._checkpoint(rec)
+            return
+        elif kind == NOTE:
+            r.notes.append((rec.index, now, f[0]))
+            return
+        elif kind == ENGINE:
+            if self.decisions:
+                self._build_engine(f[0])
+            return
+        elif kind == DECISION:
+            r.decisions += 1
+            if self.decisions:
+                self._decide(rec, f[0])
+            return
+        elif kind == DECISION_END:
+            self._decision_end(rec, f[0])
+            return
+        else:  # PUBLISHED in a scheduler's log
+            raise BadRecord(f"a {rec.kind_name} record in a scheduler's log")
+        self._effects(rec, sends, effects)
+        if tracer is not None:
+            tracer.end(receiver)
+            tracer.step = None
+
+    def _control_step(self, rec: Record, msg: Any) -> None:
+        """Begin a traced step for a control message (and note what it says)."""
+        t = type(msg)
+        tracer = self.tracer
+        if rec.kind == RESTORE:
+            tracer.begin(_Step(rec.index, rec.now, rec.kind, "restore", msg, "restored after a restart"))
+        elif t is ResyncAnswer:
+            items = msg.items
+            what = ("snapshot" if any(type(i) is Snapshot for i in items)
+                    else f"{len(items)} delta{'s' if len(items) != 1 else ''}")
+            tracer.begin(_Step(rec.index, rec.now, rec.kind, "resync", msg, f"resync answer ({what})"))
+            tracer.event(msg.source, "resync_answered", f"resync answered with {what}")
+        elif t is ClaimResult:
+            verdict = "accepted" if msg.accepted else f"rejected: {msg.reason}"
+            tracer.begin(_Step(rec.index, rec.now, rec.kind, "correction", msg,
+                               f"correction of rejected claim {msg.claim_id} ({msg.reason})"))
+            tracer.event(msg.source, "claim_result", f"claim {msg.claim_id} {verdict}",
+                         claim=msg.claim_id, accepted=msg.accepted, reason=msg.reason)
+        else:
+            tracer.begin(_Step(rec.index, rec.now, rec.kind, "control", msg, "control message"))
+
+    def _effects(self, rec: Record, sends: list, effects: Any) -> None:
+        receiver = self.receiver
+        self.result.divergences += len(receiver.drain_alerts())
+        outcomes = receiver.drain_outcomes()
+        got_o = [[c, s, o.value] for c, s, o in outcomes]
+        if self.tracer is not None:
+            for c, s, o in outcomes:
+                self.tracer.event(s, "claim_outcome", f"claim {c} {o.value}", claim=c, outcome=o.value)
+        exp_s = (effects or {}).get("s") or []
+        exp_o = (effects or {}).get("o") or []
+        self.result.effects_checked += 1
+        if not sends and not got_o and not exp_s and not exp_o:
+            return
+        got_s = [[s.to, encode(s.message)] for s in sends or ()]
+        if got_s != exp_s or got_o != exp_o:
+            self._mismatch(rec, "effects", _effects_text(exp_s, got_s, exp_o, got_o))
+
+    def _reporter_step(self, rec: Record) -> None:
+        kind = rec.kind
+        r = self.result
+        if kind == PUBLISHED:
+            msg = self._decode(rec, rec.fields[0])
+            if msg is None:
+                return
+            tracer = self.tracer
+            if tracer is not None:
+                tracer.begin(_Step(rec.index, rec.now, kind, "published", msg, "published"))
+            before = self.receiver.stats["divergences"]
+            self.receiver.receive(msg, rec.now)
+            self.receiver.drain_outcomes()
+            if self.receiver.stats["divergences"] != before:
+                for alert in self.receiver.drain_alerts():
+                    self._mismatch(rec, "published", f"published heartbeat disagrees: {alert}")
+            r.divergences = self.receiver.stats["divergences"]
+            if tracer is not None:
+                tracer.end(self.receiver)
+                tracer.step = None
+        elif kind in (RX_CONTROL, TX):
+            if kind == TX:
+                r.sent += 1
+            if self.tracer is not None:
+                msg = self._decode(rec, rec.fields[-1] if kind == RX_CONTROL else rec.fields[1])
+                self._reporter_event(rec, msg)
+        elif kind == RX_DROPPED:
+            r.dropped += 1
+        elif kind == NOTE:
+            r.notes.append((rec.index, rec.now, rec.fields[0]))
+        else:
+            raise BadRecord(f"a {rec.kind_name} record in a reporter's log")
+
+    def _reporter_event(self, rec: Record, msg: Any) -> None:
+        tracer = self.tracer
+        t = type(msg)
+        source = getattr(msg, "source", None)
+        if source is None:
+            return
+        tracer.step = _Step(rec.index, rec.now, rec.kind, "control", None, "")
+        if t is Claim:
+            tracer.event(source, "claim_received", f"claim {msg.claim_id} from {msg.scheduler}",
+                         claim=msg.claim_id)
+        elif t is ResyncRequest:
+            tracer.event(source, "resync_received",
+                         f"resync request from {msg.requester} holding {msg.epoch}:{msg.seq}")
+        elif t is ClaimResult:
+            verdict = "accepted" if msg.accepted else f"rejected: {msg.reason}"
+            tracer.event(source, "claim_result", f"claim {msg.claim_id} {verdict} (to {msg.scheduler})",
+                         claim=msg.claim_id, accepted=msg.accepted, reason=msg.reason)
+        elif t is ResyncAnswer:
+            tracer.event(source, "resync_answered", f"resync answered to {msg.requester}")
+        tracer.step = None
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def _checkpoint(self, rec: Record) -> None:
+        """Verify a checkpoint: listed views in the recorded form, the others unchanged."""
+        combined, count, changes = rec.fields[0], rec.fields[1], rec.fields[2]
+        r = self.result
+        r.checkpoints += 1
+        sources = self.receiver.sources
+        states = self.states
+        bad: dict[str, str] = {}
+        listed = set()
+        for change in changes:
+            source, state = change[0], state_from_wire(change[1])
+            listed.add(source)
+            view = sources.get(source)
+            if state is None:
+                self.expected.pop(source, None)
+                if view is not None:
+                    bad[source] = "forgotten when recorded"
+                states.set(source, None if view is None else fmt.view_state(view, False))
+                continue
+            self.expected[source] = state
+            if view is None:
+                bad[source] = "not held by the replay"
+                states.set(source, None)
+                continue
+            actual = fmt.view_state(view, digest=state[2] is not None)
+            if actual != state:
+                bad[source] = "differs"
+            states.set(source, actual)
+        if len(states.states) != len(sources) or len(listed) < len(sources):
+            held = states.states
+            for source, view in sources.items():
+                if source in listed:
+                    continue
+                old = held.get(source)
+                if old is None or old[:2] != (view.epoch, view.seq) or old[3:] != fmt.view_base(view)[2:]:
+                    bad[source] = "changed in the replay only"
+                    states.set(source, fmt.view_state(view, digest=False))
+        if not bad and (states.combined != combined or len(sources) != count):
+            bad = {s: "differs" for s in set(states.states) ^ set(self.expected)} or {"*": "combined hash"}
+        if bad:
+            details = []
+            for source in sorted(bad)[:5]:
+                details.append({"source": source, "why": bad[source],
+                                "recorded": _state_text(self.expected.get(source)),
+                                "replayed": _state_text(states.states.get(source)),
+                                "records": self._records_touching(source)})
+            self._mismatch(rec, "checkpoint",
+                           f"{len(bad)} view(s) differ from the recorded checkpoint "
+                           f"(last verified at record {self.last_checkpoint})",
+                           verified_until=self.last_checkpoint, sources=details)
+            r.checkpoints_failed += 1
+            for source in bad:  # continue from the recorded state: report new differences only
+                if source in self.expected:
+                    states.set(source, self.expected[source])
+        r.digests_verified += sum(1 for c in changes if c[1] is not None and c[1][2])
+        self.last_checkpoint = rec.index
+        self.window = []
+
+    def _records_touching(self, source: str) -> list[int]:
+        out = []
+        for rec in self.window:
+            if rec.kind in (RX_STREAM, RX_CONTROL, RESTORE):
+                body = rec.fields[1] if rec.kind == RX_STREAM else rec.fields[0]
+                try:
+                    msg = self.decoder.decode(body)
+                except ProtocolError:
+                    continue
+                if any(getattr(i, "source", None) == source for i in _items(msg)) or \
+                        getattr(msg, "source", None) == source:
+                    out.append(rec.index)
+            elif rec.kind in (RESYNC, HINT, FORGET, CANCEL) and rec.fields[0] == source:
+                out.append(rec.index)
+            elif rec.kind == TICK:
+                continue
+        return out[-10:]
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def _build_engine(self, spec: dict[str, Any]) -> None:
+        try:
+            names = {f.name for f in dataclasses.fields(SchedulerConfig)}
+            values = {k: tuple(v) if isinstance(v, list) else v
+                      for k, v in (spec.get("config") or {}).items() if k in names}
+            config = SchedulerConfig(**values)
+            if self.decision_options:
+                config = dataclasses.replace(config, **_typed_options(config, self.decision_options))
+            self.engine = DecisionEngine(self.receiver, lambda claim: None, config=config,
+                                         rng=random.Random(0), path=spec.get("path") or "fast",
+                                         live_schedulers=spec.get("live") or 1)
+        except Exception as exc:  # noqa: BLE001 — report, never crash
+            self.engine = None
+            self.result.decisions_note = f"decision path not usable: {type(exc).__name__}: {exc}"
+            return
+        got = ([type(f).__name__ for f in self.engine.filters],
+               [type(w).__name__ for w in self.engine.weighers])
+        want = (spec.get("filters"), spec.get("weighers"))
+        if got != want and not self.decision_options:
+            self.result.decisions_note = (f"the engine loads filters/weighers {got}, the log recorded "
+                                          f"{want}: differences may come from that")
+
+    def _decide(self, rec: Record, data: dict[str, Any]) -> None:
+        engine = self.engine
+        if engine is None:
+            if self.result.decisions_note is None:
+                self.result.decisions_note = "no engine configuration recorded before the first decision"
+            return
+        if data.get("spec") is None or data.get("rng") is None:
+            self._pending_decisions[data.get("id")] = (
+                rec.index, {"skipped": "spec or RNG state not recorded"}, data.get("summary"))
+            return
+        try:
+            spec = fmt.spec_from_wire(data["spec"])
+            engine.rng.setstate(fmt.rng_from_wire(data["rng"]))
+            engine.subset.rate, engine.subset.observed = data["subset"]
+            try:
+                rows = engine.select_destinations(spec, rec.now, return_alternates=data.get("alts", True),
+                                                  live_schedulers=data.get("live"), path=data.get("path"),
+                                                  dry_run=True)
+                got: dict[str, Any] = {"rows": [[row[0].instance_uuid, [[s.source, s.weight] for s in row]]
+                                                for row in rows]}
+            except NoValidHost as exc:
+                got = {"error": f"NoValidHost: {exc}"}
+        except Exception as exc:  # noqa: BLE001
+            got = {"failed": f"{type(exc).__name__}: {exc}"}
+        self._pending_decisions[data.get("id")] = (rec.index, got, data.get("summary"))
+
+    def _decision_end(self, rec: Record, data: dict[str, Any]) -> None:
+        rows = data.get("rows")
+        # the views the decision was based on must be the replayed ones
+        for _uuid, hosts in rows or ():
+            for source, _w, _cid, epoch, seq, dig in hosts:
+                view = self.receiver.sources.get(source)
+                got = None if view is None else (view.epoch, view.seq, view.digest())
+                if epoch is not None and got != (epoch, seq, dig):
+                    self._mismatch(rec, "decision_view",
+                                   f"decision {data.get('id')}: view of {source} is "
+                                   f"{_state_text(got and (*got, False, ()))}, recorded "
+                                   f"{_state_text((epoch, seq, dig, False, ()))}")
+        pending = self._pending_decisions.pop(data.get("id"), None)
+        if pending is None:
+            return
+        begin, got, summary = pending
+        r = self.result
+        if "skipped" in got:
+            r.decisions_skipped += 1
+            return
+        r.decisions_checked += 1
+        recorded: dict[str, Any]
+        if rows is None:
+            recorded = {"error": data.get("error") or "error"}
+        else:
+            recorded = {"rows": [[uuid, [[h[0], h[1]] for h in hosts]] for uuid, hosts in rows]}
+        if _decision_key(recorded) != _decision_key(got) and len(r.decision_diffs) < MAX_REPORTED:
+            r.decision_diffs.append({"record": begin, "end_record": rec.index, "id": data.get("id"),
+                                     "request": summary, "recorded": recorded, "replayed": got,
+                                     "what": _decision_text(recorded, got)})
+
+
+def _decision_key(d: dict[str, Any]) -> Any:
+    if "rows" in d:
+        return ("rows", [[u, [(s, w) for s, w in hosts]] for u, hosts in d["rows"]])
+    if "failed" in d:
+        return ("failed", d["failed"])
+    return ("error", str(d.get("error", "")).split(":", 1)[0])
+
+
+def _decision_text(recorded: dict[str, Any], got: dict[str, Any]) -> str:
+    def short(d: dict[str, Any]) -> str:
+        if "rows" not in d:
+            return str(d.get("error") or f"replay failed: {d.get('failed')}")[:200]
+        return "; ".join(f"{u}: {' > '.join(s for s, _ in hosts)}" for u, hosts in d["rows"])
+    return f"recorded {short(recorded)} | replayed {short(got)}"
+
+
+def _typed_options(config: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in options.items():
+        current = getattr(config, key)  # AttributeError names an unknown option
+        if not isinstance(value, str):
+            out[key] = value
+        elif isinstance(current, bool):
+            out[key] = value.lower() in ("1", "true", "yes", "on")
+        elif isinstance(current, int):
+            out[key] = int(value)
+        elif isinstance(current, float):
+            out[key] = float(value)
+        elif isinstance(current, tuple):
+            out[key] = tuple(v.strip() for v in value.split(",") if v.strip())
+        else:
+            out[key] = value
+    return out
+
+
+def _resources(resources: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(resources.items()))
+
+
+def _state_text(state: tuple | None) -> str:
+    if state is None:
+        return "absent"
+    epoch, seq, dig, down, pending = state
+    text = f"{epoch}:{seq} digest {dig.hex() if dig else 'no document' if dig == b'' else 'not taken'}"
+    if down:
+        text += " down"
+    if pending:
+        text += f" pending {list(pending)}"
+    return text
+
+
+def _effects_text(exp_s: list, got_s: list, exp_o: list, got_o: list) -> str:
+    parts = []
+    if exp_s != got_s:
+        parts.append(f"resync requests: recorded {len(exp_s)} {_sends_text(exp_s)}, "
+                     f"replayed {len(got_s)} {_sends_text(got_s)}")
+    if exp_o != got_o:
+        parts.append(f"claim outcomes: recorded {exp_o}, replayed {got_o}")
+    return "; ".join(parts)
+
+
+def _sends_text(sends: list) -> str:
+    out = []
+    for to, body in sends[:3]:
+        try:
+            msg = Decoder(_TrustRecorded()).decode(body)  # type: ignore[arg-type]
+            out.append(f"{to}@{msg.epoch}:{msg.seq}{'/full' if getattr(msg, 'full', False) else ''}")
+        except Exception:  # noqa: BLE001
+            out.append(str(to))
+    return "[" + ", ".join(out) + ("..." if len(sends) > 3 else "") + "]"
+
+
+def replay(
+    paths: Sequence[str],
+    *,
+    at: int | None = None,
+    until: float | None = None,
+    tracer: Tracer | None = None,
+    decisions: bool = False,
+    decision_options: Mapping[str, Any] | None = None,
+) -> ReplayResult:
+    """Replay the log made of ``paths`` (parts in order), up to record ``at`` / clock ``until``."""
+    reader = LogReader(paths)
+    rp = Replayer(paths, tracer=tracer, decisions=decisions, decision_options=decision_options)
+    r = rp.result
+    t0 = time.perf_counter()
+    for rec in reader:
+        if rec.kind != HEADER and ((at is not None and rec.index > at)
+                                   or (until is not None and rec.now is not None and rec.now > until)):
+            r.stopped_early = True
+            break
+        try:
+            rp.step(rec)
+        except Exception as exc:  # noqa: BLE001 — a record that cannot be replayed is damage
+            reason = str(exc) if isinstance(exc, BadRecord) else f"cannot replay: {type(exc).__name__}: {exc}"
+            reader.damages.append(Damage(rec.path, rec.offset, max(rec.index, 0), reason))
+            break
+    r.elapsed = time.perf_counter() - t0
+    r.bytes = reader.bytes
+    r.damages = list(reader.damages)
+    r.damage = next((d for d in reader.damages if not d.resumed), None)
+    r.receiver = rp.receiver
+    return r
+
+
+# --------------------------------------------------------------------------
+# comparing two logs
+
+
+# --------------------------------------------------------------------------
+# state and history formatting (shared by the CLI and tests)
+
+
+def op_text(op: list[Any], width: int = 60) -> str:
+    code = op[0]
+    if code == SET:
+        value = repr(op[3])
+        if len(value) > width:
+            value = value[:width - 3] + "..."
+        return f"SET {op[1]}.{op[2]}={value}"
+    if code == DEL:
+        return f"DEL {op[1]}.{op[2]}"
+    if code == DROP:
+        return f"DROP {op[1]}"
+    return repr(op)
+
+
+def view_json(view: Any) -> dict[str, Any]:
+    """A view as JSON-able data (bytes as hex)."""
+    if view is None:
+        return {"held": False}
+    return {
+        "held": view.doc is not None,
+        "source": view.source,
+        "status": view.status.value,
+        "epoch": view.epoch,
+        "seq": view.seq,
+        "digest": view.digest().hex() if view.doc is not None else None,
+        "down": view.down,
+        "last_heard": view.last_heard,
+        "buffered": sorted(view.buffer),
+        "resync_pending": view.resync_sent_at is not None,
+        "pending_claims": {cid: {"resources": dict(p.claim.resources), "accepted": p.accepted,
+                                 "deadline": p.deadline, "instance": p.claim.instance,
+                                 "based_on": [p.claim.epoch, p.claim.seq]}
+                           for cid, p in view.pending.items()},
+        "document": _jsonable(view.doc),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return value
+
+
+def history(tracer: Tracer, source: str) -> list[dict[str, Any]]:
+    """Versions and events of ``source``, in record order."""
+    rows: list[dict[str, Any]] = []
+    for v in tracer.versions.get(source, []):
+        rows.append({"record": v.record, "now": v.now, "type": "version", "version": [v.epoch, v.seq],
+                     "how": v.how, "plane": v.plane, "reordered": v.reordered, "detail": v.detail,
+                     "digest": v.digest.hex() if v.digest else None, "claims": list(v.claims),
+                     "ops": [op_text(op) for op in v.ops] if v.ops is not None else None})
+    for e in tracer.events.get(source, []):
+        rows.append({"record": e.record, "now": e.now, "type": "event", "event": e.kind, "text": e.text})
+    rows.sort(key=lambda r: (r["record"], r["type"] == "version"))
+    return rows
+
+
+__all__ = ["ReplayResult", "Replayer", "Tracer", "Version", "history", "op_text", "replay", "view_json"]

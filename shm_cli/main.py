@@ -1,0 +1,46 @@
+"""The ``shm`` console script: one entry point, one subcommand per job.
+
+Each subcommand lives in its own module and registers itself through
+:data:`SUBCOMMANDS` (name -> "module:function" taking the remaining argv), so
+``shm --help`` lists everything and importing the CLI imports no heavy module
+(eventlet in particular is imported only by a backend that asks for it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("shm_cli.sim:main",
+            "simulate N compute nodes and compare shared / legacy / caching host managers"),
+    "reporter": ("shm_cli.reporter:main",
+                 "run a compute reporter (--config-file FILE) until SIGTERM"),
+    "scheduler": ("shm_cli.scheduler:main",
+                  "run the scheduler-side host-state cache (--config-file FILE) until SIGTERM"),
+    "replay": ("shm_cli.replay:main",
+               "replay an update log: verify digests, show a host's state or history, "
+               "diff two logs, re-run decisions"),
+    "bench": ("shm_cli.bench:main",
+              "run a benchmark (protocol, stream, decisions, updatelog, nova)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: shm <command> [options]\n\ncommands:")
+        for name, (_, text) in SUBCOMMANDS.items():
+            print(f"  {name:<10} {text}")
+        print("\n'shm <command> --help' describes a command.")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"shm: unknown command {name!r}; try 'shm --help'", file=sys.stderr)
+        return 2
+    module, func = SUBCOMMANDS[name][0].split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""``shm sim``: the simulator — shared vs legacy vs caching host managers, side by side.
+
+Runs N simulated compute nodes (real compute_reporter services arbitrating
+every claim) and M schedulers of each chosen host-manager mode on the same
+seeded workload, prints a progress bar and a comparison table, and writes
+the figures as JSON (``--json``) and a plot (``--plot``).  With
+``--processes P`` (shared mode over RabbitMQ) the schedulers run as P
+processes of their own (:mod:`simulator.processes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+
+from simulator.run import MODES, run, summary_table
+from simulator.simulation import SimConfig, check_config
+
+
+def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
+    d = SimConfig()
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--host-manager", choices=[*MODES, "all"], default=d.host_manager,
+                   help="which host manager(s) to run; 'all' runs the three one after the other "
+                        "on the same seeded workload (default: %(default)s)")
+    p.add_argument("--nodes", type=int, default=d.nodes, help="compute nodes (default: %(default)s)")
+    p.add_argument("--schedulers", type=int, default=d.schedulers,
+                   help="schedulers per host manager (default: %(default)s)")
+    p.add_argument("--clients", type=int, default=d.clients,
+                   help="concurrent closed-loop clients (default: %(default)s)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--duration", type=float, default=d.duration,
+                        help="seconds per host manager (default: %(default)s)")
+    length.add_argument("--requests", type=int, help="requests per host manager instead of a duration")
+    p.add_argument("--seed", type=int, default=d.seed, help="same seed, same cloud and workload")
+    p.add_argument("--fill", type=float, default=d.fill,
+                   help="fraction of every host's memory in use when the run starts (default: %(default)s)")
+    p.add_argument("--transport", default=d.transport,
+                   help="'fake' (in-process, default) or a rabbit://user:pass@host:port/ URL "
+                        "(RabbitMQ, shared mode)")
+    p.add_argument("--processes", type=int, metavar="P",
+                   help="shared mode over RabbitMQ: run the schedulers as P separate processes "
+                        "(P = --schedulers: one per scheduler, as deployed), each with its share "
+                        "of the clients; the compute nodes and the workload stay in this process. "
+                        "Needs --transport rabbit://...; with --host-manager all, legacy and "
+                        "caching still run in-process")
+    p.add_argument("--db-url", help="SQLAlchemy URL of the legacy/caching database "
+                                    "(default: a temporary SQLite file), e.g. "
+                                    "mysql+pymysql://root@127.0.0.1:3306/test")
+    p.add_argument("--refresh-interval", type=float, default=d.refresh_interval,
+                   help="caching mode: seconds between database reads (default: %(default)s)")
+    p.add_argument("--drift-interval", type=float, default=d.drift_interval,
+                   help="mean seconds between background changes of each host (default: %(default)s)")
+    p.add_argument("--hosts-per-reporter", type=int, default=d.hosts_per_reporter,
+                   help="simulated hosts served by one reporter (default: %(default)s)")
+    p.add_argument("--heartbeat-interval", type=float, default=d.heartbeat_interval)
+    p.add_argument("--host-subset-size", type=int,
+                   help="fixed host_subset_size (default: adaptive within the configured bounds)")
+    p.add_argument("--host-subset-choice", choices=["rendezvous", "random"], default=d.host_subset_choice,
+                   help="how a scheduler picks among the best hosts (default: %(default)s)")
+    p.add_argument("--no-peer-ownership", dest="peer_ownership", action="store_false",
+                   help="shared mode: do not tell schedulers about each other (each then picks "
+                        "only by host_subset_choice)")
+    p.add_argument("--record", metavar="DIR",
+                   help="write an update log of every party into DIR/<host manager>/ "
+                        "(replay with: shm replay DIR/shared)")
+    p.add_argument("--json", help="write the figures to this JSON file")
+    p.add_argument("--plot", help="write a PNG: throughput and latency per host manager, staleness CDF")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p
+
+
+def main(argv: list[str], prog: str = "shm sim") -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    names = {f.name for f in fields(SimConfig)}
+    cfg = SimConfig(**{k: v for k, v in vars(args).items() if k in names})
+    try:
+        check_config(cfg)
+    except ValueError as exc:
+        parser.error(str(exc))
+    cfg.progress = not args.quiet
+    if cfg.requests is not None:
+        cfg.duration = 0.0
+    report = run(cfg)
+    print(summary_table(report))
+    if args.plot:
+        from simulator.plot import plot
+
+        plot(report, args.plot)
+        print(f"plot written to {args.plot}")
+    public = {"config": report["config"], "ratios": report.get("ratios", {}),
+              "results": {n: {k: v for k, v in r.items() if not k.startswith("_")}
+                          for n, r in report["results"].items()}}
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(public, f, indent=2)
+        print(f"figures written to {args.json}")
+    bad = [n for n, r in report["results"].items() if r["overcommitted_hosts"]]
+    if bad:
+        print(f"INVARIANT BROKEN: overcommitted hosts in {bad}", file=sys.stderr)
+        return 1
+    return 0

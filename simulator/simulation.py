@@ -1,0 +1,668 @@
+"""One simulation run of one mode: a cloud of compute nodes, schedulers of one host-manager mode, and clients.
+
+Life cycle of :func:`run_mode`::
+
+    build the seeded cloud and workload (pre-filled to ``fill``)
+      -> start the transport (in-process bus, or RabbitMQ), the reporters
+         (each a real ReporterService serving ``hosts_per_reporter`` nodes,
+         arbitrating every claim) and, for the database modes, the database
+      -> start the schedulers of the mode and wait until they see every host
+      -> ``clients`` closed-loop client threads issue the workload's requests,
+         round robin over the schedulers, for ``duration`` seconds or
+         ``requests`` requests; every server that boots is matched by the
+         deletion of a random running one (steady occupancy)
+         (meanwhile: a progress bar, and a sampler comparing every
+          scheduler's view with the sources at the same instant)
+      -> quiesce: clients stop, in-flight requests finish, background drift
+         stops; wait for the views to converge
+      -> measure, stop everything, return the figures.
+
+All parties run in this process as threads (the GIL makes them share one
+core's worth of Python, whatever the mode, so the modes compare fairly) --
+except with ``processes`` (``shm sim --processes P``, shared mode over
+RabbitMQ): the schedulers and their clients then run in P processes of their
+own, as deployed (:mod:`simulator.processes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from compute_reporter.service import ReporterService
+from compute_reporter.tracker import SimulatedTracker
+from protocol.document import Op, copy_document
+from protocol.messages import Snapshot
+from protocol.receiver import ReceiverMachine
+from protocol.resources import overcommitted
+from protocol.source import SourceMachine
+from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from simulator.database import HostDatabase
+from simulator.modes import DatabaseScheduler, ModeSettings, Outcome, SharedScheduler
+from simulator.run_transport import RunTransport
+from simulator.topology import build_cloud
+from simulator.workload import Workload
+
+NVH_ORACLE_CHECKS = 50
+
+
+@dataclass
+class SimConfig:
+    host_manager: str = "all"
+    nodes: int = 1000
+    schedulers: int = 2
+    clients: int = 8
+    duration: float = 20.0
+    requests: int | None = None
+    seed: int = 42
+    fill: float = 0.8
+    transport: str = "fake"
+    db_url: str | None = None
+    refresh_interval: float = 60.0
+    hosts_per_reporter: int = 500
+    drift_interval: float = 10.0
+    heartbeat_interval: float = 10.0
+    coalesce_window: float = 0.02
+    host_subset_size: int | None = None
+    host_subset_choice: str = "rendezvous"
+    peer_ownership: bool = True
+    #: directory for update logs of every party (shm replay reads them)
+    record: str | None = None
+    progress: bool = True
+    #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
+    processes: int | None = None
+
+
+def check_config(cfg: SimConfig) -> None:
+    """Refuse combinations that cannot run (ValueError, saying what to do instead)."""
+    if cfg.record and cfg.processes is not None:
+        raise ValueError("--record records in-process runs; drop --processes (or record each "
+                         "scheduler process with [update_log] in its own configuration)")
+    if cfg.processes is None:
+        return
+    if cfg.processes < 1:
+        raise ValueError("--processes must be at least 1")
+    if not cfg.transport.startswith("rabbit://"):
+        raise ValueError("--processes needs --transport rabbit://user:pass@host:port/: scheduler "
+                         "processes reach the reporters through the broker (the in-process bus "
+                         "cannot cross processes)")
+    if cfg.host_manager not in ("shared", "all"):
+        raise ValueError("--processes applies to the shared host manager only "
+                         "(--host-manager shared, or all: legacy and caching then run in-process)")
+    if cfg.processes > cfg.schedulers:
+        raise ValueError(f"--processes {cfg.processes} exceeds --schedulers {cfg.schedulers}: "
+                         "each process runs at least one scheduler")
+
+
+@dataclass
+class Metrics:
+    decision_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
+    requests: int = 0
+    scheduled: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    claims: int = 0
+    rejected: int = 0
+    instances: int = 0
+    no_valid_host: int = 0
+    nvh_checked: int = 0
+    nvh_wrong: int = 0
+    nvh_inconclusive: int = 0
+    staleness_s: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class _Progress:
+    """A progress bar on a terminal; a line every few seconds otherwise (logs, CI)."""
+
+    def __init__(self, label: str, total_s: float | None, total_n: int | None, enabled: bool) -> None:
+        self.label, self.total_s, self.total_n = label, total_s, total_n
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.start = time.monotonic()
+        self._last_line = self.start
+
+    def show(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not self.tty:
+            if now - self._last_line >= 5.0:
+                self._last_line = now
+                elapsed = now - self.start
+                sys.stderr.write(f"{self.label}: {elapsed:.0f}s, {done} requests\n")
+            return
+        elapsed = now - self.start
+        frac = done / self.total_n if self.total_n else elapsed / (self.total_s or 1)
+        frac = max(0.0, min(1.0, frac))
+        bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+        rate = done / elapsed if elapsed > 0 else 0.0
+        sys.stderr.write(f"\r{self.label:8} [{bar}] {elapsed:5.1f}s {done:7d} requests "
+                         f"{rate:8.1f}/s")
+        sys.stderr.flush()
+
+    def end(self, done: int) -> None:
+        if self.enabled and self.tty:
+            self.show(done)
+            sys.stderr.write("\n")
+
+
+class _NoValidHostChecker:
+    """Runs the NoValidHost oracle in a thread of its own, at a bounded share of the CPU.
+
+    Each check rebuilds the true state of every host (expensive at 10 000
+    nodes), so clients only offer their refused requests; one check runs at a
+    time, at most :data:`NVH_ORACLE_CHECKS` per run, and after a check taking t
+    seconds the next waits 9t: the oracle costs at most a tenth of a core and
+    never delays a client.  Offers made while it is busy are not checked.
+    """
+
+    def __init__(self, check: Callable[[Any, float], None]) -> None:
+        self._check = check
+        self._slot: tuple[Any, float] | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self._not_before = 0.0
+        self.done = 0
+        self._thread = threading.Thread(target=self._run, name="nvh-oracle", daemon=True)
+        self._thread.start()
+
+    def offer(self, spec: Any, decided_at: float) -> None:
+        with self._cond:
+            if (self._slot is None and self.done < NVH_ORACLE_CHECKS
+                    and time.monotonic() >= self._not_before):
+                self._slot = (spec, decided_at)
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._slot is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                spec, decided_at = self._slot  # type: ignore[misc]
+            start = time.monotonic()
+            try:
+                self._check(spec, decided_at)
+            finally:
+                with self._cond:
+                    self.done += 1
+                    self._slot = None
+                    self._not_before = time.monotonic() + 9 * (time.monotonic() - start)
+
+    def close(self) -> None:
+        """Finish the check under way (its verdict counts) and stop."""
+        with self._cond:
+            self._closed = self._slot is None
+            self._cond.notify()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with self._cond:
+                if self._slot is None:
+                    self._closed = True
+                    self._cond.notify()
+                    break
+            time.sleep(0.01)
+        self._thread.join(timeout=30)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> bool:
+    """Poll ``predicate`` every 50 ms for up to ``timeout`` s; warn on stderr when it never held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    print(f"warning: gave up waiting for {what} after {timeout:.0f}s", file=sys.stderr)
+    return False
+
+
+class Simulation:
+    """Everything one mode's run needs; see the module docstring."""
+
+    def __init__(self, cfg: SimConfig, mode: str) -> None:
+        self.cfg = cfg
+        self.mode = mode
+        self.cloud = build_cloud(cfg.nodes, cfg.seed)
+        self.workload = Workload(cfg.seed)
+        self.prefilled = self.workload.prefill(self.cloud.documents, cfg.fill)
+        self.metrics = Metrics()
+        self._workload_lock = threading.Lock()
+        self._first_change: dict[tuple[str, int, int], float] = {}
+        self.db: HostDatabase | None = None
+        self.reporters: list[ReporterService] = []
+        self.reporter_of: dict[str, ReporterService] = {}
+        self.schedulers: list[Any] = []
+        self.client_errors: list[str] = []
+        self.recording: Any = None
+        self.clock = time.monotonic
+        self._nvh_checker = _NoValidHostChecker(self._check_no_valid_host)
+
+    # -- set-up -----------------------------------------------------------------
+
+    def _scheduler_config(self) -> SchedulerConfig:
+        changes: dict[str, Any] = {"host_subset_choice": self.cfg.host_subset_choice}
+        if self.cfg.host_subset_size is not None:
+            changes["host_subset_size_min"] = changes["host_subset_size_max"] = self.cfg.host_subset_size
+        return dataclasses.replace(SchedulerConfig(), **changes)
+
+    def _on_change(self, machine: SourceMachine, ops: list[Op]) -> None:
+        # called under the reporter's lock, at the source, for every change
+        key = (machine.source, machine.epoch, machine.seq + 1)
+        if key not in self._first_change:
+            self._first_change[key] = self.clock()
+        if self.db is not None:
+            self.db.write(machine.source, machine.epoch, machine.seq + 1, machine.document, ops)
+
+    def start(self) -> None:
+        self._start_reporters()
+        self._start_schedulers()
+
+    def _start_reporters(self) -> None:
+        """The transport, the reporters (arbitrating from now on) and, for the database modes,
+        the database."""
+        cfg = self.cfg
+        self.transport = RunTransport(cfg.transport if self.mode == "shared" else "fake")
+        rtopic, stopic = self.transport.topics
+        sources = sorted(self.cloud.documents)
+        for i in range(0, len(sources), cfg.hosts_per_reporter):
+            docs = {s: self.cloud.documents[s] for s in sources[i:i + cfg.hosts_per_reporter]}
+            tracker = SimulatedTracker(0, seed=cfg.seed + i, documents=docs,
+                                       change_interval=cfg.drift_interval, delete_probability=0)
+            reporter = ReporterService(
+                f"reporter-{i // cfg.hosts_per_reporter}", tracker, self.transport.data,
+                self.transport.control, reporter_topic=rtopic, scheduler_topic=stopic,
+                heartbeat_interval=cfg.heartbeat_interval, coalesce_window=cfg.coalesce_window)
+            self.reporters.append(reporter)
+            self.transport.queues.append(f"{rtopic}.{reporter.name}")
+            for s in docs:
+                self.reporter_of[s] = reporter
+        if self.mode != "shared":
+            self.db = HostDatabase(cfg.db_url or f"sqlite:///{_tempdb()}")
+        if cfg.record:
+            from shared_host_manager.updatelog.recorder import record_run
+
+            self.recording = record_run(os.path.join(cfg.record, self.mode))
+            for reporter in self.reporters:
+                self.recording.attach(reporter)
+        for reporter in self.reporters:
+            reporter.start()
+        # Load the database and start writing every change to it at one instant for each
+        # host, under every reporter's lock: with changes flowing in between, a host whose
+        # change came after its state was read but before its row existed kept the old row.
+        with contextlib.ExitStack() as held:
+            for reporter in self.reporters:
+                held.enter_context(reporter.manager._lock)
+            if self.db is not None:
+                self.db.reset({s: truth for reporter in self.reporters
+                               for s, truth in _reporter_truth(reporter).items()})
+            for reporter in self.reporters:
+                for machine in reporter.manager.machines.values():
+                    machine.on_change = self._on_change
+
+    def _mode_settings(self) -> list[ModeSettings]:
+        """Each of the ``cfg.schedulers`` schedulers' settings (their queues are the run's)."""
+        cfg = self.cfg
+        rtopic, stopic = self.transport.topics
+        settings = [ModeSettings(f"{self.mode}-{i}", stopic, rtopic, cfg.schedulers, cfg.seed,
+                                 self._scheduler_config(), down_interval=3 * cfg.heartbeat_interval,
+                                 refresh_interval=cfg.refresh_interval)
+                    for i in range(cfg.schedulers)]
+        self.transport.queues.extend(f"{stopic}.{s.name}" for s in settings)
+        return settings
+
+    def _start_schedulers(self) -> None:
+        """The mode's schedulers, started; shared: once each holds every host."""
+        cfg = self.cfg
+        sources = sorted(self.cloud.documents)
+        endpoints = {s: r.name for s, r in self.reporter_of.items()}
+        for s in self._mode_settings():
+            if self.mode == "shared":
+                sched: Any = SharedScheduler(s, self.transport.data, self.transport.control)
+            else:
+                refresh = None if self.mode == "legacy" else cfg.refresh_interval
+                assert self.db is not None
+                sched = DatabaseScheduler(s, self.transport.control, self.db, refresh, endpoints)
+            self.schedulers.append(sched)
+        if self.mode == "shared" and cfg.peer_ownership:
+            names = [s.name for s in self.schedulers]
+            for sched in self.schedulers:
+                sched.engine.set_peers(names)
+        if self.recording is not None and self.mode == "shared":
+            # the database modes keep no cache: only their reporters are recorded
+            for sched in self.schedulers:
+                self.recording.attach(sched.service)
+                self.recording.attach(sched.engine)
+        for sched in self.schedulers:
+            sched.start()
+        if self.mode == "shared":
+            wait_until(lambda: all(len(s.versions()) == len(sources) for s in self.schedulers),
+                       120, "schedulers to see every host")
+            # and to have applied what was published until now (at 10 000 hosts the start-up
+            # left a backlog of seconds, which the measured run then counted as staleness)
+            published = self._published_versions()
+            wait_until(lambda: all(_at_least(s.versions(), published) for s in self.schedulers),
+                       120, "schedulers to catch up with the stream")
+            # build each scheduler's index now, not inside the first measured decision
+            for sched in self.schedulers:
+                with sched.lock:
+                    sched.engine.index.sync()
+
+    def _published_versions(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for reporter in self.reporters:
+            with reporter.manager._lock:
+                out.update((s, m.version) for s, m in reporter.manager.machines.items())
+        return out
+
+    def _truth(self) -> dict[str, tuple[int, int, dict]]:
+        """Every source's authoritative (epoch, seq, document), read under its reporter's lock."""
+        out = {}
+        for reporter in self.reporters:
+            with reporter.manager._lock:
+                out.update(_reporter_truth(reporter))
+        return out
+
+    # -- the run ---------------------------------------------------------------------
+
+    def _client(self, index: int, stop: threading.Event) -> None:
+        try:
+            self._client_loop(index, stop)
+        except Exception as exc:  # a broken client must show, not silently shrink the load
+            self.client_errors.append(f"client {index}: {type(exc).__name__}: {exc}")
+            stop.set()
+
+    def _client_loop(self, index: int, stop: threading.Event) -> None:
+        sched = self.schedulers[index % len(self.schedulers)]
+        while not stop.is_set():
+            spec = self._next_request()
+            if spec is None:
+                return
+            start = time.perf_counter()
+            decided_at = self.clock()
+            outcome: Outcome = sched.schedule(spec)
+            e2e = time.perf_counter() - start
+            self.record_outcome(spec, outcome, e2e, decided_at)
+
+    def _next_request(self) -> Any:
+        """The workload's next request, made now (its group members are those booted so far);
+        None once ``cfg.requests`` have been issued."""
+        with self._workload_lock:
+            if self.cfg.requests is not None and self.workload.issued >= self.cfg.requests:
+                return None
+            return self.workload.next_request()
+
+    def record_outcome(self, spec: Any, outcome: Outcome, e2e: float, decided_at: float) -> None:
+        """A request's outcome: offered to the NoValidHost oracle, counted, then the churn."""
+        m = self.metrics
+        if outcome.failed:
+            self._nvh_checker.offer(spec, decided_at)
+        with m.lock:
+            m.requests += 1
+            m.decision_s.append(outcome.decision_s)
+            m.e2e_s.append(e2e)
+            m.claims += outcome.claims
+            m.rejected += outcome.rejected
+            m.instances += len(spec.instance_uuids)
+            m.timed_out += outcome.timed_out
+            if outcome.failed:
+                m.failed += 1
+                m.no_valid_host += len(outcome.failed)
+            elif not outcome.timed_out:
+                m.scheduled += 1
+        if outcome.placed:
+            self._churn(spec, outcome.placed)
+
+    def _churn(self, spec: Any, placed: dict[str, str]) -> None:
+        with self._workload_lock:
+            self.workload.booted(spec, placed)
+            deletions = [d for d in (self.workload.pick_deletion() for _ in placed) if d]
+        for instance, source in deletions:
+            self.reporter_of[source].manager.release(source, instance, self.clock())
+            self.reporter_of[source].wake()
+
+    def _check_no_valid_host(self, spec: Any, decided_at: float) -> None:
+        """Was this NoValidHost wrong: did the request fit the sources' true state?
+
+        The oracle places every instance of the request on the sources' state
+        now.  If it finds hosts whose state has not changed since the decision
+        began, that capacity existed when the scheduler said there was none:
+        wrong.  If the hosts it finds changed since (a deletion freed them),
+        the verdict is inconclusive and counted apart.
+        """
+        m = self.metrics
+        with m.lock:
+            m.nvh_checked += 1
+        oracle = ReceiverMachine("oracle", down_interval=3600.0)
+        now = self.clock()
+        truth = self._truth()
+        for s, (e, q, doc) in truth.items():
+            oracle.receive(Snapshot(s, e, q, doc), now)
+        engine = DecisionEngine(oracle, lambda claim: None, config=self._scheduler_config())
+        try:
+            # every instance of the request, as the scheduler would have placed them
+            selections = engine.select_destinations(spec, now, return_alternates=False)
+        except NoValidHost:
+            return
+        changed = any(self._first_change.get((row[0].source, *truth[row[0].source][:2]), 0.0)
+                      > decided_at for row in selections)
+        with m.lock:
+            if changed:
+                m.nvh_inconclusive += 1
+            else:
+                m.nvh_wrong += 1
+
+    def _sample_staleness(self, stop: threading.Event) -> None:
+        rng = random.Random(self.cfg.seed)
+        sources = sorted(self.cloud.documents)
+        while not stop.wait(0.1):
+            sample = rng.sample(sources, min(20, len(sources)))
+            now = self.clock()
+            truth = {}
+            for s in sample:
+                manager = self.reporter_of[s].manager
+                with manager._lock:
+                    m = manager.machines[s]
+                    truth[s] = (m.epoch, m.seq, m.has_pending)
+            for sched in self.schedulers:
+                views = sched.versions(sample)  # not all: at 10 000 hosts that held the lock for ms
+                for s in sample:
+                    epoch, seq, pending = truth[s]
+                    held = views.get(s)
+                    if held is None:
+                        continue
+                    if held[0] != epoch:
+                        behind_since = self._first_change.get((s, epoch, 1), now)
+                    elif held[1] < seq or (held[1] == seq and pending):
+                        behind_since = self._first_change.get((s, epoch, held[1] + 1), now)
+                    else:
+                        behind_since = now
+                    self.metrics.staleness_s.append(max(0.0, now - behind_since))
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        stop = threading.Event()
+        sampler_stop = threading.Event()
+        progress = _Progress(self.mode, None if cfg.requests else cfg.duration, cfg.requests,
+                             cfg.progress)
+        sampler = threading.Thread(target=self._sample_staleness, args=(sampler_stop,), daemon=True)
+        clients = [threading.Thread(target=self._client, args=(i, stop), daemon=True,
+                                    name=f"client-{i}") for i in range(cfg.clients)]
+        bus_before = self.transport.stats()
+        db_before = self.db.statements if self.db else 0
+        start = time.monotonic()
+        sampler.start()
+        for c in clients:
+            c.start()
+        deadline = None if cfg.requests else start + cfg.duration
+        while any(c.is_alive() for c in clients):
+            if deadline is not None and time.monotonic() >= deadline:
+                stop.set()
+            progress.show(self.metrics.requests)
+            time.sleep(0.25)
+        elapsed = time.monotonic() - start
+        progress.end(self.metrics.requests)
+        sampler_stop.set()
+        sampler.join()
+        self._nvh_checker.close()
+        if self.client_errors:
+            raise RuntimeError("simulation clients failed: " + "; ".join(self.client_errors[:3]))
+        bus_after = self.transport.stats()
+        db_statements = (self.db.statements - db_before) if self.db else 0
+        # quiesce: no more drift, let the views catch up
+        for reporter in self.reporters:
+            reporter.tracker.stop()
+        converged = self._converged(timeout=2 * cfg.heartbeat_interval + 2)
+        truth = self._truth()
+        over = sum(1 for _, _, doc in truth.values() if overcommitted(doc.get("compute", {})))
+        return self._figures(elapsed, converged, over, bus_before, bus_after, db_statements)
+
+    def _converged(self, timeout: float) -> bool:
+        if self.mode == "shared":
+            def same() -> bool:
+                truth = self._published()
+                return truth is not None and all(
+                    all(views.get(s) == held for s, held in truth.items()) for views in self._views())
+            return wait_until(same, timeout, "the shared views to converge")
+        # database modes: the database must hold every source's state, and each
+        # scheduler's view must be what it read from it
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            truth = self._truth()
+            rows = {s: (e, q) for s, e, q, _ in self.db.read_hosts()}  # type: ignore[union-attr]
+            if all(rows.get(s) == (e, q) for s, (e, q, _) in truth.items()):
+                break
+            time.sleep(0.1)
+        else:
+            return False
+        if self.mode == "legacy":
+            return True  # its next request reads exactly this
+        versions = {s: (e, q) for s, (e, q, _) in self._truth().items()}
+        return all(sched.versions() == versions for sched in self.schedulers)
+
+    def _published(self) -> dict[str, tuple[tuple[int, int], bytes]] | None:
+        """Every source's published (version, digest); None while any has unpublished changes."""
+        truth = {}
+        for reporter in self.reporters:
+            with reporter.manager._lock:
+                for s, m in reporter.manager.machines.items():
+                    if m.has_pending:
+                        return None
+                    truth[s] = (m.version, m.published_digest())
+        return truth
+
+    def _views(self) -> list[dict[str, tuple[tuple[int, int], bytes | None]]]:
+        """Every shared scheduler's view: source -> (version, digest)."""
+        return [view_digests(sched) for sched in self.schedulers]
+
+    def _figures(self, elapsed: float, converged: bool, over: int, bus_before: Any,
+                 bus_after: Any, db_statements: int) -> dict[str, Any]:
+        m = self.metrics
+
+        def ms(values: list[float], q: float) -> float | None:
+            p = _pct(values, q)
+            return None if p is None else round(1000 * p, 3)
+
+        retries = max(0, m.claims - (m.instances - m.no_valid_host)) if m.instances else 0
+        out: dict[str, Any] = {
+            "requests": m.requests,
+            "scheduled": m.scheduled,
+            "elapsed_s": round(elapsed, 3),
+            "scheduled_per_s": round(m.scheduled / elapsed, 2) if elapsed else 0.0,
+            "decision_ms_p50": ms(m.decision_s, 0.50),
+            "decision_ms_p99": ms(m.decision_s, 0.99),
+            "e2e_ms_p50": ms(m.e2e_s, 0.50),
+            "e2e_ms_p99": ms(m.e2e_s, 0.99),
+            "claims": m.claims,
+            "claims_rejected": m.rejected,
+            "retries_per_request": round(m.rejected / m.requests, 4) if m.requests else 0.0,
+            # a mode that refuses most requests at once (NoValidHost) has few retries per
+            # request but many per server it places: this one does not flatter it
+            "retries_per_scheduled": round(m.rejected / m.scheduled, 4) if m.scheduled else None,
+            "extra_claims": retries,
+            "no_valid_host": m.no_valid_host,
+            "no_valid_host_checked": m.nvh_checked,
+            "no_valid_host_wrong": m.nvh_wrong,
+            "no_valid_host_inconclusive": m.nvh_inconclusive,
+            "timed_out": m.timed_out,
+            "staleness_ms_p50": ms(m.staleness_s, 0.50),
+            "staleness_ms_p99": ms(m.staleness_s, 0.99),
+            "staleness_ms_max": round(1000 * max(m.staleness_s), 3) if m.staleness_s else None,
+            "staleness_samples": len(m.staleness_s),
+            "overcommitted_hosts": over,
+            "converged": converged,
+            "prefilled_instances": self.prefilled,
+            "db_statements_per_s": round(db_statements / elapsed, 1) if self.db else 0.0,
+        }
+        if bus_before is not None and bus_after is not None:
+            out["broker_messages_per_s"] = round((bus_after[0] - bus_before[0]) / elapsed, 1)
+            out["broker_bytes_per_s"] = round((bus_after[1] - bus_before[1]) / elapsed, 1)
+        else:
+            published = sum(r.stats["published"] + r.stats["casts"] for r in self.reporters)
+            out["broker_messages_per_s"] = round(published / elapsed, 1)
+            out["broker_bytes_per_s"] = None
+        out["_staleness_s"] = m.staleness_s
+        out["_decision_s"] = m.decision_s
+        out["_e2e_s"] = m.e2e_s
+        return out
+
+    def stop(self) -> None:
+        for sched in self.schedulers:
+            try:
+                sched.stop()
+            except Exception as exc:
+                print(f"warning: stopping {sched.name}: {exc}", file=sys.stderr)
+        for reporter in self.reporters:
+            reporter.stop()
+        if self.recording is not None:
+            self.recording.close()
+            for (role, name), path in sorted(self.recording.logs().items()):
+                print(f"update log of {role} {name}: {path}", file=sys.stderr)
+        if self.db is not None:
+            self.db.close()
+        self.transport.close()
+
+
+def _at_least(held: dict[str, tuple[int, int]], wanted: dict[str, tuple[int, int]]) -> bool:
+    """Every wanted source held at that version or a later one."""
+    return all(s in held and held[s] >= v for s, v in wanted.items())
+
+
+def _reporter_truth(reporter: ReporterService) -> dict[str, tuple[int, int, dict]]:
+    """Each of a reporter's hosts: (epoch, seq its pending changes will have, document).
+
+    The caller holds the reporter's lock."""
+    return {s: (m.epoch, m.seq + (1 if m.has_pending else 0), copy_document(m.document))
+            for s, m in reporter.manager.machines.items()}
+
+
+def _tempdb() -> str:
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="shm-sim-", suffix=".sqlite")
+    os.close(fd)
+    return path
+
+
+def view_digests(sched: Any) -> dict[str, tuple[tuple[int, int], bytes | None]]:
+    """A shared scheduler's view of every source it has heard of: (version, digest)."""
+    with sched.lock:
+        return {s: (v.version, v.digest()) for s, v in sched.receiver.sources.items()}

@@ -1,0 +1,64 @@
+"""Client side of the control plane: what a scheduler casts to a reporter, and back.
+
+The data plane (the stream) is broadcast and needs no client; the control
+plane is point to point, over oslo.messaging RPC casts (see
+:mod:`transport.oslo_rpc`) or the in-process bus.  Every cast carries one
+protocol message encoded by :mod:`protocol.codec` and goes to ``(topic,
+server)``, where the server is the receiving party's own name:
+
+* :class:`ReporterAPI` casts to ``(reporter topic, reporter name)``; the
+  endpoint is :meth:`compute_reporter.manager.ReporterManager.handle`.
+* :class:`SchedulerAPI` casts to ``(scheduler topic, scheduler name)``; the
+  endpoint is :meth:`shared_host_manager.cache.HostStateCache.ingest_control`.
+
+Both clients live here, below the reporter and the scheduler packages, so
+neither side imports the other (docs/design.md §7, the wire).
+
+Version history (one for the whole control plane; ``protocol.messages.PROTOCOL_VERSION``
+travels in every message, so a receiver can refuse what it does not speak):
+
+* 1.0 – scheduler -> reporter: claim (with its build request), resync_request;
+  reporter -> scheduler: claim_result (accepted, or rejected with a
+  correction), resync_answer.
+"""
+
+from __future__ import annotations
+
+from protocol.codec import Encoder
+from protocol.messages import Claim, ClaimResult, ResyncAnswer, ResyncRequest
+from transport.base import ControlClient
+
+#: default topics (``[control_plane] reporter_topic`` / ``scheduler_topic``)
+REPORTER_TOPIC = "shm-reporter"
+SCHEDULER_TOPIC = "shm-scheduler"
+
+
+class ReporterAPI:
+    """What a scheduler sends to the reporter serving a source."""
+
+    def __init__(self, client: ControlClient, encoder: Encoder, topic: str = REPORTER_TOPIC) -> None:
+        self._client = client
+        self._encoder = encoder
+        self.topic = topic
+
+    def claim(self, endpoint: str, claim: Claim) -> None:
+        """Send a claim with its build request to the reporter serving ``claim.source``."""
+        self._client.cast(self.topic, endpoint, self._encoder.encode(claim))
+
+    def resync(self, endpoint: str, request: ResyncRequest) -> None:
+        self._client.cast(self.topic, endpoint, self._encoder.encode(request))
+
+
+class SchedulerAPI:
+    """What a reporter sends back to the scheduler that asked."""
+
+    def __init__(self, client: ControlClient, encoder: Encoder, topic: str = SCHEDULER_TOPIC) -> None:
+        self._client = client
+        self._encoder = encoder
+        self.topic = topic
+
+    def send(self, scheduler: str, message: ClaimResult | ResyncAnswer) -> None:
+        self._client.cast(self.topic, scheduler, self._encoder.encode(message))
+
+
+__all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI"]
