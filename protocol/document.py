@@ -28,6 +28,7 @@ import msgpack
 
 from protocol import hashing
 from protocol.errors import FieldError, ValueRangeError
+from protocol.resources import check_namespace_entry
 
 Document = dict[str, dict[str, Any]]
 Op = list[Any]  # [SET, ns, key, value] | [DEL, ns, key] | [DROP, ns]
@@ -242,7 +243,6 @@ def check_value(value: Any, where: str, depth: int = 0) -> None:
 
 def check_ops(ops: Any, where: str) -> list[Op]:
     """Validate a list of ops from the wire; resource namespaces get range checks."""
-    from protocol.resources import check_namespace_entry  # local: resources imports document
 
     if type(ops) is not list:
         raise FieldError(f"{where}: ops must be a list, got {type(ops).__name__}")
@@ -285,7 +285,6 @@ def check_ops(ops: Any, where: str) -> list[Op]:
 
 def check_document(doc: Any, where: str) -> Document:
     """Validate a whole document from the wire (a snapshot), dropping empty namespaces."""
-    from protocol.resources import check_namespace_entry
 
     if type(doc) is not dict:
         raise FieldError(f"{where}: document must be a map, got {type(doc).__name__}")

@@ -32,11 +32,13 @@ log is damaged (everything before the damage replayed and checked).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from typing import Any
 
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.updatelog.diff import DiffResult, diff_logs
 from shared_host_manager.updatelog.reader import Damage, find_logs, resolve_log
 from shared_host_manager.updatelog.replay import ReplayResult, Tracer, history, replay, view_json
@@ -318,9 +320,7 @@ def main(argv: list[str] | None = None, prog: str = "shm replay") -> int:
     if options and not args.decisions:
         parser.error("--decision-option needs --decisions")
     if options:
-        import dataclasses
 
-        from shared_host_manager.conf.scheduler import SchedulerConfig
 
         known = {f.name for f in dataclasses.fields(SchedulerConfig)}
         for name in options:

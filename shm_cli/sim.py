@@ -15,6 +15,7 @@ import json
 import sys
 from dataclasses import fields
 
+from simulator.plot import plot
 from simulator.run import MODES, run, summary_table
 from simulator.simulation import SimConfig, check_config
 
@@ -87,7 +88,6 @@ def main(argv: list[str], prog: str = "shm sim") -> int:
     report = run(cfg)
     print(summary_table(report))
     if args.plot:
-        from simulator.plot import plot
 
         plot(report, args.plot)
         print(f"plot written to {args.plot}")

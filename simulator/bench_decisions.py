@@ -37,7 +37,7 @@ import numpy as np
 
 from protocol.document import SET
 from protocol.messages import Delta
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import FAST, SLOW, DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
 from simulator.synthetic_hosts import cloud, load_receiver

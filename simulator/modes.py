@@ -37,9 +37,10 @@ from protocol.codec import Decoder, Encoder
 from protocol.errors import ProtocolError
 from protocol.messages import Claim, ClaimResult, Snapshot
 from protocol.receiver import ReceiverMachine
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost, Selection
 from shared_host_manager.decision.manager import RequestResult, SchedulerManager
+from shared_host_manager.decision.plugins import load_filters, load_weighers
 from shared_host_manager.decision.request import RequestSpec
 from shared_host_manager.service import SchedulerService
 from simulator.database import HostDatabase
@@ -119,7 +120,6 @@ class DatabaseScheduler:
         self._encoder, self._decoder = Encoder(), Decoder()
         self.lock = threading.RLock()
         self._rng = random.Random(f"{s.seed}-{s.name}")
-        from shared_host_manager.decision.plugins import load_filters, load_weighers
 
         self._filters = load_filters(s.config.enabled_filters, s.config)
         self._weighers = load_weighers(s.config.weight_classes, s.config)

@@ -31,6 +31,7 @@ import dataclasses
 import os
 import random
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -44,8 +45,9 @@ from protocol.messages import Snapshot
 from protocol.receiver import ReceiverMachine
 from protocol.resources import overcommitted
 from protocol.source import SourceMachine
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.updatelog.recorder import record_run
 from simulator.database import HostDatabase
 from simulator.modes import DatabaseScheduler, ModeSettings, Outcome, SharedScheduler
 from simulator.run_transport import RunTransport
@@ -298,7 +300,6 @@ class Simulation:
         if self.mode != "shared":
             self.db = HostDatabase(cfg.db_url or f"sqlite:///{_tempdb()}")
         if cfg.record:
-            from shared_host_manager.updatelog.recorder import record_run
 
             self.recording = record_run(os.path.join(cfg.record, self.mode))
             for reporter in self.reporters:
@@ -655,8 +656,6 @@ def _reporter_truth(reporter: ReporterService) -> dict[str, tuple[int, int, dict
 
 
 def _tempdb() -> str:
-    import tempfile
-
     fd, path = tempfile.mkstemp(prefix="shm-sim-", suffix=".sqlite")
     os.close(fd)
     return path

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from oslo_config import cfg
 
+from transport import signing_opts
+
 __all__ = [
     "CONTROL_PLANE_GROUP",
     "CONTROL_PLANE_OPTS",
@@ -467,8 +469,6 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
 
 def list_opts() -> list[tuple[cfg.OptGroup, list[cfg.Opt]]]:
     """Entry point for oslo-config-generator (``shm.transport``): the planes and [signing]."""
-    from transport import signing_opts
-
     return [
         (DATA_PLANE_GROUP, list(DATA_PLANE_OPTS)),
         (CONTROL_PLANE_GROUP, list(CONTROL_PLANE_OPTS)),

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from oslo_config import cfg
 
+from shared_host_manager.conf import cache, decision
+
 
 def list_scheduler_opts() -> list[tuple[str, list[cfg.Opt]]]:
     """The scheduler side: [cache] and the decision path."""
-    from shared_host_manager.conf import cache, scheduler
-
-    return [*cache.list_opts(), *scheduler.list_opts()]
+    return [*cache.list_opts(), *decision.list_opts()]

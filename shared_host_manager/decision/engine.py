@@ -61,7 +61,7 @@ import numpy as np
 from protocol.hostdoc import compute_of, enabled, host_name, is_host, node_name
 from protocol.messages import Claim
 from protocol.receiver import ReceiverMachine
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.filters import BaseHostFilter
 from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import (

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from protocol.messages import Claim
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import RequestSpec
 from shared_host_manager.decision.request_tracker import RequestFinished, RequestTracker

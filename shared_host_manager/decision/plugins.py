@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.filters import BUILTIN_FILTERS, BaseHostFilter
 from shared_host_manager.decision.weights import BUILTIN_WEIGHERS, BaseHostWeigher
 

@@ -64,7 +64,7 @@ from protocol.messages import (
     Snapshot,
 )
 from protocol.receiver import ReceiverMachine, ReceiverObserver
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.updatelog import format as fmt
 from shared_host_manager.updatelog.format import (

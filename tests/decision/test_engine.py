@@ -7,7 +7,7 @@ import random
 import pytest
 
 from protocol.resources import check_fit
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
 from shared_host_manager.decision.subset import AdaptiveSubset

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.filters.aggregate_instance_extra_specs import (
     AggregateInstanceExtraSpecsFilter,
 )

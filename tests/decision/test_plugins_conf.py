@@ -7,8 +7,8 @@ from unittest import mock
 import pytest
 from oslo_config import cfg
 
-from shared_host_manager.conf import scheduler as conf_scheduler
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf import decision as conf_decision
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision import plugins
 from shared_host_manager.decision.filters import BUILTIN_FILTERS, BaseHostFilter
 from shared_host_manager.decision.filters.compute_filter import ComputeFilter
@@ -62,7 +62,7 @@ def test_entry_point_lines_match_the_tables():
 
 def test_options_register_and_map_to_the_engine_config():
     conf = cfg.ConfigOpts()
-    conf_scheduler.register_opts(conf)
+    conf_decision.register_opts(conf)
     conf([], project="shm")
     assert SchedulerConfig.from_conf(conf) == SchedulerConfig()
     conf.set_override("enabled_filters", ["ComputeFilter", "IoOpsFilter"], group="filter_scheduler")
@@ -74,7 +74,7 @@ def test_options_register_and_map_to_the_engine_config():
 
 
 def test_list_opts_covers_every_config_field_with_help():
-    groups = dict(conf_scheduler.list_opts())
+    groups = dict(conf_decision.list_opts())
     assert set(groups) == {"scheduler", "filter_scheduler"}
     names = {o.name for opts in groups.values() for o in opts}
     assert names == set(SchedulerConfig.__dataclass_fields__)

@@ -29,7 +29,7 @@ from protocol.messages import Claim, Send
 from protocol.receiver import Outcome, ReceiverMachine
 from protocol.resources import overcommitted
 from protocol.source import SourceMachine
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.index import HostIndex
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec

@@ -9,7 +9,7 @@ import pytest
 from protocol.document import SET
 from protocol.messages import ClaimResult, Delta
 from protocol.receiver import Outcome
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, RequestSpec
 from shared_host_manager.decision.request_tracker import (

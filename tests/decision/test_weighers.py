@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine
 from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.request import RequestSpec

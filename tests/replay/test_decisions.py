@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
 from shared_host_manager.updatelog.format import DECISION, DECISION_END, ENGINE, spec_from_wire, spec_to_wire

@@ -15,7 +15,7 @@ on every host; the differential tests prove it for the built-in filters.  A
 filter without a vector form (None) is run per host on the survivors.
 
 Life cycle: filters are instantiated once per engine (with the engine's
-:class:`~shared_host_manager.conf.scheduler.SchedulerConfig`) and are
+:class:`~shared_host_manager.conf.decision.SchedulerConfig`) and are
 stateless across requests; per-request data goes in ``spec_obj.memo``.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 
 if TYPE_CHECKING:
     from shared_host_manager.decision.index import HostIndex, VectorResult

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from shared_host_manager.conf.scheduler import SchedulerConfig
+from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.filters import utils as filter_utils
 
 

@@ -3,7 +3,7 @@
 Role: the operator's manual for filtering, weighing, alternates and collision
 avoidance, generated into the sample config through :func:`list_opts`
 (entry point ``oslo.config.opts``: ``shm.scheduler =
-shared_host_manager.conf.scheduler:list_opts``).
+shared_host_manager.conf.decision:list_opts``).
 
 The decision path itself never reads a global ConfigOpts: the service layer
 calls :func:`register_opts` once and hands :meth:`SchedulerConfig.from_conf`
