@@ -122,8 +122,10 @@ class ReporterService:
         self._encoder = encoder or Encoder()
         self._decoder = decoder or Decoder()
         self._state_dir = state_dir
-        self.params = dict(coalesce_window=coalesce_window, heartbeat_interval=heartbeat_interval,
-                            ring_size=ring_size, max_batch_items=max_batch_items)
+        #: the reporter's settings (recorded in its update log's header)
+        self.params: dict[str, Any] = dict(
+            coalesce_window=coalesce_window, heartbeat_interval=heartbeat_interval,
+            ring_size=ring_size, max_batch_items=max_batch_items)
         self.clock = clock
         self._wall_ns = wall_ns
         self._wake = threading.Condition()

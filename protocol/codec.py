@@ -54,25 +54,25 @@ DIGEST_LEN = 16
 
 
 def _item_map(msg: Message) -> dict[str, Any]:
-    t = type(msg)
-    if t is Delta:
+    m: dict[str, Any]
+    if isinstance(msg, Delta):
         m = {"t": "delta", "s": msg.source, "e": msg.epoch, "q": msg.seq, "o": msg.ops}
         if msg.claims:
             m["c"] = msg.claims
         return m
-    if t is Heartbeat:
+    if isinstance(msg, Heartbeat):
         return {"t": "heartbeat", "s": msg.source, "e": msg.epoch, "q": msg.seq, "g": msg.digest}
-    if t is Snapshot:
+    if isinstance(msg, Snapshot):
         return {"t": "snapshot", "s": msg.source, "e": msg.epoch, "q": msg.seq, "d": msg.doc,
                 "c": msg.claims}
-    if t is ResyncRequest:
+    if isinstance(msg, ResyncRequest):
         return {"t": "resync_request", "s": msg.source, "r": msg.requester, "e": msg.epoch,
                 "q": msg.seq, "f": msg.full}
-    if t is Claim:
+    if isinstance(msg, Claim):
         return {"t": "claim", "i": msg.claim_id, "r": msg.scheduler, "s": msg.source,
                 "e": msg.epoch, "q": msg.seq, "x": msg.resources, "n": msg.instance,
                 "b": msg.request}
-    raise errors.LocalProtocolError(f"cannot encode {t.__name__} as a single item")
+    raise errors.LocalProtocolError(f"cannot encode {type(msg).__name__} as a single item")
 
 
 class Encoder:
@@ -83,14 +83,15 @@ class Encoder:
 
     def _wrap(self, msg: Message) -> dict[str, Any]:
         t = type(msg)
-        if t is Batch:
+        m: dict[str, Any]
+        if isinstance(msg, Batch):
             m = {"t": "batch", "m": [self._wrap(i) for i in msg.items]}
             if msg.origin:
                 m["o"] = msg.origin
-        elif t is ResyncAnswer:
+        elif isinstance(msg, ResyncAnswer):
             m = {"t": "resync_answer", "s": msg.source, "r": msg.requester,
                  "m": [self._wrap(i) for i in msg.items]}
-        elif t is ClaimResult:
+        elif isinstance(msg, ClaimResult):
             m = {"t": "claim_result", "i": msg.claim_id, "r": msg.scheduler, "s": msg.source,
                  "a": msg.accepted, "e": msg.epoch, "q": msg.seq, "w": msg.reason,
                  "m": [self._wrap(i) for i in msg.correction]}

@@ -260,12 +260,12 @@ class ReceiverMachine:
     def receive(self, msg: Message, now: float) -> list[Send]:
         out: list[Send] = []
         t = type(msg)
-        if t is Batch:
+        if isinstance(msg, Batch):
             for item in msg.items:
                 self._data(item, now, out)
         elif t in (Delta, Snapshot, Heartbeat):
             self._data(msg, now, out)
-        elif t is ResyncAnswer:
+        elif isinstance(msg, ResyncAnswer):
             for item in msg.items:
                 self._data(item, now, out)
             view = self.sources.get(msg.source)
@@ -273,7 +273,7 @@ class ReceiverMachine:
                 self._heard(view, now)
                 view.resync_sent_at = None  # answered: a further need may ask again at once
                 self._settle(view, now, out)
-        elif t is ClaimResult:
+        elif isinstance(msg, ClaimResult):
             self._claim_result(msg, now, out)
         else:
             raise LocalProtocolError(f"a receiver does not handle {t.__name__}")
@@ -413,11 +413,11 @@ class ReceiverMachine:
             if view.resync_sent_at is None:
                 self.stats["heartbeat_resyncs"] += 1
             self._resync(view, now, out)
-        elif hb.seq == view.seq and hb.digest != view.digest():
+        elif hb.seq == view.seq and (held := view.digest()) != hb.digest:
             self.stats["divergences"] += 1
             self._alerts.append(
                 f"view of {view.source} diverged at version {view.epoch}:{view.seq} "
-                f"(digest {view.digest().hex()} != source's {hb.digest.hex()}); full resync")
+                f"(digest {held.hex() if held else None} != source's {hb.digest.hex()}); full resync")
             view.want_full = True
             self._resync(view, now, out)
 
@@ -544,7 +544,9 @@ class ReceiverMachine:
         while deadlines and deadlines[0][0] <= now:
             _, claim_id, source = heapq.heappop(deadlines)
             view = self.sources.get(source)
-            pending = view.pending.get(claim_id) if view is not None else None
+            if view is None:
+                continue
+            pending = view.pending.get(claim_id)
             if pending is not None and pending.deadline <= now:
                 self._retire(view, claim_id, Outcome.EXPIRED)
         for source in list(self._troubled):

@@ -341,7 +341,7 @@ class SourceMachine:
             return []
         out: list[Send] = []
         self._flush(out)
-        items = [self.snapshot()] if req.full else self.catch_up(req.epoch, req.seq)
+        items: list[Snapshot | Delta] = [self.snapshot()] if req.full else self.catch_up(req.epoch, req.seq)
         out.append(Send(req.requester, ResyncAnswer(self.source, req.requester, items)))
         self.stats["resyncs_answered"] += 1
         return out

@@ -32,6 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from oslo_config import cfg
 
@@ -65,7 +66,7 @@ class SchedulerService:
         clock: Callable[[], float] = time.monotonic,
         known_sources: Mapping[str, str] | None = None,
         recorder: CacheObserver | None = None,
-        **receiver_params: float,
+        **receiver_params: Any,
     ) -> None:
         self.name = name
         self._data_plane = data_plane

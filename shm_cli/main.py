@@ -26,6 +26,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: top-level modules that come with an extra, not with the base install
+OPTIONAL = {"sqlalchemy": "sim", "matplotlib": "sim", "pymysql": "sim", "psycopg2": "sim",
+            "nova": "nova"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -39,7 +44,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shm: unknown command {name!r}; try 'shm --help'", file=sys.stderr)
         return 2
     module, func = SUBCOMMANDS[name][0].split(":")
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    try:
+        entry = getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as exc:
+        extra = OPTIONAL.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"shm {name}: {exc.name} is not installed; "
+              f"pip install 'shared-host-manager[{extra}]'", file=sys.stderr)
+        return 2
+    return int(entry(rest) or 0)
 
 
 if __name__ == "__main__":

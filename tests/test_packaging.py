@@ -15,3 +15,18 @@ def test_entry_points_match_the_builtin_tables():
         assert block, f"setup.py has no {group} entry points"
         declared = re.findall(r'"([^"]+ = [^"]+)"', block.group(1))
         assert declared == lines, group
+
+
+def test_a_missing_extra_is_named_not_a_traceback():
+    """Without the [sim] extra, `shm sim` says what to install (exit 2), in one line."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['sqlalchemy'] = None\n"
+            "from shm_cli.main import main\n"
+            "raise SystemExit(main(['sim', '--nodes', '10']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TOP,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "shm sim: sqlalchemy is not installed; pip install 'shared-host-manager[sim]'")

@@ -169,7 +169,7 @@ class InProcessBus:
         delivered = 0
         while max_messages is None or delivered < max_messages:
             progress = 0
-            for party in [*self._consumers, *self._servers]:
+            for party in self._parties():
                 budget = (None if max_messages is None
                           else max_messages - delivered - progress)
                 if budget is not None and budget <= 0:
@@ -215,11 +215,14 @@ class InProcessBus:
         """Stop every consumer and server still running; idempotent."""
         with self._lock:
             self._closed = True
-            parties = [*self._consumers, *self._servers]
+            parties = self._parties()
         for party in parties:
             party.stop()
 
     # -- internals used by the parties ----------------------------------
+
+    def _parties(self) -> list[InProcessStreamConsumer | InProcessControlServer]:
+        return [*self._consumers, *self._servers]
 
     def _stream(self, name: str | None) -> _Stream:
         name = name or self.default_stream
