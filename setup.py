@@ -50,6 +50,7 @@ setup(
             "pytest-timeout>=2",
             "hypothesis>=6.100",
             "ruff>=0.5",
+            "mypy>=2.4",
             # the drop-in's tests run nova's own filters and SchedulerManager
             "nova>=34.0.0,<35",
         ],

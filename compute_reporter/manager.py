@@ -20,13 +20,22 @@ from __future__ import annotations
 
 import heapq
 import threading
-from typing import Any
+from typing import Any, TypedDict
 
 from protocol.batching import batches
 from protocol.document import SET, Document, Op
 from protocol.hostdoc import ENDPOINT, INSTANCES, SERVICE
 from protocol.messages import Batch, Claim, Message, ResyncRequest, Send
 from protocol.source import SourceMachine
+
+
+class ReporterParams(TypedDict):
+    """A reporter's settings: :class:`ReporterManager`'s keyword arguments."""
+
+    coalesce_window: float
+    heartbeat_interval: float
+    ring_size: int
+    max_batch_items: int
 
 
 class ReporterManager:

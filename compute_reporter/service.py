@@ -23,22 +23,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from oslo_config import cfg
 
 from compute_reporter import conf as reporter_conf
 from compute_reporter.epochs import EpochStore
-from compute_reporter.manager import ReporterManager
+from compute_reporter.manager import ReporterManager, ReporterParams
 from compute_reporter.tracker import ResourceTracker
 from protocol.codec import Decoder, Encoder
 from protocol.document import Op
 from protocol.errors import ProtocolError
-from protocol.messages import Claim, ResyncRequest
+from protocol.messages import Batch, Claim, ClaimResult, Message, ResyncAnswer, ResyncRequest, Send
 from transport import factory, signing_opts
 from transport import opts as transport_opts
-from transport.base import ControlPlane, DataPlane
+from transport.base import ControlClient, ControlPlane, ControlServer, DataPlane, StreamPublisher
 from transport.rpcapi import SchedulerAPI
 
 LOG = logging.getLogger(__name__)
@@ -53,16 +52,17 @@ class ReporterObserver:
     def reporter_attached(self, service: ReporterService) -> None:
         """``start()`` built the manager (epochs allocated): nothing was published yet."""
 
-    def control(self, body: bytes, now: float, sends: Any = None) -> None:
-        """A claim or resync request was handled (``body`` as received)."""
+    def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
+        """A claim or resync request was handled (``body`` as received; a reporter passes no
+        ``sends``, the parameter is the cache observer's, see CacheObserver.control)."""
 
-    def dropped(self, body: Any, plane: str, offset: int | None, now: float) -> None:
+    def dropped(self, body: bytes, plane: str, offset: int | None, now: float) -> None:
         """An invalid control message was dropped."""
 
     def published(self, body: bytes, now: float) -> None:
         """A batch went out on the stream (``body`` as published)."""
 
-    def sent(self, to: str | None, message: Any, now: float) -> None:
+    def sent(self, to: str | None, message: Message, now: float) -> None:
         """A claim result or resync answer was cast to a scheduler."""
 
     def close(self) -> None:
@@ -93,6 +93,12 @@ class _Sink:
 
 
 class ReporterService:
+    # the transport objects, built by start() from the planes
+    _publisher: StreamPublisher
+    _client: ControlClient
+    _server: ControlServer
+    _scheduler_api: SchedulerAPI
+
     def __init__(
         self,
         name: str,
@@ -123,7 +129,7 @@ class ReporterService:
         self._decoder = decoder or Decoder()
         self._state_dir = state_dir
         #: the reporter's settings (recorded in its update log's header)
-        self.params: dict[str, Any] = dict(
+        self.params: ReporterParams = dict(
             coalesce_window=coalesce_window, heartbeat_interval=heartbeat_interval,
             ring_size=ring_size, max_batch_items=max_batch_items)
         self.clock = clock
@@ -135,7 +141,7 @@ class ReporterService:
         self.manager: ReporterManager
         #: optional update log (shared_host_manager.updatelog.recorder.Recorder): attached by start(),
         #: records what is handled, published and cast; closed by stop()
-        self.recorder: Any = recorder
+        self.recorder: ReporterObserver | None = recorder
         self.stats = {"published": 0, "publish_errors": 0, "casts": 0, "cast_errors": 0,
                       "invalid": 0}
 
@@ -218,7 +224,7 @@ class ReporterService:
                     self._wake.wait(timeout)
                 self._woken = False
 
-    def _send(self, batches: list, control: list) -> None:
+    def _send(self, batches: list[Batch], control: list[Send]) -> None:
         recorder = self.recorder
         now = self.clock() if recorder is not None else 0.0
         for batch in batches:
@@ -233,7 +239,10 @@ class ReporterService:
                 LOG.warning("publish of %d items failed: %s", len(batch.items), exc)
         for send in control:
             try:
-                self._scheduler_api.send(send.to, send.message)
+                to, message = send.to, send.message
+                if to is None or not isinstance(message, (ClaimResult, ResyncAnswer)):
+                    raise TypeError(f"a reporter does not cast {type(message).__name__} to {to!r}")
+                self._scheduler_api.send(to, message)
                 if recorder is not None:
                     recorder.sent(send.to, send.message, now)
                 self.stats["casts"] += 1

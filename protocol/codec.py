@@ -19,7 +19,7 @@ returns a message or raises a :class:`~protocol.errors.RemoteProtocolError`.
 from __future__ import annotations
 
 import reprlib
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import msgpack
 
@@ -39,7 +39,7 @@ from protocol.messages import (
     Snapshot,
 )
 from protocol.resources import check_resources
-from protocol.signing import MAC_SIZE, Keyring
+from protocol.signing import MAC_SIZE, Keyring, Verifier
 
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 MAX_ITEMS = 100_000
@@ -125,7 +125,7 @@ def encode(msg: Message) -> bytes:
 # decoding
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
+def _ext_hook(code: int, data: bytes) -> NoReturn:
     raise errors.FieldError(f"msgpack extension type {code} is not allowed")
 
 
@@ -143,7 +143,11 @@ def _unpack(data: bytes, max_bytes: int) -> Any:
         raise errors.UndecodableError(f"undecodable msgpack: {type(exc).__name__}: {exc}") from None
 
 
-def _get(m: dict, key: str, typ: type, what: str, t: str) -> Any:
+_T = TypeVar("_T")
+
+
+def _get(m: dict[str, Any], key: str, typ: type[_T], what: str, t: str) -> _T:
+    """``m[key]``, which must be exactly of type ``typ`` (bool is not an int here)."""
     try:
         value = m[key]
     except KeyError:
@@ -196,13 +200,15 @@ class Decoder:
     """Validating decoder.
 
     ``keyring``: verify signatures (and, if ``keyring.required``, insist on
-    them).  ``known_sources``: if given, a data item or claim result naming a
-    source outside it is rejected with :class:`~protocol.errors.UnknownSourceError`.
+    them); a :class:`~protocol.signing.Keyring`, or any other
+    :class:`~protocol.signing.Verifier`.  ``known_sources``: if given, a data item
+    or claim result naming a source outside it is rejected with
+    :class:`~protocol.errors.UnknownSourceError`.
     """
 
     def __init__(
         self,
-        keyring: Keyring | None = None,
+        keyring: Verifier | None = None,
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         known_sources: set[str] | frozenset[str] | None = None,

@@ -18,7 +18,7 @@ import hashlib
 import hmac
 import zlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Protocol
 
 #: hashlib releases the GIL for any single update of at least this many bytes
 GIL_RELEASE_SIZE = 2048
@@ -27,7 +27,13 @@ _PIECE = GIL_RELEASE_SIZE - 1
 CRC_GIL_RELEASE_SIZE = 5 * 1024
 
 
-def update(h: Any, data: bytes) -> None:
+class Hasher(Protocol):
+    """What :func:`update` feeds: a hashlib object (or anything with the same ``update``)."""
+
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
+
+def update(h: Hasher, data: bytes) -> None:
     """``h.update(data)``, in pieces small enough to keep the GIL."""
     n = len(data)
     if n < GIL_RELEASE_SIZE:

@@ -85,7 +85,7 @@ def instances_of(doc: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 def is_host(doc: Mapping[str, Any] | None) -> bool:
     """A source is a schedulable host iff its document has a compute namespace."""
-    return bool(doc) and bool(doc.get(COMPUTE))  # type: ignore[union-attr]
+    return bool(doc and doc.get(COMPUTE))
 
 
 def host_name(compute: Mapping[str, Any], source: str) -> str:

@@ -55,7 +55,7 @@ from __future__ import annotations
 import enum
 import heapq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from protocol.document import CanonicalCache, Document, apply_ops, copy_document
 from protocol.errors import LocalProtocolError
@@ -64,6 +64,7 @@ from protocol.messages import (
     Batch,
     Claim,
     ClaimResult,
+    DataItem,
     Delta,
     Heartbeat,
     Message,
@@ -191,6 +192,18 @@ STAT_KEYS = (
 )
 
 
+class ReceiverParams(TypedDict, total=False):
+    """The tunables of a :class:`ReceiverMachine` (its keyword arguments), for callers that
+    pass them through."""
+
+    reorder_window: int
+    reorder_timeout: float
+    resync_timeout: float
+    resync_backoff_max: float
+    down_interval: float
+    claim_deadline: float
+
+
 class ReceiverMachine:
     """One scheduler's view of all sources; see the module docstring."""
 
@@ -263,7 +276,7 @@ class ReceiverMachine:
         if isinstance(msg, Batch):
             for item in msg.items:
                 self._data(item, now, out)
-        elif t in (Delta, Snapshot, Heartbeat):
+        elif type(msg) is Delta or type(msg) is Snapshot or type(msg) is Heartbeat:
             self._data(msg, now, out)
         elif isinstance(msg, ResyncAnswer):
             for item in msg.items:
@@ -293,13 +306,12 @@ class ReceiverMachine:
             self.stats["came_up"] += 1
             self._changed.add(view.source)
 
-    def _data(self, item: Any, now: float, out: list[Send]) -> None:
+    def _data(self, item: DataItem, now: float, out: list[Send]) -> None:
         view = self._view(item.source, now)
         self._heard(view, now)
-        t = type(item)
-        if t is Delta:
+        if type(item) is Delta:
             self._delta(view, item, now, out)
-        elif t is Snapshot:
+        elif type(item) is Snapshot:
             self._snapshot(view, item, now, out)
         else:
             self._heartbeat(view, item, now, out)
@@ -317,8 +329,8 @@ class ReceiverMachine:
             self.stats["duplicates"] += 1
             return
         if delta.seq == view.seq + 1:
-            self._apply(view, delta)
-            self._drain_buffer(view)
+            self._apply(view, view.doc, delta)
+            self._drain_buffer(view, view.doc)
             self._settle(view, now, out)
             return
         if delta.seq in view.buffer:
@@ -339,8 +351,9 @@ class ReceiverMachine:
         if self._observer is not None:
             self._observer.delta_buffered(view, delta, new_gap)
 
-    def _apply(self, view: SourceView, delta: Delta) -> None:
-        apply_ops(view.doc, delta.ops)  # type: ignore[arg-type]
+    def _apply(self, view: SourceView, doc: Document, delta: Delta) -> None:
+        """Apply the next delta to ``doc``, the view's document (held: the caller checked)."""
+        apply_ops(doc, delta.ops)
         view.seq = delta.seq
         view._digest = None
         view._canonical.invalidate(delta.ops)
@@ -353,7 +366,7 @@ class ReceiverMachine:
                 if claim_id in view.pending:
                     self._retire(view, claim_id, Outcome.INCLUDED)
 
-    def _drain_buffer(self, view: SourceView) -> None:
+    def _drain_buffer(self, view: SourceView, doc: Document) -> None:
         buffer = view.buffer
         if not buffer:
             return
@@ -361,7 +374,7 @@ class ReceiverMachine:
             nxt = buffer.pop(view.seq + 1, None)
             if nxt is None:
                 break
-            self._apply(view, nxt)
+            self._apply(view, doc, nxt)
         for seq in [s for s in buffer if s <= view.seq]:
             del buffer[seq]
 
@@ -387,7 +400,7 @@ class ReceiverMachine:
                              Outcome.INCLUDED if claim_id in listed else Outcome.EPOCH_CHANGED)
             view.buffer.clear()
         previous = view.doc
-        view.doc = copy_document(snap.doc)
+        view.doc = doc = copy_document(snap.doc)
         view.epoch = snap.epoch
         view.seq = snap.seq
         view._digest = None
@@ -401,7 +414,7 @@ class ReceiverMachine:
             for claim_id in snap.claims:
                 if claim_id in view.pending:
                     self._retire(view, claim_id, Outcome.INCLUDED)
-        self._drain_buffer(view)
+        self._drain_buffer(view, doc)
         self._settle(view, now, out)
 
     def _heartbeat(self, view: SourceView, hb: Heartbeat, now: float, out: list[Send]) -> None:
@@ -425,7 +438,8 @@ class ReceiverMachine:
 
     def _resync(self, view: SourceView, now: float, out: list[Send]) -> None:
         self._troubled.add(view.source)
-        if view.resync_sent_at is not None and now < self._retry_at(view):
+        if view.resync_sent_at is not None and now < self._retry_at(view.resync_sent_at,
+                                                                    view.resync_attempts):
             return
         view.resync_sent_at = now
         view.resync_attempts += 1
@@ -437,10 +451,10 @@ class ReceiverMachine:
         if self._observer is not None:
             self._observer.resync_requested(view, request)
 
-    def _retry_at(self, view: SourceView) -> float:
-        """When an unanswered resync request may be repeated (exponential backoff)."""
-        wait = min(self.resync_timeout * 2 ** max(view.resync_attempts - 1, 0), self.resync_backoff_max)
-        return view.resync_sent_at + wait  # type: ignore[operator]
+    def _retry_at(self, sent_at: float, attempts: int) -> float:
+        """When a resync request sent at ``sent_at`` (the ``attempts``-th) may be repeated."""
+        wait: float = min(self.resync_timeout * 2 ** max(attempts - 1, 0), self.resync_backoff_max)
+        return sent_at + wait
 
     def _settle(self, view: SourceView, now: float, out: list[Send]) -> None:
         """Forget a source's trouble once it is in order again."""
@@ -486,9 +500,10 @@ class ReceiverMachine:
         never an overcommit.  Returns False when the claim is not pending.
         """
         view = self.sources.get(source)
-        cancelled = view is not None and claim_id in view.pending
-        if cancelled:
-            self._retire(view, claim_id, Outcome.CANCELLED)  # type: ignore[arg-type]
+        cancelled = False
+        if view is not None and claim_id in view.pending:
+            self._retire(view, claim_id, Outcome.CANCELLED)
+            cancelled = True
         if self._observer is not None:
             self._observer.claim_cancelled(source, claim_id, cancelled)
         return cancelled
@@ -574,7 +589,7 @@ class ReceiverMachine:
             # an unanswered request is repeated only after its backoff, even for a
             # timed-out gap (else this deadline stays in the past and the edge spins)
             nxt = min(nxt, min(
-                self._retry_at(v) if v.resync_sent_at is not None
+                self._retry_at(v.resync_sent_at, v.resync_attempts) if v.resync_sent_at is not None
                 else (v.gap_since + self.reorder_timeout) if v.buffer and v.gap_since is not None
                 else self.resync_timeout
                 for v in (self.sources[s] for s in self._troubled)))
@@ -615,5 +630,5 @@ class ReceiverMachine:
             self._observer.source_forgotten(source)
 
 
-__all__ = ["Outcome", "PendingClaim", "ReceiverMachine", "ReceiverObserver", "ResyncRequest", "SourceView",
-           "Status"]
+__all__ = ["Outcome", "PendingClaim", "ReceiverMachine", "ReceiverObserver", "ReceiverParams",
+           "ResyncRequest", "SourceView", "Status"]

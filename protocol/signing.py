@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping
+from typing import Protocol
 
 from protocol.hashing import hmac_sha256
 
@@ -22,6 +23,17 @@ MAC_SIZE = 32
 
 def derive_key(master: bytes, name: str) -> bytes:
     return hmac_sha256(master, name.encode())
+
+
+class Verifier(Protocol):
+    """What a :class:`~protocol.codec.Decoder` needs of its keys (a :class:`Keyring` is one)."""
+
+    #: unsigned messages are invalid
+    required: bool
+
+    def verify(self, name: str, payload: bytes, mac: bytes) -> bool | None:
+        """True/False for a good/bad MAC; None when ``name`` has no key."""
+        ...
 
 
 class Keyring:

@@ -41,7 +41,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import msgpack
 
@@ -82,7 +81,7 @@ class CacheObserver(ReceiverObserver):
     def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
         """A control message (resync answer, claim result) was applied."""
 
-    def dropped(self, body: Any, plane: str, offset: int | None, now: float) -> None:
+    def dropped(self, body: bytes, plane: str, offset: int | None, now: float) -> None:
         """An invalid message was dropped before the receiver (``plane``: "stream" or "control")."""
 
     def tick(self, now: float, sends: Sequence[Send]) -> None:
@@ -233,7 +232,7 @@ class HostStateCache:
         self._dispatch(sends)
         return len(sends)
 
-    def _decode(self, body: bytes, allowed: tuple[type, ...], where: str) -> Any:
+    def _decode(self, body: bytes, allowed: tuple[type, ...], where: str) -> Message | None:
         try:
             msg = self._decoder.decode(body)
         except ProtocolError as exc:

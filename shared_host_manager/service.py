@@ -32,24 +32,30 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Unpack
 
 from oslo_config import cfg
 
 from protocol.codec import Decoder, Encoder
 from protocol.messages import Claim, Message, ResyncRequest
-from protocol.receiver import ReceiverMachine
+from protocol.receiver import ReceiverMachine, ReceiverParams
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.conf import cache as cache_conf
 from transport import factory, signing_opts
 from transport import opts as transport_opts
-from transport.base import ControlPlane, DataPlane
+from transport.base import ControlClient, ControlPlane, ControlServer, DataPlane, StreamConsumer
 from transport.rpcapi import ReporterAPI
 
 LOG = logging.getLogger(__name__)
 
 
 class SchedulerService:
+    # the transport objects, built by start() from the planes
+    _client: ControlClient
+    _server: ControlServer
+    _consumer: StreamConsumer
+    reporter_api: ReporterAPI
+
     def __init__(
         self,
         name: str,
@@ -66,7 +72,7 @@ class SchedulerService:
         clock: Callable[[], float] = time.monotonic,
         known_sources: Mapping[str, str] | None = None,
         recorder: CacheObserver | None = None,
-        **receiver_params: Any,
+        **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
         self._data_plane = data_plane

@@ -24,7 +24,7 @@ from oslo_log import log as logging
 
 LOG = logging.getLogger(__name__)
 
-common_opts = [
+common_opts: list[cfg.Opt] = [
     cfg.StrOpt("concurrency_backend", default="threading", choices=["threading", "eventlet"],
                help="""
 How this process runs concurrent work. 'threading' (default): native threads.

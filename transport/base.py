@@ -89,8 +89,8 @@ def validate_offset(offset: object) -> OffsetSpec:
         if offset < 0:
             raise ValueError(f"stream offset must be >= 0, got {offset}")
         return offset
-    if isinstance(offset, str) and offset in OFFSET_SPECS:
-        return offset  # type: ignore[return-value]
+    if offset == "first" or offset == "last" or offset == "next":  # OFFSET_SPECS, as literals
+        return offset
     raise ValueError(
         f"stream offset must be an int >= 0 or one of {sorted(OFFSET_SPECS)}, "
         f"got {offset!r}")

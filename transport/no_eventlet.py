@@ -37,6 +37,7 @@ def install() -> None:
     else:
         # A None entry makes every later `import eventlet` raise
         # ImportError, which futurist and oslo.utils treat as "absent".
+        # (typeshed types sys.modules as dict[str, ModuleType]: None is the documented exception)
         sys.modules["eventlet"] = None  # type: ignore[assignment]
 
     from oslo_service import backend

@@ -20,6 +20,7 @@ adaptive one (see :mod:`shared_host_manager.decision.subset`).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 from oslo_config import cfg
 
@@ -44,7 +45,7 @@ DEFAULT_FILTERS = (
 )
 DEFAULT_WEIGHERS = ("RAMWeigher", "CPUWeigher", "DiskWeigher", "NumInstancesWeigher", "IoOpsWeigher")
 
-scheduler_opts = [
+scheduler_opts: list[cfg.Opt] = [
     cfg.IntOpt("max_attempts", default=3, min=1, help="""
 The maximum number of hosts tried for one instance: the selected host plus
 ``max_attempts - 1`` alternates. When a compute node rejects a claim (or the
@@ -58,7 +59,7 @@ Possible values: a positive integer; 1 disables alternates.
 """),
 ]
 
-filter_opts = [
+filter_opts: list[cfg.Opt] = [
     cfg.ListOpt("enabled_filters", default=list(DEFAULT_FILTERS), help="""
 Filters applied, in order, to every host for every request. A host must pass
 all of them. Names are looked up in the ``shm.scheduler.filters`` entry point
@@ -187,7 +188,8 @@ class SchedulerConfig:
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts) -> SchedulerConfig:
-        values = {}
+        # oslo.config's values are untyped here; each was converted and checked by its Opt
+        values: dict[str, Any] = {}
         groups = {SCHEDULER_GROUP: conf[SCHEDULER_GROUP], FILTER_GROUP: conf[FILTER_GROUP]}
         for f in fields(cls):
             group = groups[SCHEDULER_GROUP if f.name == "max_attempts" else FILTER_GROUP]

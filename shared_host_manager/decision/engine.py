@@ -51,12 +51,13 @@ from __future__ import annotations
 
 import random
 import uuid as uuid_mod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from protocol.hostdoc import compute_of, enabled, host_name, is_host, node_name
 from protocol.messages import Claim
@@ -67,8 +68,11 @@ from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import (
     AGGREGATE_GROUPS,
     PASS_ALL,
+    BoolArray,
     Exclude,
+    FloatArray,
     HostIndex,
+    IntArray,
     Only,
     VectorResult,
 )
@@ -80,6 +84,9 @@ from shared_host_manager.decision.world import IndexWorld, ReceiverWorld
 
 FAST = "fast"
 SLOW = "slow"
+
+#: positions or rows of the index (np.flatnonzero's result)
+RowArray: TypeAlias = npt.NDArray[np.intp]
 
 
 class DecisionObserver:
@@ -94,13 +101,15 @@ class DecisionObserver:
 
     def decision_started(self, engine: DecisionEngine, spec: RequestSpec, now: float, *,
                          return_alternates: bool, live_schedulers: int | None,
-                         path: str | None) -> Any:
-        """A decision begins (before the RNG is used); returns a token for the end call."""
+                         path: str | None) -> object:
+        """A decision begins (before the RNG is used); returns a token for the end call
+        (opaque to the engine, which hands it back as it is)."""
+        return None
 
-    def decision_finished(self, token: Any, rows: list[list[Selection]], now: float) -> None:
+    def decision_finished(self, token: object, rows: list[list[Selection]], now: float) -> None:
         """The decision ``token`` placed every instance (rows as returned)."""
 
-    def decision_failed(self, token: Any, error: Exception, now: float) -> None:
+    def decision_failed(self, token: object, error: Exception, now: float) -> None:
         """The decision ``token`` raised ``error`` (NoValidHost, or a bug)."""
 
 
@@ -126,7 +135,7 @@ class Selection:
     claim_id: str | None = None
 
 
-def _top(w: np.ndarray, rk: np.ndarray, n: int) -> np.ndarray:
+def _top(w: FloatArray, rk: IntArray, n: int) -> RowArray:
     """Positions of the ``n`` best entries, ordered by weight desc then rank asc (exact at ties)."""
     m = len(w)
     if n >= m:
@@ -138,7 +147,7 @@ def _top(w: np.ndarray, rk: np.ndarray, n: int) -> np.ndarray:
     return cand[order[:n]]
 
 
-def apply_vector(mask: np.ndarray, res: VectorResult) -> np.ndarray:
+def apply_vector(mask: BoolArray, res: VectorResult) -> BoolArray:
     """``mask`` narrowed by a filter's vector answer (in place when possible)."""
     if res is PASS_ALL:
         return mask
@@ -150,7 +159,7 @@ def apply_vector(mask: np.ndarray, res: VectorResult) -> np.ndarray:
     if type(res) is Exclude:
         mask[np.fromiter(res.rows, dtype=np.intp)] = False
         return mask
-    mask &= res  # type: ignore[operator]
+    mask &= res
     return mask
 
 
@@ -159,7 +168,7 @@ class _FastRanking:
 
     __slots__ = ("engine", "req", "idx", "w", "deferred", "hv")
 
-    def __init__(self, engine: DecisionEngine, req: RequestView, idx: np.ndarray, w: np.ndarray,
+    def __init__(self, engine: DecisionEngine, req: RequestView, idx: RowArray, w: FloatArray,
                  deferred: list[BaseHostFilter], hv: dict[int, HostView]) -> None:
         self.engine = engine
         self.req = req
@@ -183,7 +192,10 @@ class _FastRanking:
                 row = int(idx[p])
                 if self.deferred and not self._deferred_pass(row):
                     continue
-                yield sources[row], float(w[p])  # type: ignore[misc]
+                source = sources[row]
+                if source is None:  # cannot be: idx holds live rows only
+                    raise LookupError(f"row {row} of the host index holds no source")
+                yield source, float(w[p])
             done, n = n, n * 8
 
     def _deferred_pass(self, row: int) -> bool:
@@ -197,7 +209,7 @@ class DecisionEngine:
     def __init__(
         self,
         receiver: ReceiverMachine,
-        send_claim: Callable[[Claim], Any],
+        send_claim: Callable[[Claim], object],
         *,
         config: SchedulerConfig | None = None,
         index: HostIndex | None = None,
@@ -286,7 +298,7 @@ class DecisionEngine:
         depth = k * len(self._ownership.peers) if self._ownership is not None else k
         rank = self._rank_fast if fast else self._rank_slow
         picks: list[tuple[str, str, float]] = []
-        ranking: Any = None
+        ranking: Iterable[tuple[str, float]] = ()
         for i, uuid in enumerate(uuids):
             req.begin(i, uuid)
             ranking = rank(req)
@@ -458,7 +470,7 @@ class DecisionEngine:
         return Selection(source, host_name(compute, source), node_name(compute, source),
                          compute.get("cell_uuid"), uuid, weight, claim_id)
 
-    def _alternates(self, ranking: Any, chosen: set[str], num_alts: int
+    def _alternates(self, ranking: Iterable[tuple[str, float]], chosen: set[str], num_alts: int
                     ) -> dict[str | None, list[tuple[str, float]]]:
         """Per cell of a chosen host: the best ``num_alts`` unclaimed hosts of that cell."""
         cells = {self._cell_of(s) for s in chosen}
@@ -531,7 +543,7 @@ class DecisionEngine:
     # -- fast path ----------------------------------------------------------------------------
 
     def _fast_mask(self, req: RequestView, counts: list[tuple[str, int, int]] | None = None
-                   ) -> tuple[np.ndarray, list[BaseHostFilter], dict[int, HostView]]:
+                   ) -> tuple[BoolArray, list[BaseHostFilter], dict[int, HostView]]:
         """Hosts passing every vector filter, plus the filters left to run per host.
 
         With ``counts`` (explaining a failure) every filter is applied in order,
@@ -583,18 +595,18 @@ class DecisionEngine:
         self._fast_mask(req, counts)
         return counts
 
-    def _multipliers(self) -> list[tuple[BaseHostWeigher, float | None, np.ndarray | None]]:
-        """(weigher, uniform multiplier or None, per-aggregate-group multipliers or None)."""
-        out = []
+    def _multipliers(self) -> list[tuple[BaseHostWeigher, float | FloatArray]]:
+        """(weigher, its multiplier: one float for every host, or one per aggregate group)."""
+        out: list[tuple[BaseHostWeigher, float | FloatArray]] = []
         ix = self.index
         for wg in self.weighers:
             default = wg.default_multiplier
             vals, uniform = ix.group_values(AGGREGATE_GROUPS, (wg.name, wg.multiplier_name, default),
                                             wg.weight_multiplier)
             if uniform:
-                out.append((wg, float(vals[0]) if len(vals) else default, None))
+                out.append((wg, float(vals[0]) if len(vals) else float(default)))
             else:
-                out.append((wg, None, vals))
+                out.append((wg, vals))
         return out
 
     def _rank_fast(self, req: RequestView) -> _FastRanking:
@@ -603,8 +615,8 @@ class DecisionEngine:
         idx = np.flatnonzero(mask)
         mults = self._multipliers()
         if deferred:
-            weighing = [m for m in mults if m[2] is not None or m[1] != 0.0]
-            if len(weighing) > 1 or (weighing and weighing[0][2] is not None):
+            weighing = [m for m in mults if not isinstance(m[1], float) or m[1] != 0.0]
+            if len(weighing) > 1 or (weighing and not isinstance(weighing[0][1], float)):
                 # the normalisation (min/max over the final hosts) could reorder hosts
                 # depending on which ones the deferred filters remove: filter them all first
                 keep = [row for row in idx.tolist()
@@ -621,8 +633,8 @@ class DecisionEngine:
                 if p < m and idx[p] == row:
                     touched_pos.append((p, hv))
             gid = None
-            for wg, scalar, gvals in mults:
-                if gvals is None and scalar == 0.0:
+            for wg, mult in mults:
+                if isinstance(mult, float) and mult == 0.0:
                     continue  # adds 0.0 * x: no change (skipped like a zero multiplier)
                 if wg.index_column is None:
                     x = np.fromiter(
@@ -639,12 +651,12 @@ class DecisionEngine:
                 # same operations, same order as weights.normalize + weigh_hosts
                 x -= lo
                 x /= hi - lo
-                if gvals is None:
-                    x *= scalar
+                if isinstance(mult, float):
+                    x *= mult
                 else:
                     if gid is None:
                         gid = ix.gid[AGGREGATE_GROUPS][idx]
-                    x *= gvals[gid]
+                    x *= mult[gid]
                 w += x
         return _FastRanking(self, req, idx, w, deferred, touched)
 

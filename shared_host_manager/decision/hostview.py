@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.hostdoc import (
     Aggregate,
@@ -114,6 +114,31 @@ class Consumption:
         self.claims += 1
         if instance_uuid:
             self.instances.append(instance_uuid)
+
+
+# -- what group-level filters and weight multipliers read ---------------------------
+
+class HasAggregates(Protocol):
+    """A host as an aggregate-only filter or a weight multiplier reads it.
+
+    A :class:`HostView`, or the columnar index's per-group representative
+    (:class:`~shared_host_manager.decision.index.AggregateStub`), on which such a
+    filter runs once per distinct aggregate set.
+    """
+
+    @property
+    def aggregates(self) -> tuple[Aggregate, ...]: ...
+
+
+class HasCapabilities(Protocol):
+    """A host as an ImagePropertiesFilter-like filter reads it: a :class:`HostView`, or
+    :class:`~shared_host_manager.decision.index.CapabilityStub`."""
+
+    @property
+    def supported_instances(self) -> tuple[tuple[Any, ...], ...]: ...
+
+    @property
+    def hypervisor_version(self) -> int | None: ...
 
 
 # -- the HostState-like read object ------------------------------------------------
@@ -298,4 +323,5 @@ def host_views(
     return [HostView(v, overlays.get(v.source)) for v in views if is_host(v.doc)]
 
 
-__all__ = ["Consumption", "HostView", "fit_inputs", "host_views", "pending_counts", "weigher_inputs"]
+__all__ = ["Consumption", "HasAggregates", "HasCapabilities", "HostView", "fit_inputs", "host_views",
+           "pending_counts", "weigher_inputs"]

@@ -40,11 +40,13 @@ Rules:
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal, TypeAlias, TypeVar, final, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from protocol.hostdoc import (
     AGGREGATES,
@@ -66,21 +68,32 @@ from protocol.receiver import ReceiverMachine, SourceView, Status
 from protocol.resources import STANDARD_RESOURCES
 from shared_host_manager.decision.hostview import fit_inputs, pending_counts, weigher_inputs
 
+#: per-row columns of the index
+BoolArray: TypeAlias = npt.NDArray[np.bool_]
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+IntArray: TypeAlias = npt.NDArray[np.int64]
+GroupIdArray: TypeAlias = npt.NDArray[np.int32]
+
+_Scalar = TypeVar("_Scalar", bound=np.generic)
+
 # -- what a vector filter returns -------------------------------------------------
 
 
-class _PassAll:
-    """Singleton: the filter removes no host for this request."""
+class _PassAll(enum.Enum):
+    """Singleton (an enum, so ``res is PASS_ALL`` narrows): the filter removes no host."""
 
-    __slots__ = ()
+    PASS_ALL = "PASS_ALL"
 
     def __repr__(self) -> str:
         return "PASS_ALL"
 
+    __str__ = __repr__
 
-PASS_ALL: Final = _PassAll()
+
+PASS_ALL: Final = _PassAll.PASS_ALL
 
 
+@final
 @dataclass(slots=True)
 class Only:
     """Only these rows may pass (the rest are removed)."""
@@ -88,6 +101,7 @@ class Only:
     rows: Iterable[int]
 
 
+@final
 @dataclass(slots=True)
 class Exclude:
     """These rows are removed (the rest pass)."""
@@ -95,13 +109,15 @@ class Exclude:
     rows: Iterable[int]
 
 
-VectorResult = np.ndarray | Only | Exclude | _PassAll
+#: a vector filter's answer: a bool per row (the first ``index.size`` rows), rows, or PASS_ALL
+VectorResult: TypeAlias = BoolArray | Only | Exclude | _PassAll
 
 #: weigher input columns (float64), in the order weigher_inputs returns them
 WEIGHER_COLUMNS = ("free_ram_mb", "vcpus_free", "free_disk_mb", "num_instances", "num_io_ops")
 
-AGGREGATE_GROUPS = "aggregates"
-CAPABILITY_GROUPS = "capabilities"
+AGGREGATE_GROUPS: Final = "aggregates"
+CAPABILITY_GROUPS: Final = "capabilities"
+GroupKind: TypeAlias = Literal["aggregates", "capabilities"]
 
 
 class AggregateStub:
@@ -118,9 +134,13 @@ class CapabilityStub:
 
     __slots__ = ("supported_instances", "hypervisor_version")
 
-    def __init__(self, supported_instances: tuple, hypervisor_version: Any) -> None:
+    def __init__(self, supported_instances: tuple[tuple[Any, ...], ...],
+                 hypervisor_version: int | None) -> None:
         self.supported_instances = supported_instances
         self.hypervisor_version = hypervisor_version
+
+
+Stub: TypeAlias = AggregateStub | CapabilityStub
 
 
 class GroupTable:
@@ -130,12 +150,13 @@ class GroupTable:
 
     def __init__(self) -> None:
         self.ids: dict[Hashable, int] = {}
-        self.stubs: list[Any] = []
+        #: AggregateStubs in the aggregates table, CapabilityStubs in the capabilities one
+        self.stubs: list[Stub] = []
         self.refs: list[int] = []
         #: bumped whenever stubs change, so cached per-group answers are recomputed
         self.version = 0
 
-    def intern(self, key: Hashable, make_stub: Callable[[], Any]) -> int:
+    def intern(self, key: Hashable, make_stub: Callable[[], Stub]) -> int:
         gid = self.ids.get(key)
         if gid is None:
             gid = self.ids[key] = len(self.stubs)
@@ -147,6 +168,23 @@ class GroupTable:
 
 class HostIndex:
     """Columnar view of one receiver's sources; see the module docstring."""
+
+    # the columns (allocated by _grow; rows past ``size`` are unused)
+    #: the row holds a schedulable source
+    live: BoolArray
+    #: ComputeFilter's answer: ACTIVE and the service enabled
+    compute_ok: BoolArray
+    #: per standard resource class: usable capacity (-inf: no inventory), used + pending
+    cap: dict[str, FloatArray]
+    used: dict[str, FloatArray]
+    num_instances: IntArray
+    num_io_ops: IntArray
+    #: per WEIGHER_COLUMNS name: the weigher's raw input
+    weigher_cols: dict[str, FloatArray]
+    #: per group kind: the row's group id in that table
+    gid: dict[str, GroupIdArray]
+    #: the row's position in source id order (ties of equal weight)
+    rank: IntArray
 
     def __init__(self, receiver: ReceiverMachine, *, capacity: int = 1024) -> None:
         self.receiver = receiver
@@ -168,8 +206,11 @@ class HostIndex:
         # change detection of interned values, per row
         self._aggs_src: list[dict | None] = []
         self._caps_src: list[tuple | None] = []
-        self.tables = {AGGREGATE_GROUPS: GroupTable(), CAPABILITY_GROUPS: GroupTable()}
-        self._gcache: dict[Hashable, tuple[int, np.ndarray, bool]] = {}
+        self.tables: dict[str, GroupTable] = {AGGREGATE_GROUPS: GroupTable(),
+                                              CAPABILITY_GROUPS: GroupTable()}
+        # per-group answers: (table version, per-group values, all groups alike)
+        self._gcache: dict[Hashable, tuple[int, BoolArray, bool]] = {}
+        self._vcache: dict[Hashable, tuple[int, FloatArray, bool]] = {}
         # foreign sources: volume id -> sources holding it; source -> (volumes, local hosts)
         self._volume_sources: dict[str, set[str]] = {}
         self._foreign: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
@@ -186,15 +227,16 @@ class HostIndex:
         if new <= self._cap:
             return
 
-        def grow(old: np.ndarray | None, dtype: Any, fill: Any = 0) -> np.ndarray:
+        def grow(old: npt.NDArray[_Scalar] | None, dtype: type[_Scalar], fill: float = 0
+                 ) -> npt.NDArray[_Scalar]:
             arr = np.full(new, fill, dtype=dtype)
             if old is not None:
                 arr[: self._cap] = old[: self._cap]
             return arr
 
         first = self._cap == 0
-        self.live = grow(None if first else self.live, bool, False)
-        self.compute_ok = grow(None if first else self.compute_ok, bool, False)
+        self.live = grow(None if first else self.live, np.bool_, False)
+        self.compute_ok = grow(None if first else self.compute_ok, np.bool_, False)
         self.cap = {r: grow(None if first else self.cap[r], np.float64, -np.inf)
                     for r in STANDARD_RESOURCES}
         self.used = {r: grow(None if first else self.used[r], np.float64) for r in STANDARD_RESOURCES}
@@ -274,8 +316,8 @@ class HostIndex:
 
     def _finish(self) -> None:
         if self._rank_dirty:
-            rows = [r for r in range(self.size) if self.sources[r] is not None]
-            rows.sort(key=self.sources.__getitem__)
+            row_of = self.row_of  # exactly the rows holding a source
+            rows = [row_of[source] for source in sorted(row_of)]
             self.rank[rows] = np.arange(len(rows), dtype=np.int64)
             self._rank_dirty = False
         for kind, table in self.tables.items():
@@ -288,8 +330,9 @@ class HostIndex:
         fresh = GroupTable()
         for key, gid in table.ids.items():
             if table.refs[gid] > 0:
-                new = fresh.intern(key, lambda g=gid: table.stubs[g])
-                fresh.refs[new] = table.refs[gid]
+                new = fresh.ids[key] = len(fresh.stubs)
+                fresh.stubs.append(table.stubs[gid])
+                fresh.refs.append(table.refs[gid])
                 remap[gid] = new
         fresh.version = table.version + 1
         col = self.gid[kind]
@@ -362,7 +405,7 @@ class HostIndex:
             self._set_instances(row, current)
 
     def _regroup(
-        self, kind: str, row: int, had: bool, key: Hashable, make_stub: Callable[[], Any],
+        self, kind: str, row: int, had: bool, key: Hashable, make_stub: Callable[[], Stub],
     ) -> None:
         table = self.tables[kind]
         col = self.gid[kind]
@@ -487,14 +530,24 @@ class HostIndex:
             out.update(self._foreign[source][1])
         return frozenset(out)
 
+    @overload
+    def group_mask(self, kind: Literal["aggregates"], cache_key: Hashable | None,
+                   passes: Callable[[AggregateStub], bool]) -> BoolArray | _PassAll: ...
+
+    @overload
+    def group_mask(self, kind: Literal["capabilities"], cache_key: Hashable | None,
+                   passes: Callable[[CapabilityStub], bool]) -> BoolArray | _PassAll: ...
+
     def group_mask(
-        self, kind: str, cache_key: Hashable | None, passes: Callable[[Any], bool],
-    ) -> np.ndarray | _PassAll:
+        self, kind: GroupKind, cache_key: Hashable | None, passes: Callable[[Any], bool],
+    ) -> BoolArray | _PassAll:
         """Per-row mask of a filter that reads only a group's representative.
 
-        ``passes`` runs once per group (not per host), and its answers are cached
-        per ``cache_key`` until the group table changes; ``cache_key`` must
-        capture everything of the request that ``passes`` reads (None: no cache).
+        ``passes`` runs once per group (not per host) on the group's stub (an
+        :class:`AggregateStub` or a :class:`CapabilityStub`, by ``kind``), and its
+        answers are cached per ``cache_key`` until the group table changes;
+        ``cache_key`` must capture everything of the request that ``passes`` reads
+        (None: no cache).
         """
         table = self.tables[kind]
         hit = self._gcache.get((kind, cache_key)) if cache_key is not None else None
@@ -510,22 +563,30 @@ class HostIndex:
             return PASS_ALL
         return hit[1][self.gid[kind][: self.size]]
 
+    @overload
+    def group_values(self, kind: Literal["aggregates"], cache_key: Hashable | None,
+                     value: Callable[[AggregateStub], float]) -> tuple[FloatArray, bool]: ...
+
+    @overload
+    def group_values(self, kind: Literal["capabilities"], cache_key: Hashable | None,
+                     value: Callable[[CapabilityStub], float]) -> tuple[FloatArray, bool]: ...
+
     def group_values(
-        self, kind: str, cache_key: Hashable | None, value: Callable[[Any], float],
-    ) -> tuple[np.ndarray, bool]:
+        self, kind: GroupKind, cache_key: Hashable | None, value: Callable[[Any], float],
+    ) -> tuple[FloatArray, bool]:
         """Per-group float values (e.g. weight multipliers) and whether they are all equal.
 
         Cached like :meth:`group_mask`.
         """
         table = self.tables[kind]
         key = ("values", kind, cache_key)
-        hit = self._gcache.get(key) if cache_key is not None else None
+        hit = self._vcache.get(key) if cache_key is not None else None
         if hit is None or hit[0] != table.version:
             vals = np.fromiter((value(stub) for stub in table.stubs), dtype=np.float64,
                                count=len(table.stubs))
             hit = (table.version, vals, bool(len(vals) == 0 or (vals == vals[0]).all()))
             if cache_key is not None:
-                self._gcache[key] = hit
+                self._vcache[key] = hit
         return hit[1], hit[2]
 
     def view(self, row: int) -> SourceView:

@@ -38,13 +38,13 @@ def _import(target: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def _from_entry_points(namespace: str, names: list[str]) -> dict[str, Any]:
+def _from_entry_points(namespace: str, names: list[str]) -> dict[str, type]:
     try:
         from stevedore import named
     except ImportError:  # pragma: no cover - stevedore is a hard dependency; be lenient anyway
         return {}
     try:
-        manager = named.NamedExtensionManager(
+        manager: named.NamedExtensionManager[object] = named.NamedExtensionManager(
             namespace, names=names, invoke_on_load=False, name_order=True,
             on_missing_entrypoints_callback=lambda missing: None,
             on_load_failure_callback=lambda mgr, ep, exc: LOG.warning(
@@ -59,7 +59,7 @@ def load_classes(namespace: str, names: Iterable[str], builtin: Mapping[str, str
     """Classes for ``names``, in order: entry point first, then the built-in table."""
     names = list(names)
     found = _from_entry_points(namespace, names)
-    out = []
+    out: list[type] = []
     for name in names:
         cls = found.get(name)
         if cls is None:

@@ -33,9 +33,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from shared_host_manager.decision.hostview import Consumption
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +198,7 @@ class RequestView:
         if group is not None and host not in group.hosts:
             group.hosts.append(host)
 
-    def memo(self, key: str, compute: Callable[[], Any]) -> Any:
+    def memo(self, key: str, compute: Callable[[], _T]) -> _T:
         """Per-request cache for data a filter derives once (e.g. hosts near a volume)."""
         try:
             return self._memo[key]

@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 
 from protocol import hashing
+from protocol.receiver import SourceView
 from shared_host_manager.decision import request
 
 FORMAT = 1
@@ -124,13 +125,13 @@ RECEIVER_PARAMS = ("reorder_window", "reorder_timeout", "resync_timeout", "resyn
 NO_DOCUMENT = b""
 
 
-def view_base(view: Any) -> tuple:
+def view_base(view: SourceView) -> tuple:
     """What every checkpoint records of every view: version, liveness, pending claims."""
     pending = view.pending
     return (view.epoch, view.seq, view.down, tuple(sorted(pending)) if pending else ())
 
 
-def view_state(view: Any, digest: bool = True) -> tuple:
+def view_state(view: SourceView, digest: bool = True) -> tuple:
     """(epoch, seq, document digest | None | NO_DOCUMENT, down, pending claim ids)."""
     epoch, seq, down, pending = view_base(view)
     if view.doc is None:
@@ -160,7 +161,7 @@ class ViewStates:
         self.acc = 0
         self._pack = msgpack.Packer(use_bin_type=True).pack
 
-    def scan(self, sources: Mapping[str, Any], budget: float = float("inf")) -> list[list[Any]]:
+    def scan(self, sources: Mapping[str, SourceView], budget: float = float("inf")) -> list[list[Any]]:
         changes: list[list[Any]] = []
         states = self.states
         deadline = time.perf_counter() + budget if budget != float("inf") else None
@@ -229,12 +230,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def spec_to_wire(spec: Any) -> dict[str, Any]:
+def spec_to_wire(spec: request.RequestSpec) -> dict[str, Any]:
     """A RequestSpec as plain msgpack-able data (dataclasses tagged with their type name)."""
     return _plain(spec)
 
 
-def spec_from_wire(data: Mapping[str, Any]) -> Any:
+def spec_from_wire(data: Mapping[str, Any]) -> request.RequestSpec:
     """Rebuild a RequestSpec recorded by :func:`spec_to_wire` (unknown fields are ignored)."""
     types = {"Flavor": request.Flavor, "InstanceGroup": request.InstanceGroup,
              "RequestSpec": request.RequestSpec}

@@ -58,16 +58,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import msgpack
+from oslo_config import cfg
 
 from compute_reporter.service import ReporterObserver, ReporterService
 from protocol import codec
-from protocol.messages import PROTOCOL_VERSION, Message, Send, Snapshot
-from protocol.receiver import Outcome
+from protocol.messages import PROTOCOL_VERSION, Claim, Message, Send, Snapshot
+from protocol.receiver import Outcome, ReceiverMachine
 from shared_host_manager.cache import CacheObserver, HostStateCache
-from shared_host_manager.decision.engine import DecisionEngine, DecisionObserver
+from shared_host_manager.decision.engine import DecisionEngine, DecisionObserver, Selection
+from shared_host_manager.decision.request import RequestSpec
 from shared_host_manager.service import SchedulerService
 from shared_host_manager.updatelog.format import (
     CANCEL,
@@ -106,6 +108,15 @@ from shared_host_manager.updatelog.writer import LogWriter
 LOG = logging.getLogger(__name__)
 
 
+class Effects(TypedDict, total=False):
+    """What a recorded step produced (the last field of its record, compared on replay)."""
+
+    #: the step's sends: [to, encoded message]
+    s: list[list[str | bytes | None]]
+    #: claim outcomes: [claim id, source, outcome]
+    o: list[list[str]]
+
+
 class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
     """Records one party (a scheduler's cache and engine, or a reporter) into an update log.
 
@@ -137,8 +148,8 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         self.session = uuid.uuid4().hex[:16]
         self._lock = threading.Lock()
         self._writer: LogWriter | None = None
-        self._cache: Any = None
-        self._receiver: Any = None
+        self._cache: HostStateCache | None = None
+        self._receiver: ReceiverMachine | None = None
         self._clock: Callable[[], float] = time.monotonic
         self._states = ViewStates()
         self._next_checkpoint = float("-inf")
@@ -166,7 +177,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         return self._writer.records if self._writer is not None else 0
 
     @property
-    def receiver(self) -> Any:
+    def receiver(self) -> ReceiverMachine | None:
         """The receiver of the recorded cache (None for a reporter, or detached)."""
         return self._receiver
 
@@ -183,7 +194,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                                  max_file_bytes=self.max_file_bytes, buffer_bytes=self.buffer_bytes)
         self.enabled = True
 
-    def cache_attached(self, cache: Any) -> None:
+    def cache_attached(self, cache: HostStateCache) -> None:
         """Start recording a :class:`~shared_host_manager.cache.HostStateCache` (under its lock)."""
         receiver = cache.receiver
         config = {p: getattr(receiver, p) for p in RECEIVER_PARAMS}
@@ -201,7 +212,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                     self._append([RESTORE, now, codec.encode(
                         Snapshot(view.source, view.epoch, view.seq, view.doc))])
 
-    def reporter_attached(self, service: Any) -> None:
+    def reporter_attached(self, service: ReporterService) -> None:
         """Start recording a :class:`~compute_reporter.service.ReporterService` (from its ``start()``)."""
         config = dict(service.params)
         config["sources"] = {s: m.epoch for s, m in service.manager.machines.items()}
@@ -239,10 +250,11 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
 
     def _append(self, record: list[Any]) -> None:
         with self._lock:
-            if not self.enabled:
+            writer = self._writer
+            if not self.enabled or writer is None:  # (enabled implies a writer)
                 return
             try:
-                self._writer.append(record)  # type: ignore[union-attr]
+                writer.append(record)
             except Exception as exc:  # noqa: BLE001
                 self._failed_locked(exc)
 
@@ -256,9 +268,9 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
             self.enabled = False
             LOG.error("update log of %s %s failed, recording stopped: %s", self.role, self.name, exc)
 
-    def _effects(self, sends: Sequence[Send] | None) -> dict[str, Any] | None:
+    def _effects(self, sends: Sequence[Send] | None) -> Effects | None:
         """What the step being recorded produced: resync requests and claim outcomes."""
-        effects = None
+        effects: Effects | None = None
         if sends:
             effects = {"s": [[s.to, codec.encode(s.message)] for s in sends]}
         if self._outcomes:
@@ -304,7 +316,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         if self.enabled:
             self._outcomes.append([claim_id, source, outcome.value])
 
-    def claim_added(self, claim: Any, now: float) -> None:
+    def claim_added(self, claim: Claim, now: float) -> None:
         self._record_step([CLAIM, now, codec.encode(claim)], None, now)
 
     def claim_cancelled(self, source: str, claim_id: str, cancelled: bool) -> None:
@@ -334,7 +346,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         elif self.enabled:
             self._guard(self._append, [RX_CONTROL, now, body])
 
-    def dropped(self, body: Any, plane: str, offset: int | None, now: float) -> None:
+    def dropped(self, body: bytes, plane: str, offset: int | None, now: float) -> None:
         """An invalid message was dropped before the receiver (recorded, never replayed)."""
         if self.enabled:
             try:
@@ -369,7 +381,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
 
     # -- the engine's observer (under the cache lock) -----------------------------------------
 
-    def engine_attached(self, engine: Any) -> None:
+    def engine_attached(self, engine: DecisionEngine) -> None:
         """Record the decisions of a :class:`~shared_host_manager.decision.engine.DecisionEngine`
         from now on; writes its configuration once."""
         if self._receiver is None:
@@ -383,8 +395,9 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
             "path": engine.path, "live": engine.live_schedulers,
         }])
 
-    def decision_started(self, engine: Any, spec: Any, now: float, *, return_alternates: bool,
-                         live_schedulers: int | None, path: str | None) -> Any:
+    def decision_started(self, engine: DecisionEngine, spec: RequestSpec, now: float, *,
+                         return_alternates: bool, live_schedulers: int | None,
+                         path: str | None) -> int | None:
         """A DECISION record: request spec, RNG and subset state, before the engine runs."""
         if not self.enabled:
             return None
@@ -393,18 +406,18 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                     live_schedulers, path)
         return did
 
-    def decision_finished(self, token: Any, rows: Any, now: float) -> None:
+    def decision_finished(self, token: object, rows: list[list[Selection]], now: float) -> None:
         """A DECISION_END record: hosts, weights, claims and the view versions they were based on."""
-        if token is not None:
+        if isinstance(token, int):  # our decision id (None: not recording)
             self._guard(self._decision_end, token, rows, now)
 
-    def decision_failed(self, token: Any, error: Exception, now: float) -> None:
-        if token is not None:
+    def decision_failed(self, token: object, error: Exception, now: float) -> None:
+        if isinstance(token, int):
             self._guard(self._append, [DECISION_END, now, {
                 "id": token, "rows": None, "error": f"{type(error).__name__}: {error}"}])
 
-    def _decision_begin(self, did: int, engine: Any, spec: Any, now: float, alts: bool,
-                        live: int | None, path: str | None) -> None:
+    def _decision_begin(self, did: int, engine: DecisionEngine, spec: RequestSpec, now: float,
+                        alts: bool, live: int | None, path: str | None) -> None:
         try:
             wire = spec_to_wire(spec)
             msgpack.packb(wire, use_bin_type=True)
@@ -419,7 +432,9 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
             "path": path or engine.path, "alts": alts,
         }])
 
-    def _decision_end(self, did: int, rows: Any, now: float) -> None:
+    def _decision_end(self, did: int, rows: list[list[Selection]], now: float) -> None:
+        if self._receiver is None:  # engine_attached insists on a cache first
+            raise RuntimeError("a decision recorded without the scheduler's cache")
         sources = self._receiver.sources
         out = []
         for row in rows:
@@ -435,7 +450,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         self._append([DECISION_END, now, {"id": did, "rows": out, "error": None}])
 
 
-def _spec_summary(spec: Any) -> dict[str, Any]:
+def _spec_summary(spec: RequestSpec) -> dict[str, Any]:
     try:
         return {"request_id": spec.request_id, "resources": dict(spec.resources),
                 "instances": list(spec.instance_uuids) or spec.num_instances,
@@ -448,7 +463,7 @@ def _spec_summary(spec: Any) -> dict[str, Any]:
 # configuration and the simulator's hook
 
 
-def from_conf(conf: Any) -> Recorder | None:
+def from_conf(conf: cfg.ConfigOpts) -> Recorder | None:
     """A detached recorder if ``[update_log] enabled``, else None (see conf/updatelog.py)."""
     group = conf.update_log
     if not group.enabled:
@@ -477,17 +492,20 @@ class RunRecording:
                  buffer_bytes: int = DEFAULT_BUFFER_BYTES) -> None:
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
-        self._params = dict(max_file_bytes=max_file_bytes, checkpoint_interval=checkpoint_interval,
-                            buffer_bytes=buffer_bytes)
+        self.max_file_bytes = max_file_bytes
+        self.checkpoint_interval = checkpoint_interval
+        self.buffer_bytes = buffer_bytes
         self.recorders: list[Recorder] = []
 
     def recorder(self) -> Recorder:
         """A new detached recorder; the party it is given to attaches it."""
-        rec = Recorder(self.directory, **self._params)
+        rec = Recorder(self.directory, max_file_bytes=self.max_file_bytes,
+                       checkpoint_interval=self.checkpoint_interval, buffer_bytes=self.buffer_bytes)
         self.recorders.append(rec)
         return rec
 
-    def attach(self, party: Any) -> Recorder:
+    def attach(self, party: SchedulerService | HostStateCache | ReporterService | DecisionEngine
+               ) -> Recorder:
         """Record an already built (not yet started) SchedulerService, HostStateCache,
         ReporterService or DecisionEngine (the engine after its scheduler's cache)."""
         if isinstance(party, (SchedulerService, HostStateCache)):
@@ -510,7 +528,8 @@ class RunRecording:
             rec.close()
 
     def logs(self) -> dict[tuple[str, str], str]:
-        return {(r.role, r.name): r.path for r in self.recorders if r.path}  # type: ignore[misc]
+        return {(r.role, r.name): r.path for r in self.recorders
+                if r.role is not None and r.name is not None and r.path}
 
 
 def record_run(directory: str, **params: Any) -> RunRecording:

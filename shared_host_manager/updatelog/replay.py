@@ -51,19 +51,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.codec import Decoder, encode
-from protocol.document import DEL, DROP, SET, diff
+from protocol.document import DEL, DROP, SET, Document, Op, diff
 from protocol.errors import ProtocolError
 from protocol.messages import (
     Batch,
     Claim,
     ClaimResult,
+    DataItem,
     Delta,
     Heartbeat,
+    Message,
     ResyncAnswer,
     ResyncRequest,
+    Send,
     Snapshot,
 )
-from protocol.receiver import ReceiverMachine, ReceiverObserver
+from protocol.receiver import ReceiverMachine, ReceiverObserver, SourceView
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.updatelog import format as fmt
@@ -114,7 +117,7 @@ class Version:
     now: float
     reordered: bool = False
     claims: list[str] = field(default_factory=list)
-    ops: list[Any] | None = None
+    ops: list[Op] | None = None
     detail: str = ""
     digest: bytes | None = None
 
@@ -136,7 +139,8 @@ class Event:
 class _Step:
     __slots__ = ("record", "now", "kind", "plane", "msg", "keys", "detail")
 
-    def __init__(self, record: int, now: float, kind: int, plane: str, msg: Any, detail: str) -> None:
+    def __init__(self, record: int, now: float, kind: int, plane: str, msg: Message | None,
+                 detail: str) -> None:
         self.record = record
         self.now = now
         self.kind = kind
@@ -150,13 +154,13 @@ class _Step:
                     self.keys.add((item.source, item.epoch, item.seq))
 
 
-def _items(msg: Any) -> list[Any]:
-    t = type(msg)
-    if t is Batch or t is ResyncAnswer:
+def _items(msg: Message | None) -> Sequence[DataItem]:
+    """The data items ``msg`` carries (itself for a data item)."""
+    if isinstance(msg, (Batch, ResyncAnswer)):
         return msg.items
-    if t is ClaimResult:
+    if isinstance(msg, ClaimResult):
         return msg.correction
-    if t in (Delta, Snapshot, Heartbeat):
+    if isinstance(msg, (Delta, Snapshot, Heartbeat)):
         return [msg]
     return []
 
@@ -183,6 +187,14 @@ class Tracer(ReceiverObserver):
         if self.wants(source) and self.step is not None:
             self.events.setdefault(source, []).append(
                 Event(self.step.record, self.step.now, kind, text, data))
+
+    @property
+    def current(self) -> _Step:
+        """The step being replayed: the receiver tells its observer only inside one."""
+        step = self.step
+        if step is None:
+            raise RuntimeError("a receiver transition outside a replayed step")
+        return step
 
     # -- called around every replayed step ----------------------------------------
 
@@ -219,11 +231,11 @@ class Tracer(ReceiverObserver):
         entries.append(entry)
         self._touched.add(source)
 
-    def delta_applied(self, view: Any, delta: Delta) -> None:
+    def delta_applied(self, view: SourceView, delta: Delta) -> None:
         source = delta.source
         if not self.wants(source):
             return
-        step = self.step
+        step = self.current
         key = (source, delta.epoch, delta.seq)
         plane, reordered, record = step.plane, False, step.record
         if key not in step.keys:
@@ -238,39 +250,40 @@ class Tracer(ReceiverObserver):
                                   delta.ops if self.keep_ops else None,
                                   f"arrived at record {record}" if reordered else step.detail))
 
-    def snapshot_applied(self, view: Any, snap: Snapshot, old_doc: Any) -> None:
+    def snapshot_applied(self, view: SourceView, snap: Snapshot, old_doc: Document | None) -> None:
         source = snap.source
         if not self.wants(source):
             return
-        step = self.step
+        step = self.current
         ops = None
-        if self.keep_ops:
-            ops = diff(old_doc, view.doc) if old_doc is not None else None
+        if self.keep_ops and old_doc is not None and view.doc is not None:
+            ops = diff(old_doc, view.doc)
         self._add(source, Version(snap.epoch, snap.seq, "snapshot", step.plane, step.record,
                                   step.now, False, list(snap.claims), ops, step.detail))
 
-    def delta_buffered(self, view: Any, delta: Delta, new_gap: bool) -> None:
+    def delta_buffered(self, view: SourceView, delta: Delta, new_gap: bool) -> None:
         if not self.wants(delta.source):
             return
-        self._arrived[(delta.source, delta.epoch, delta.seq)] = (self.step.plane, self.step.record)
+        step = self.current
+        self._arrived[(delta.source, delta.epoch, delta.seq)] = (step.plane, step.record)
         if new_gap:
             self.event(delta.source, "gap",
                        f"gap: delta {delta.seq} arrived while holding {view.seq}",
                        held=view.seq, arrived=delta.seq, epoch=delta.epoch)
 
-    def resync_requested(self, view: Any, req: ResyncRequest) -> None:
+    def resync_requested(self, view: SourceView, req: ResyncRequest) -> None:
         if not self.wants(view.source):
             return
-        step = self.step
+        step = self.current
         if view.doc is None:
             reason = "source not held yet"
         elif view.want_full:
             reason = "digest divergence"
         elif view.buffer:
             reason = "gap not closed within reorder_timeout" if step.kind == TICK else "reorder buffer full"
-        elif any(type(i) is Heartbeat and i.source == view.source
+        elif any(isinstance(i, Heartbeat) and i.source == view.source
                  and (i.epoch, i.seq) > (view.epoch, view.seq) for i in _items(step.msg)):
-            hb = next(i for i in _items(step.msg) if type(i) is Heartbeat and i.source == view.source)
+            hb = next(i for i in _items(step.msg) if isinstance(i, Heartbeat) and i.source == view.source)
             reason = f"heartbeat ahead (source at {hb.epoch}:{hb.seq})"
         elif step.kind == TICK:
             reason = "retry of an unanswered request"
@@ -349,7 +362,7 @@ class Replayer:
         self.tracer = tracer
         self.decisions = decisions
         self.decision_options = dict(decision_options or {})
-        self.decoder = Decoder(_TrustRecorded(), max_message_bytes=MAX_RECORD_BYTES)  # type: ignore[arg-type]
+        self.decoder = Decoder(_TrustRecorded(), max_message_bytes=MAX_RECORD_BYTES)
         self.receiver: ReceiverMachine | None = None
         self.session: str | None = None
         self.states = ViewStates()
@@ -358,8 +371,17 @@ class Replayer:
         self.last_checkpoint: int | None = None
         self.window: list[Record] = []
         self.last_offset: int | None = None
-        self.engine: Any = None
-        self._pending_decisions: dict[int, tuple[int, Any]] = {}
+        self.engine: DecisionEngine | None = None
+        #: decision id -> (DECISION record, what the replay decided, the recorded summary)
+        self._pending_decisions: dict[int | None, tuple[int, dict[str, Any], Any]] = {}
+
+    @property
+    def held_receiver(self) -> ReceiverMachine:
+        """The receiver of the session being replayed (a header must have started one)."""
+        receiver = self.receiver
+        if receiver is None:
+            raise BadRecord("record before any header")
+        return receiver
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -391,7 +413,7 @@ class Replayer:
 
     # -- records ----------------------------------------------------------------------
 
-    def _decode(self, rec: Record, body: bytes) -> Any:
+    def _decode(self, rec: Record, body: bytes) -> Message | None:
         try:
             return self.decoder.decode(body)
         except ProtocolError as exc:
@@ -424,7 +446,7 @@ class Replayer:
         if r.role == fmt.REPORTER:
             self._reporter_step(rec)
             return
-        sends: Any = None
+        sends: list[Send] | None = None
         effects = None
         tracer = self.tracer
         if kind == RX_STREAM:
@@ -446,7 +468,7 @@ class Replayer:
                 return
             effects = f[1] if len(f) > 1 else None
             if tracer is not None:
-                self._control_step(rec, msg)
+                self._control_step(tracer, rec, msg)
             sends = receiver.receive(msg, now)
         elif kind == TICK:
             effects = f[0] if f else None
@@ -455,7 +477,7 @@ class Replayer:
             sends = receiver.tick(now)
         elif kind == CLAIM:
             claim = self._decode(rec, f[0])
-            if type(claim) is not Claim:
+            if not isinstance(claim, Claim):
                 self._mismatch(rec, "claim", "a claim record holds no claim")
                 return
             effects = f[1] if len(f) > 1 else None
@@ -519,19 +541,17 @@ class Replayer:
             tracer.end(receiver)
             tracer.step = None
 
-    def _control_step(self, rec: Record, msg: Any) -> None:
+    def _control_step(self, tracer: Tracer, rec: Record, msg: Message) -> None:
         """Begin a traced step for a control message (and note what it says)."""
-        t = type(msg)
-        tracer = self.tracer
         if rec.kind == RESTORE:
             tracer.begin(_Step(rec.index, rec.now, rec.kind, "restore", msg, "restored after a restart"))
-        elif t is ResyncAnswer:
+        elif isinstance(msg, ResyncAnswer):
             items = msg.items
             what = ("snapshot" if any(type(i) is Snapshot for i in items)
                     else f"{len(items)} delta{'s' if len(items) != 1 else ''}")
             tracer.begin(_Step(rec.index, rec.now, rec.kind, "resync", msg, f"resync answer ({what})"))
             tracer.event(msg.source, "resync_answered", f"resync answered with {what}")
-        elif t is ClaimResult:
+        elif isinstance(msg, ClaimResult):
             verdict = "accepted" if msg.accepted else f"rejected: {msg.reason}"
             tracer.begin(_Step(rec.index, rec.now, rec.kind, "correction", msg,
                                f"correction of rejected claim {msg.claim_id} ({msg.reason})"))
@@ -540,8 +560,9 @@ class Replayer:
         else:
             tracer.begin(_Step(rec.index, rec.now, rec.kind, "control", msg, "control message"))
 
-    def _effects(self, rec: Record, sends: list, effects: Any) -> None:
-        receiver = self.receiver
+    def _effects(self, rec: Record, sends: list[Send] | None, effects: Any) -> None:
+        """Compare what the step produced with ``effects``, as recorded (a map, or None)."""
+        receiver = self.held_receiver
         self.result.divergences += len(receiver.drain_alerts())
         outcomes = receiver.drain_outcomes()
         got_o = [[c, s, o.value] for c, s, o in outcomes]
@@ -564,25 +585,26 @@ class Replayer:
             msg = self._decode(rec, rec.fields[0])
             if msg is None:
                 return
+            receiver = self.held_receiver
             tracer = self.tracer
             if tracer is not None:
                 tracer.begin(_Step(rec.index, rec.now, kind, "published", msg, "published"))
-            before = self.receiver.stats["divergences"]
-            self.receiver.receive(msg, rec.now)
-            self.receiver.drain_outcomes()
-            if self.receiver.stats["divergences"] != before:
-                for alert in self.receiver.drain_alerts():
+            before = receiver.stats["divergences"]
+            receiver.receive(msg, rec.now)
+            receiver.drain_outcomes()
+            if receiver.stats["divergences"] != before:
+                for alert in receiver.drain_alerts():
                     self._mismatch(rec, "published", f"published heartbeat disagrees: {alert}")
-            r.divergences = self.receiver.stats["divergences"]
+            r.divergences = receiver.stats["divergences"]
             if tracer is not None:
-                tracer.end(self.receiver)
+                tracer.end(receiver)
                 tracer.step = None
         elif kind in (RX_CONTROL, TX):
             if kind == TX:
                 r.sent += 1
             if self.tracer is not None:
                 msg = self._decode(rec, rec.fields[-1] if kind == RX_CONTROL else rec.fields[1])
-                self._reporter_event(rec, msg)
+                self._reporter_event(self.tracer, rec, msg)
         elif kind == RX_DROPPED:
             r.dropped += 1
         elif kind == NOTE:
@@ -590,24 +612,22 @@ class Replayer:
         else:
             raise BadRecord(f"a {rec.kind_name} record in a reporter's log")
 
-    def _reporter_event(self, rec: Record, msg: Any) -> None:
-        tracer = self.tracer
-        t = type(msg)
+    def _reporter_event(self, tracer: Tracer, rec: Record, msg: Message | None) -> None:
         source = getattr(msg, "source", None)
         if source is None:
             return
         tracer.step = _Step(rec.index, rec.now, rec.kind, "control", None, "")
-        if t is Claim:
+        if isinstance(msg, Claim):
             tracer.event(source, "claim_received", f"claim {msg.claim_id} from {msg.scheduler}",
                          claim=msg.claim_id)
-        elif t is ResyncRequest:
+        elif isinstance(msg, ResyncRequest):
             tracer.event(source, "resync_received",
                          f"resync request from {msg.requester} holding {msg.epoch}:{msg.seq}")
-        elif t is ClaimResult:
+        elif isinstance(msg, ClaimResult):
             verdict = "accepted" if msg.accepted else f"rejected: {msg.reason}"
             tracer.event(source, "claim_result", f"claim {msg.claim_id} {verdict} (to {msg.scheduler})",
                          claim=msg.claim_id, accepted=msg.accepted, reason=msg.reason)
-        elif t is ResyncAnswer:
+        elif isinstance(msg, ResyncAnswer):
             tracer.event(source, "resync_answered", f"resync answered to {msg.requester}")
         tracer.step = None
 
@@ -618,7 +638,7 @@ class Replayer:
         combined, count, changes = rec.fields[0], rec.fields[1], rec.fields[2]
         r = self.result
         r.checkpoints += 1
-        sources = self.receiver.sources
+        sources = self.held_receiver.sources
         states = self.states
         bad: dict[str, str] = {}
         listed = set()
@@ -694,12 +714,13 @@ class Replayer:
     def _build_engine(self, spec: dict[str, Any]) -> None:
         try:
             names = {f.name for f in dataclasses.fields(SchedulerConfig)}
-            values = {k: tuple(v) if isinstance(v, list) else v
-                      for k, v in (spec.get("config") or {}).items() if k in names}
+            # the engine's options as recorded (plain msgpack data, lists for tuples)
+            values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                      for k, v in (spec.get("config") or {}).items() if k in names}
             config = SchedulerConfig(**values)
             if self.decision_options:
                 config = dataclasses.replace(config, **_typed_options(config, self.decision_options))
-            self.engine = DecisionEngine(self.receiver, lambda claim: None, config=config,
+            self.engine = DecisionEngine(self.held_receiver, lambda claim: None, config=config,
                                          rng=random.Random(0), path=spec.get("path") or "fast",
                                          live_schedulers=spec.get("live") or 1)
         except Exception as exc:  # noqa: BLE001 — report, never crash
@@ -744,12 +765,12 @@ class Replayer:
         # the views the decision was based on must be the replayed ones
         for _uuid, hosts in rows or ():
             for source, _w, _cid, epoch, seq, dig in hosts:
-                view = self.receiver.sources.get(source)
-                got = None if view is None else (view.epoch, view.seq, view.digest())
-                if epoch is not None and got != (epoch, seq, dig):
+                view = self.held_receiver.sources.get(source)
+                held = None if view is None else (view.epoch, view.seq, view.digest())
+                if epoch is not None and held != (epoch, seq, dig):
                     self._mismatch(rec, "decision_view",
                                    f"decision {data.get('id')}: view of {source} is "
-                                   f"{_state_text(got and (*got, False, ()))}, recorded "
+                                   f"{_state_text(held and (*held, False, ()))}, recorded "
                                    f"{_state_text((epoch, seq, dig, False, ()))}")
         pending = self._pending_decisions.pop(data.get("id"), None)
         if pending is None:
@@ -787,7 +808,7 @@ def _decision_text(recorded: dict[str, Any], got: dict[str, Any]) -> str:
     return f"recorded {short(recorded)} | replayed {short(got)}"
 
 
-def _typed_options(config: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+def _typed_options(config: SchedulerConfig, options: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in options.items():
         current = getattr(config, key)  # AttributeError names an unknown option
@@ -822,7 +843,7 @@ def _state_text(state: tuple | None) -> str:
     return text
 
 
-def _effects_text(exp_s: list, got_s: list, exp_o: list, got_o: list) -> str:
+def _effects_text(exp_s: list[Any], got_s: list[Any], exp_o: list[Any], got_o: list[Any]) -> str:
     parts = []
     if exp_s != got_s:
         parts.append(f"resync requests: recorded {len(exp_s)} {_sends_text(exp_s)}, "
@@ -832,14 +853,18 @@ def _effects_text(exp_s: list, got_s: list, exp_o: list, got_o: list) -> str:
     return "; ".join(parts)
 
 
-def _sends_text(sends: list) -> str:
+def _sends_text(sends: list[Any]) -> str:
     out = []
     for to, body in sends[:3]:
         try:
-            msg = Decoder(_TrustRecorded()).decode(body)  # type: ignore[arg-type]
-            out.append(f"{to}@{msg.epoch}:{msg.seq}{'/full' if getattr(msg, 'full', False) else ''}")
+            msg = Decoder(_TrustRecorded()).decode(body)
         except Exception:  # noqa: BLE001
             out.append(str(to))
+            continue
+        if isinstance(msg, (Batch, ResyncAnswer)):  # no version of its own
+            out.append(str(to))
+        else:
+            out.append(f"{to}@{msg.epoch}:{msg.seq}{'/full' if getattr(msg, 'full', False) else ''}")
     return "[" + ", ".join(out) + ("..." if len(sends) > 3 else "") + "]"
 
 
@@ -898,17 +923,18 @@ def op_text(op: list[Any], width: int = 60) -> str:
     return repr(op)
 
 
-def view_json(view: Any) -> dict[str, Any]:
+def view_json(view: SourceView | None) -> dict[str, Any]:
     """A view as JSON-able data (bytes as hex)."""
     if view is None:
         return {"held": False}
+    digest = view.digest()  # None exactly when no document is held
     return {
         "held": view.doc is not None,
         "source": view.source,
         "status": view.status.value,
         "epoch": view.epoch,
         "seq": view.seq,
-        "digest": view.digest().hex() if view.doc is not None else None,
+        "digest": digest.hex() if digest is not None else None,
         "down": view.down,
         "last_heard": view.last_heard,
         "buffered": sorted(view.buffer),

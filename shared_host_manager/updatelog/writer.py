@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any
 
@@ -30,7 +31,7 @@ class LogWriter:
         self.buffer_bytes = buffer_bytes
         self._packer = msgpack.Packer(use_bin_type=True)
         self._buf = bytearray()
-        self._file: Any = None
+        self._file: io.FileIO | None = None
         self._size = 0
         os.makedirs(os.path.dirname(os.path.abspath(base)), exist_ok=True)
         self.part, self.records = self._continue_after_existing()

@@ -4,8 +4,14 @@ Role: a filter answers "may this instance go to this host?".  Each filter lives
 in its own module under this package with nova's name and nova 34's
 ``host_passes(host_state, spec_obj)`` semantics; ``host_state`` is a
 :class:`~shared_host_manager.decision.hostview.HostView` and ``spec_obj`` a
-:class:`~shared_host_manager.decision.request.RequestView` (or a plain RequestSpec for
-filters that need no per-request scratch).
+:class:`~shared_host_manager.decision.request.RequestView`, which answers nova's
+RequestSpec attribute names (a filter that reads only those also works on a plain
+:class:`~shared_host_manager.decision.request.RequestSpec`, as tests use it).
+The types below are the contract, checked by mypy for every built-in filter.
+A filter that runs on the index's group representatives (through
+:meth:`~shared_host_manager.decision.index.HostIndex.group_mask`) declares the
+narrower host it reads (``HasAggregates``, ``HasCapabilities``): an override may
+accept more than a HostView, never less.
 
 Fast path contract (optional, see :mod:`shared_host_manager.decision.engine`): a
 filter may also implement :meth:`BaseHostFilter.vector`, returning the same
@@ -22,12 +28,14 @@ stateless across requests; per-request data goes in ``spec_obj.memo``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from shared_host_manager.conf.decision import SchedulerConfig
 
 if TYPE_CHECKING:
+    from shared_host_manager.decision.hostview import HostView
     from shared_host_manager.decision.index import HostIndex, VectorResult
+    from shared_host_manager.decision.request import RequestView
 
 
 class BaseHostFilter:
@@ -47,18 +55,19 @@ class BaseHostFilter:
     def name(self) -> str:
         return type(self).__name__
 
-    def active(self, spec_obj: Any) -> bool:
+    def active(self, spec_obj: RequestView) -> bool:
         """False when ``host_passes`` is True for every host for this request (skip it)."""
         return True
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
+        """nova's host_passes: may the instance being placed go to ``host_state``?"""
         raise NotImplementedError
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         """The answer for every index row at once; None = no vector form, run per host."""
         return None
 
-    def filter_all(self, hosts: Iterable[Any], spec_obj: Any) -> list[Any]:
+    def filter_all(self, hosts: Iterable[HostView], spec_obj: RequestView) -> list[HostView]:
         return [h for h in hosts if self.host_passes(h, spec_obj)]
 
     def __repr__(self) -> str:

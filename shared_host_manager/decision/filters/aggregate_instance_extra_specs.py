@@ -9,10 +9,10 @@ aggregate set in the fast path.
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared_host_manager.decision.filters import BaseHostFilter, extra_specs_ops, utils
+from shared_host_manager.decision.hostview import HasAggregates
 from shared_host_manager.decision.index import AGGREGATE_GROUPS, PASS_ALL, HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 _SCOPE = "aggregate_instance_extra_specs"
 
@@ -22,10 +22,10 @@ class AggregateInstanceExtraSpecsFilter(BaseHostFilter):
 
     run_filter_once_per_request = True
 
-    def active(self, spec_obj: Any) -> bool:
+    def active(self, spec_obj: RequestView) -> bool:
         return bool(spec_obj.flavor.extra_specs)
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HasAggregates, spec_obj: RequestView) -> bool:
         extra_specs = spec_obj.flavor.extra_specs
         if not extra_specs:
             return True
@@ -46,7 +46,7 @@ class AggregateInstanceExtraSpecsFilter(BaseHostFilter):
                 return False
         return True
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         extra_specs = spec_obj.flavor.extra_specs
         if not extra_specs:
             return PASS_ALL

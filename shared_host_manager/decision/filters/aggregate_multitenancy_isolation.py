@@ -9,10 +9,10 @@ accepts every project.  Runs once per distinct aggregate set in the fast path.
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared_host_manager.decision.filters import BaseHostFilter, utils
+from shared_host_manager.decision.hostview import HasAggregates
 from shared_host_manager.decision.index import AGGREGATE_GROUPS, HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 
 class AggregateMultiTenancyIsolation(BaseHostFilter):
@@ -20,7 +20,7 @@ class AggregateMultiTenancyIsolation(BaseHostFilter):
 
     run_filter_once_per_request = True
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HasAggregates, spec_obj: RequestView) -> bool:
         tenant_id = spec_obj.project_id
         metadata = utils.aggregate_metadata_get_by_host(host_state)
         if metadata:
@@ -32,6 +32,6 @@ class AggregateMultiTenancyIsolation(BaseHostFilter):
                 return False
         return True
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         return index.group_mask(AGGREGATE_GROUPS, (self.name, spec_obj.project_id),
                                 lambda stub: self.host_passes(stub, spec_obj))

@@ -9,10 +9,10 @@ aggregates, or ``default_availability_zone`` when none has one.
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared_host_manager.decision.filters import BaseHostFilter, utils
+from shared_host_manager.decision.hostview import HasAggregates
 from shared_host_manager.decision.index import AGGREGATE_GROUPS, PASS_ALL, HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 
 class AvailabilityZoneFilter(BaseHostFilter):
@@ -20,10 +20,10 @@ class AvailabilityZoneFilter(BaseHostFilter):
 
     run_filter_once_per_request = True
 
-    def active(self, spec_obj: Any) -> bool:
+    def active(self, spec_obj: RequestView) -> bool:
         return bool(spec_obj.availability_zone)
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HasAggregates, spec_obj: RequestView) -> bool:
         availability_zone = spec_obj.availability_zone
         if not availability_zone:
             return True
@@ -32,7 +32,7 @@ class AvailabilityZoneFilter(BaseHostFilter):
             return availability_zone in metadata["availability_zone"]
         return availability_zone == self.config.default_availability_zone
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         if not spec_obj.availability_zone:
             return PASS_ALL
         key = (self.name, spec_obj.availability_zone, self.config.default_availability_zone)

@@ -10,10 +10,10 @@ or disabled compute node cannot arbitrate a claim).
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 
 class ComputeFilter(BaseHostFilter):
@@ -22,10 +22,10 @@ class ComputeFilter(BaseHostFilter):
     run_filter_once_per_request = True
     placement = True
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
         if host_state.service.get("disabled"):
             return False
         return bool(host_state.is_up)
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         return index.compute_ok[: index.size]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared_host_manager.decision.filters import BaseHostFilter, utils
+from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import PASS_ALL, Exclude, HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 
 class DifferentHostFilter(BaseHostFilter):
@@ -13,16 +13,16 @@ class DifferentHostFilter(BaseHostFilter):
 
     run_filter_once_per_request = True
 
-    def active(self, spec_obj: Any) -> bool:
+    def active(self, spec_obj: RequestView) -> bool:
         return bool(spec_obj.get_scheduler_hint("different_host"))
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
         affinity_uuids = spec_obj.get_scheduler_hint("different_host")
         if affinity_uuids:
             return not utils.instance_uuids_overlap(host_state, affinity_uuids)
         return True
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         uuids = utils.hint_list(spec_obj.get_scheduler_hint("different_host"))
         if not uuids:
             return PASS_ALL

@@ -20,7 +20,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.hostview import HasCapabilities
 from shared_host_manager.decision.index import CAPABILITY_GROUPS, PASS_ALL, HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 _ARCH_ALIASES = {"i386": "i686", "i486": "i686", "i586": "i686", "x86_32": "i686",
                  "x86_32p": "i686", "amd64": "x86_64"}
@@ -78,10 +80,10 @@ class ImagePropertiesFilter(BaseHostFilter):
         return (_canon(arch, _ARCH_ALIASES), _canon(image_props.get("img_hv_type"), _HV_ALIASES),
                 _canon(image_props.get("hw_vm_mode"), _VM_MODE_ALIASES))
 
-    def active(self, spec_obj: Any) -> bool:
+    def active(self, spec_obj: RequestView) -> bool:
         return any(self._checked(spec_obj.image_properties or {}))
 
-    def _instance_supported(self, host_state: Any, image_props: Mapping[str, Any]) -> bool:
+    def _instance_supported(self, host_state: HasCapabilities, image_props: Mapping[str, Any]) -> bool:
         checked = self._checked(image_props)
         if not any(checked):
             return True
@@ -98,10 +100,10 @@ class ImagePropertiesFilter(BaseHostFilter):
                     return True
         return False
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HasCapabilities, spec_obj: RequestView) -> bool:
         return self._instance_supported(host_state, spec_obj.image_properties or {})
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         props = spec_obj.image_properties or {}
         checked = self._checked(props)
         if not any(checked):

@@ -7,22 +7,22 @@ and the instances earlier in the same request placed there.  Default limit 8.
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 
 class IoOpsFilter(BaseHostFilter):
     """Filter out hosts with too many concurrent I/O operations."""
 
-    def _get_max_io_ops_per_host(self, host_state: Any, spec_obj: Any) -> int:
+    def _get_max_io_ops_per_host(self, host_state: HostView, spec_obj: RequestView) -> int:
         return self.config.max_io_ops_per_host
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
         return host_state.num_io_ops < self._get_max_io_ops_per_host(host_state, spec_obj)
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         if type(self)._get_max_io_ops_per_host is not IoOpsFilter._get_max_io_ops_per_host:
             return None
         return index.num_io_ops[: index.size] < self.config.max_io_ops_per_host

@@ -11,12 +11,12 @@ claimed first).  Applied to forced hosts too, as placement is in nova.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import PASS_ALL, HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 
 class ResourceFitFilter(BaseHostFilter):
@@ -24,10 +24,10 @@ class ResourceFitFilter(BaseHostFilter):
 
     placement = True
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
         return host_state.fits(spec_obj.resources) is None
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         n = index.size
         mask: np.ndarray | None = None
         for resource, amount in spec_obj.resources.items():

@@ -8,10 +8,10 @@ plus the hosts chosen for earlier instances of the same request.
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import PASS_ALL, HostIndex, Only, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 
 class ServerGroupAffinityFilter(BaseHostFilter):
@@ -19,21 +19,20 @@ class ServerGroupAffinityFilter(BaseHostFilter):
 
     policy_name = "affinity"
 
-    def active(self, spec_obj: Any) -> bool:
+    def active(self, spec_obj: RequestView) -> bool:
         group = spec_obj.instance_group
         return group is not None and group.policy == self.policy_name
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
         group = spec_obj.instance_group
-        policies = group.policies if group else []
-        if self.policy_name not in policies:
+        if group is None or self.policy_name not in group.policies:
             return True
         if group.hosts:
             return host_state.host in group.hosts
         return True
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         group = spec_obj.instance_group
-        if not self.active(spec_obj) or not group.hosts:
+        if group is None or not self.active(spec_obj) or not group.hosts:
             return PASS_ALL
         return Only(index.rows_of_hosts(group.hosts))

@@ -11,13 +11,14 @@ instances are members of their group (nova's API adds them).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import PASS_ALL, Exclude, HostIndex, VectorResult
+from shared_host_manager.decision.request import InstanceGroup, RequestView
 
 
-def max_server_per_host(group: Any) -> int:
+def max_server_per_host(group: InstanceGroup) -> int:
     rules = group.rules
     if rules and "max_server_per_host" in rules:
         try:
@@ -32,14 +33,13 @@ class ServerGroupAntiAffinityFilter(BaseHostFilter):
 
     policy_name = "anti-affinity"
 
-    def active(self, spec_obj: Any) -> bool:
+    def active(self, spec_obj: RequestView) -> bool:
         group = spec_obj.instance_group
         return group is not None and group.policy == self.policy_name
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
         group = spec_obj.instance_group
-        policy = group.policy if group else None
-        if policy != self.policy_name:
+        if group is None or group.policy != self.policy_name:
             return True
         instances = host_state.instances
         if spec_obj.instance_uuid in instances:
@@ -47,10 +47,10 @@ class ServerGroupAntiAffinityFilter(BaseHostFilter):
         servers_on_host = instances.intersection(group.members)
         return len(servers_on_host) < max_server_per_host(group)
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
-        if not self.active(spec_obj):
-            return PASS_ALL
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         group = spec_obj.instance_group
+        if group is None or not self.active(spec_obj):
+            return PASS_ALL
         counts: Counter[int] = Counter()
         for member in set(group.members):
             counts.update(index.rows_of_instance(member))

@@ -10,15 +10,21 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from shared_host_manager.decision.hostview import HasAggregates, HostView
+
+_T = TypeVar("_T")
 
 
-def aggregate_values_from_key(host_state: Any, key_name: str) -> set[str]:
+def aggregate_values_from_key(host_state: HasAggregates, key_name: str) -> set[str]:
     """The set of raw values of metadata ``key_name`` over the host's aggregates."""
     return {agg.metadata[key_name] for agg in host_state.aggregates if key_name in agg.metadata}
 
 
-def aggregate_metadata_get_by_host(host_state: Any, key: str | None = None) -> dict[str, set[str]]:
+def aggregate_metadata_get_by_host(host_state: HasAggregates, key: str | None = None
+                                   ) -> dict[str, set[str]]:
     """All metadata of the host's aggregates (of those having ``key``), values split on commas."""
     metadata: dict[str, set[str]] = collections.defaultdict(set)
     for agg in host_state.aggregates:
@@ -29,9 +35,9 @@ def aggregate_metadata_get_by_host(host_state: Any, key: str | None = None) -> d
 
 
 def validate_num_values(
-    vals: Iterable[str], default: Any = None, cast_to: Callable[[str], Any] = int,
-    based_on: Callable[[Iterable[Any]], Any] = min,
-) -> Any:
+    vals: Iterable[str], default: _T, cast_to: Callable[[str], _T],
+    based_on: Callable[[list[_T]], _T],
+) -> _T:
     """``based_on`` of the values cast with ``cast_to``, or ``default`` when there are none.
 
     Raises ValueError when a value does not cast (callers fall back to the default).
@@ -50,7 +56,7 @@ def finite_float(value: str) -> float:
     return out
 
 
-def instance_uuids_overlap(host_state: Any, uuids: Any) -> bool:
+def instance_uuids_overlap(host_state: HostView, uuids: str | Iterable[str]) -> bool:
     """True if any of ``uuids`` (a uuid or a list) is on the host."""
     if isinstance(uuids, str):
         uuids = [uuids]

@@ -11,10 +11,10 @@ locality was asked for and cannot be shown.
 
 from __future__ import annotations
 
-from typing import Any
-
 from shared_host_manager.decision.filters import BaseHostFilter, utils
+from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import PASS_ALL, HostIndex, Only, VectorResult
+from shared_host_manager.decision.request import RequestView
 
 
 class VolumeLocalityFilter(BaseHostFilter):
@@ -23,10 +23,10 @@ class VolumeLocalityFilter(BaseHostFilter):
     run_filter_once_per_request = True
     HINT = "near_volume"
 
-    def active(self, spec_obj: Any) -> bool:
+    def active(self, spec_obj: RequestView) -> bool:
         return bool(spec_obj.get_scheduler_hint(self.HINT))
 
-    def _allowed(self, spec_obj: Any) -> frozenset[str] | None:
+    def _allowed(self, spec_obj: RequestView) -> frozenset[str] | None:
         volumes = utils.hint_list(spec_obj.get_scheduler_hint(self.HINT))
         if not volumes:
             return None
@@ -40,11 +40,11 @@ class VolumeLocalityFilter(BaseHostFilter):
 
         return spec_obj.memo(self.name, compute)
 
-    def host_passes(self, host_state: Any, spec_obj: Any) -> bool:
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
         allowed = self._allowed(spec_obj)
         return allowed is None or host_state.host in allowed
 
-    def vector(self, index: HostIndex, spec_obj: Any) -> VectorResult | None:
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
         allowed = self._allowed(spec_obj)
         if allowed is None:
             return PASS_ALL

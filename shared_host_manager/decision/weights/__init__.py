@@ -17,6 +17,12 @@ float operations in the same order as :func:`weigh_hosts`, so both paths
 produce bit-identical weights.  A weigher without a column is evaluated per
 host.
 
+Contract (checked by mypy for every built-in weigher): ``_weigh_object`` is
+given a :class:`~shared_host_manager.decision.hostview.HostView` and the
+:class:`~shared_host_manager.decision.request.RequestView`; ``weight_multiplier``
+reads only the host's aggregates (``HasAggregates``), so the fast path computes
+it once per aggregate group.
+
 Life cycle: weighers are instantiated once per engine and hold no per-request
 state.
 """
@@ -25,18 +31,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.filters import utils as filter_utils
 
+if TYPE_CHECKING:
+    from shared_host_manager.decision.hostview import HasAggregates, HostView
+    from shared_host_manager.decision.request import RequestView
 
-def get_weight_multiplier(host_state: Any, multiplier_name: str, multiplier_config: float) -> float:
+
+def get_weight_multiplier(host_state: HasAggregates, multiplier_name: str,
+                          multiplier_config: float) -> float:
     """nova's utils.get_weight_multiplier: the minimum aggregate override, else the config value."""
     values = filter_utils.aggregate_values_from_key(host_state, multiplier_name)
     try:
         return filter_utils.validate_num_values(values, multiplier_config,
-                                                cast_to=filter_utils.finite_float)
+                                                cast_to=filter_utils.finite_float, based_on=min)
     except ValueError:
         return multiplier_config
 
@@ -60,10 +71,11 @@ class BaseHostWeigher:
     def default_multiplier(self) -> float:
         return float(getattr(self.config, self.multiplier_name, 1.0))
 
-    def weight_multiplier(self, host_state: Any) -> float:
+    def weight_multiplier(self, host_state: HasAggregates) -> float:
         return get_weight_multiplier(host_state, self.multiplier_name, self.default_multiplier)
 
-    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+    def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
+        """nova's raw weight of ``host_state`` (normalised over the hosts by the caller)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -72,7 +84,7 @@ class BaseHostWeigher:
 
 @dataclass(slots=True)
 class WeighedHost:
-    obj: Any
+    obj: HostView
     weight: float = 0.0
 
 
@@ -89,7 +101,7 @@ def normalize(weight_list: Sequence[float], minval: float, maxval: float) -> lis
 
 
 def weigh_hosts(
-    weighers: Iterable[BaseHostWeigher], hosts: Sequence[Any], spec_obj: Any,
+    weighers: Iterable[BaseHostWeigher], hosts: Sequence[HostView], spec_obj: RequestView,
 ) -> list[WeighedHost]:
     """nova's BaseWeightHandler.get_weighed_objects, ties ordered by source id."""
     weighed = [WeighedHost(h, 0.0) for h in hosts]

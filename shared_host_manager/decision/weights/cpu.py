@@ -6,8 +6,8 @@ pending claims included in vcpus_used).
 
 from __future__ import annotations
 
-from typing import Any
-
+from shared_host_manager.decision.hostview import HostView
+from shared_host_manager.decision.request import RequestView
 from shared_host_manager.decision.weights import BaseHostWeigher
 
 
@@ -15,5 +15,5 @@ class CPUWeigher(BaseHostWeigher):
     multiplier_name = "cpu_weight_multiplier"
     index_column = "vcpus_free"
 
-    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+    def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
         return host_state.vcpus_free

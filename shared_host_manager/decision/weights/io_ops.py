@@ -6,8 +6,8 @@ claims count as operations in flight.
 
 from __future__ import annotations
 
-from typing import Any
-
+from shared_host_manager.decision.hostview import HostView
+from shared_host_manager.decision.request import RequestView
 from shared_host_manager.decision.weights import BaseHostWeigher
 
 
@@ -15,5 +15,5 @@ class IoOpsWeigher(BaseHostWeigher):
     multiplier_name = "io_ops_weight_multiplier"
     index_column = "num_io_ops"
 
-    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+    def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
         return host_state.num_io_ops

@@ -6,8 +6,8 @@ the default 0.0 leaves it out of the sum, as in nova.
 
 from __future__ import annotations
 
-from typing import Any
-
+from shared_host_manager.decision.hostview import HostView
+from shared_host_manager.decision.request import RequestView
 from shared_host_manager.decision.weights import BaseHostWeigher
 
 
@@ -15,5 +15,5 @@ class NumInstancesWeigher(BaseHostWeigher):
     multiplier_name = "num_instances_weight_multiplier"
     index_column = "num_instances"
 
-    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+    def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
         return host_state.num_instances

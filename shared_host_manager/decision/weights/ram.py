@@ -6,8 +6,8 @@ pending claims included), without the allocation ratio.
 
 from __future__ import annotations
 
-from typing import Any
-
+from shared_host_manager.decision.hostview import HostView
+from shared_host_manager.decision.request import RequestView
 from shared_host_manager.decision.weights import BaseHostWeigher
 
 
@@ -15,5 +15,5 @@ class RAMWeigher(BaseHostWeigher):
     multiplier_name = "ram_weight_multiplier"
     index_column = "free_ram_mb"
 
-    def _weigh_object(self, host_state: Any, weight_properties: Any) -> float:
+    def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
         return host_state.free_ram_mb
