@@ -5,6 +5,8 @@ writes it (atomically: temp file + rename) before announcing a new epoch, so a
 restart whose wall clock went backwards still announces a newer epoch
 (:func:`protocol.source.next_epoch`).  Without a state dir, the wall clock
 alone orders epochs.
+
+The contract: docs/design.md §3.
 """
 
 from __future__ import annotations

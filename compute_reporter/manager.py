@@ -14,6 +14,8 @@ object, so what a simulation shows is what a deployment does.
 
 Thread-safety: every public method takes one lock; callers may use it from a
 tracker thread, a control-plane thread and a loop thread at once.
+
+The contract: docs/design.md §2 (single writer), §3 and §5.3.
 """
 
 from __future__ import annotations

@@ -203,6 +203,8 @@ class ReporterService:
         if not isinstance(msg, (Claim, ResyncRequest)):
             self.stats["invalid"] += 1
             LOG.warning("dropped unexpected %s on the reporter's control plane", type(msg).__name__)
+            if self.recorder is not None:
+                self.recorder.dropped(body, "control", None, self.clock())
             return
         now = self.clock()
         self.manager.handle(msg, now)

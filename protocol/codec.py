@@ -14,6 +14,8 @@ can carry items of many sources, each signed with its own key.
 
 :func:`decode` is the only door for untrusted bytes: whatever the input, it
 returns a message or raises a :class:`~protocol.errors.RemoteProtocolError`.
+
+The contract: docs/design.md §7; the bytes: docs/protocol.md.
 """
 
 from __future__ import annotations

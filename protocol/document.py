@@ -16,6 +16,8 @@ shipped as a snapshot always have the same canonical bytes.
 
 Values are treated as immutable once inside a document: callers replace a
 value, they never mutate it in place (the source API copies what it is given).
+
+The contract: docs/design.md §2 (documents, canonical form, digest).
 """
 
 from __future__ import annotations

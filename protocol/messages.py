@@ -24,6 +24,8 @@ The classes are plain data; :mod:`protocol.codec` turns them into bytes and
 back, validating everything that comes from the wire.  They are ``final``: the
 codec and the machines dispatch on the exact type (``type(m) is Delta``), which
 is also what lets a type checker narrow a :data:`Message` in those branches.
+
+The contract: docs/design.md §3; the fields: docs/protocol.md §3.
 """
 
 from __future__ import annotations

@@ -7,16 +7,22 @@ and reordered, sources restart, and schedulers start late.  The machine keeps,
 per source, the document at the newest version it could reach *in order*, and
 repairs everything else by asking that one source to resync.
 
-Per-source life cycle::
+Per-source life cycle (docs/design.md §4.1)::
 
-        (any message of an unknown source / newer epoch)
-    UNKNOWN ----------------------------------------------> SYNCING --(snapshot or resync answer)--> ACTIVE
-                                                                ^                                   |  ^
-                               (gap not closed in the reorder   |                                   |  |
-                                window, heartbeat ahead, digest +-----------------------------------+  |
-                                mismatch, newer epoch)                                                 |
-                                                          ACTIVE --(no word for down_interval)--> DOWN-+
-                                                                       (any message: up again)
+              any item of the source, a hint, request_resync()
+    UNKNOWN -------------------------------------------------> SYNCING (no document; a resync
+                                                                  |     request out, with back-off)
+                                      a snapshot (bare, batched,  |
+                                      in a resync answer or a     v
+                                      claim's correction)
+    ACTIVE, behind <---(gap past reorder_timeout, buffer ----  ACTIVE (in order; eligible)
+    (resync out; the   overflow, heartbeat ahead, digest         |  ^
+     held document     mismatch, newer epoch)                    |  | any item, resync answer
+     still served) ----(in order again)------------------->      |  | or claim result
+                                           no word for           v  |
+                                           down_interval       DOWN (document kept, not eligible)
+
+    forget() removes a view from any state; its pending claims expire.
 
 Rules for a delta of the held epoch: seq = held+1 applies (then any buffered
 successors); seq <= held is a duplicate (dropped, counted); seq > held+1 is a
@@ -48,6 +54,8 @@ replay's tracer) registers a :class:`ReceiverObserver` with
 :meth:`ReceiverMachine.set_observer`; the machine calls it from inside the
 step, after the state changed.  Nothing outside this file replaces a method of
 the machine or reads its private state (docs/design.md §8).
+
+The contract: docs/design.md §4 (receiving) and §5.2 (the ledger).
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def check_fit(
 
 
 def overcommitted(compute: Mapping[str, Any]) -> list[str]:
-    """Resource classes whose usage exceeds capacity (invariant 1 says: never)."""
+    """Resource classes whose usage exceeds capacity (docs/design.md §6, invariant 1: never)."""
     out = []
     for key, used in compute.items():
         if key.endswith("_used"):

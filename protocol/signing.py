@@ -8,6 +8,8 @@ verify every compute node, while each compute node is given only its derived
 key and so cannot forge another host.
 
 Life cycle: built once from configuration, read-only afterwards (thread-safe).
+
+The contract: docs/design.md §7.4.
 """
 
 from __future__ import annotations

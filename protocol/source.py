@@ -38,6 +38,8 @@ already gave up on.
 
 Rules: the clock is an argument, never read; nothing here does I/O; the
 machine never emits seq N+1 before seq N.
+
+The contract: docs/design.md §3 (versions) and §5.3 (arbitration).
 """
 
 from __future__ import annotations

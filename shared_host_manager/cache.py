@@ -21,7 +21,7 @@ Persistence (restart without resyncing everything)::
     load(path):  each saved source is fed back as a Snapshot through the same
                  receiver code; returns the offset to resume the stream after
 
-Bad input (invariant 6): an undecodable or invalid message is dropped, logged
+Bad input (docs/design.md §6, invariant 6): an undecodable or invalid message is dropped, logged
 with what is known of its sender, and counted in :attr:`invalid` by reason;
 the receiver is not touched.
 
@@ -30,6 +30,8 @@ may watch the cache.  It sees every ingested message as received, with the
 step's sends, under the lock, right after the receiver step, and it is the
 receiver's :class:`~protocol.receiver.ReceiverObserver` too, so it also sees
 the claims, cancellations and resync requests other code makes under the lock.
+One call comes without the lock: :meth:`CacheObserver.sent` (a claim cast from
+the sender thread), so an observer keeps its own lock for writing.
 """
 
 from __future__ import annotations

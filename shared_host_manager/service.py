@@ -23,6 +23,8 @@ every known source for a snapshot.
 
 If the stream no longer holds the offset we resume from (retention dropped it),
 the consumer reports a retention gap and every held source is asked to resync.
+
+The contract: docs/design.md §4.4 (starting and restarting).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 nodes in host aggregates: ``--azs`` availability zones, plus one aggregate of
 SSD hosts (``ssd=true`` in its metadata, which flavors can ask for through
 aggregate_instance_extra_specs).  Aggregate membership travels in each host's
-``aggregates`` namespace, as DESIGN.md describes.
+``aggregates`` namespace (docs/design.md §2).
 
 The same seed gives the same cloud, which is what lets ``--host-manager all``
 compare three host managers on one workload.

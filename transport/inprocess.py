@@ -24,6 +24,8 @@ the first ``start()`` of a server on that ``(topic, server)`` and then
 outlive the server, like a non-auto-delete RabbitMQ queue: casts sent
 while the server is restarting wait for it; casts to a target that never
 had a server are dropped and counted.
+
+The contract: docs/design.md §7.3.
 """
 
 from __future__ import annotations

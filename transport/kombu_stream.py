@@ -42,6 +42,8 @@ Duplicates from publish retries are dropped by the consumer: each
 publisher stamps ``shm-pub`` (its random id) and ``shm-seq`` (1, 2, ...)
 headers, and a consumer skips a body whose seq it already saw from that
 publisher.
+
+The contract: docs/design.md §7.1.
 """
 
 from __future__ import annotations

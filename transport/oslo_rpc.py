@@ -22,6 +22,8 @@ the end of ``wait()`` is acked but not dispatched (messaging.md §4). A
 cast to a target that has never had a server is dropped by the broker.
 The protocol copes through claim deadlines and resync requests; do not
 use this plane for anything that needs guaranteed delivery.
+
+The contract: docs/design.md §7.2.
 """
 
 from __future__ import annotations

@@ -41,10 +41,13 @@ deciding, so a decision sees one consistent version of every host.  The engine
 calls ``index.sync()`` itself at the start of a decision and after registering
 claims.  ``send_claim`` is called with the lock held: it must only queue the
 claim (not deliver it synchronously into this receiver), and it must not
-raise — the receiver cannot withdraw a registered claim, so a claim that was
-never sent stays deducted until its deadline expires it.  Per-decision work
+raise: the engine does not withdraw a claim it registered, so a claim that
+was never sent stays deducted until its deadline expires it (or a caller that
+knows the build was given up calls ``receiver.cancel_claim``).  Per-decision work
 allocates a few O(hosts) numpy arrays (masks, gathered weigher columns) and
 a handful of Python objects; nothing is allocated per host in Python.
+
+The contract: docs/design.md §5.1 and §5.4.
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ Rules:
 * Pure: no clock (``now`` is an argument), no I/O; claims go out through the
   engine's ``send_claim``.  Not thread-safe: call it under the same lock as
   the engine (the service layer drains outcomes and processes them under it).
+
+The contract: docs/design.md §5.4.
 """
 
 from __future__ import annotations
@@ -195,6 +197,14 @@ class RequestTracker:
                 if outcome is Outcome.REJECTED:
                     self.engine.subset.observe(True)
                 events.append(self._next_host(request, inst, source, outcome, now))
+            elif outcome is Outcome.CANCELLED:
+                # this scheduler gave the build up (cancel_claim): no alternate is tried
+                inst.history.append(f"{inst.selection.host}: claim cancelled")
+                inst.state = InstanceState.FAILED
+                inst.claim_id = None
+                self.stats["failed"] += 1
+                events.append(InstanceFailed(inst.request_id, inst.instance_uuid, NoValidHost(
+                    f"the build of instance {inst.instance_uuid} was given up")))
             else:  # pragma: no cover - a new Outcome member must be handled explicitly
                 self._by_claim[claim_id] = inst
                 continue

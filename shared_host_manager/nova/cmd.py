@@ -48,7 +48,7 @@ nova.conf::
     backend = rabbit
     stream_url = amqp://shm:secret@rabbit1:5672//
     [control_plane]
-    backend = rabbit
+    backend = oslo
     transport_url = rabbit://shm:secret@rabbit1:5672/
     [cache]                                   # scheduler
     name = sched-1
@@ -223,9 +223,16 @@ def install_compute() -> Any:
         hook.aggregate_refresh_interval = group.aggregate_refresh_interval
         result = original_pre_start(self, service_ref)  # the first update_available_resource
         from compute_reporter import service as reporter_service
+        from shared_host_manager.conf import updatelog as updatelog_conf
+        from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
 
-        ours = _stream_conf(reporter_service.register_service_opts)
-        _reporter = reporter_service.service_from_conf(ours, compute_hook.NovaTracker(hook))
+        def register(conf: Any) -> None:
+            updatelog_conf.register_opts(conf)
+            reporter_service.register_service_opts(conf)
+
+        ours = _stream_conf(register)
+        _reporter = reporter_service.service_from_conf(ours, compute_hook.NovaTracker(hook),
+                                                       recorder=recorder_from_conf(ours))
         _reporter.start()
         return result
 

@@ -56,6 +56,8 @@ Anything with ``change(source, ops)``: the reporter service's tracker sink
 Sources are compute node uuids; a node the reporter was not started with
 (an ironic node enrolled later) is counted and logged, not published: the
 reporter has no way to add a source while running.
+
+The contract: docs/design.md §5.5.
 """
 
 from __future__ import annotations

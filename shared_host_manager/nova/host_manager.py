@@ -62,6 +62,8 @@ Instance info RPCs are accepted and ignored: the stream carries instances.
 Threads: views are built under ``cache.lock`` (so a request sees one version
 of each host); filtering and weighing run without it, on objects nobody else
 writes.  Templates and the aggregate overlay are changed only under the lock.
+
+The contract: docs/design.md §5.5.
 """
 
 from __future__ import annotations

@@ -1,4 +1,14 @@
-"""TODO docstring"""
+"""``shm replay --diff``: where two views of the same sources first differed, and why.
+
+Both logs are replayed with a :class:`~.replay.Tracer` (every version each
+view reached, how and when); per source, the first version at which the two
+lists part is located and classified: ``missed_delta`` (one side never got a
+delta in order and caught up by a resync), ``late_resync`` (it did, but its
+resync came late), ``rejected_claim`` (a claim's correction brought it), or
+``content`` (same version, different digest: a divergence).  A scheduler's log
+can be held against another scheduler's or against a reporter's (the
+authoritative sequence of the versions it published).
+"""
 
 from __future__ import annotations
 

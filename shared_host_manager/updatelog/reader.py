@@ -1,4 +1,16 @@
-"""TODO docstring"""
+"""Reading an update log: its records in order, and where (if anywhere) it is damaged.
+
+:class:`LogReader` walks the parts of one log (``<base>.0001``, ...), checks
+each file's magic and each record's frame, checksum and shape (the shapes
+are :data:`.format.RECORD_SHAPES`), and yields :class:`Record` objects
+numbered across parts.  It stops at the first record it cannot read and
+describes it as :class:`Damage` (file, byte offset, record index, reason);
+damage at the end of a session that a later file continues (a crash, then a
+restart) only ends that session.  Nothing in a file can make it raise.
+
+:func:`resolve_log` and :func:`find_logs` turn what a user typed (a base path,
+a part, a directory) into the parts to read.
+"""
 
 from __future__ import annotations
 

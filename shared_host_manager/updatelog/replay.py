@@ -12,7 +12,7 @@ the message was received (an invalid message is recorded as dropped and not
 replayed), so the replay trusts them instead of needing the keys.  A new
 session (a restarted scheduler) starts a new receiver, as the process did.
 
-What is checked, at every record (invariant 5)::
+What is checked, at every record (docs/design.md §6, invariant 5)::
 
     every step      the resync requests the step sent and the claim outcomes it
                     produced equal the recorded ones ("effects")
@@ -35,10 +35,10 @@ a file of a new session (a crash, then a restart) only ends that session.
 Nothing in a log can make the replay raise: a record that cannot be applied
 is reported like damage.
 
-Observation (``--history``, ``--diff``) uses a receiver subclass that calls
-the parent for every step and only notes what happened (versions applied,
-gaps, resync requests), so the state it reaches is the one the plain
-receiver reaches.
+Observation (``--history``, ``--diff``): a :class:`Tracer` is the replayed
+receiver's :class:`~protocol.receiver.ReceiverObserver` and only notes what
+happened (versions applied, gaps, resync requests), so the state the replay
+reaches is the one a plain receiver reaches (docs/design.md §8).
 """
 
 from __future__ import annotations

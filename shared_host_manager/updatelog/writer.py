@@ -1,4 +1,19 @@
-"""TODO docstring"""
+"""Writing an update log: append-only, buffered, rotating files of one party.
+
+Life cycle of a :class:`LogWriter`::
+
+    LogWriter(base, header)   continues after the parts already on disk (a restarted
+                              process appends a new session) and opens part N+1,
+                              header first
+      append(record)*         into a memory buffer; written out at buffer_bytes
+      flush()                 buffer -> file; a part past max_file_bytes is closed
+                              and the next one opened (header again)
+      close()                 last flush
+
+Not thread-safe: the recorder serialises appends under its own lock.  No
+fsync: a crash can lose the unwritten tail, which the reader reports as the
+end of that session (:mod:`.reader`).  The framing is :mod:`.format`.
+"""
 
 from __future__ import annotations
 

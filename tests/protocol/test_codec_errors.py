@@ -1,6 +1,6 @@
 """Each kind of invalid input raises the right RemoteProtocolError subclass.
 
-Invariant 6 (DESIGN.md): an invalid message is dropped with a *typed* error
+Invariant 6 (docs/design.md §6): an invalid message is dropped with a *typed* error
 that names the problem, so the edge can log it with its sender and count it
 by ``error.reason``.
 """

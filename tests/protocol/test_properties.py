@@ -1,4 +1,4 @@
-"""Property tests of the DESIGN.md invariants on a simulated faulty network.
+"""Property tests of the design's invariants (docs/design.md §6) on a simulated faulty network.
 
 A small deterministic discrete-time simulation: several SourceMachines
 (compute nodes, plus one foreign source without inventory), 2-4
