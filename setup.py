@@ -40,6 +40,10 @@ setup(
         "numpy>=1.26",
         # threading backend of oslo.service (nova 34 runs native threads)
         "oslo.service[threading]>=4.0",
+        # /metrics of every long-running process
+        "prometheus_client>=0.20",
+        # `shm status`: several processes side by side
+        "rich>=13.0",
     ],
     extras_require={
         # what only `shm sim` and the benchmarks need
@@ -67,6 +71,7 @@ setup(
         "oslo.config.opts": [
             "shm.common = shm_cli.common:list_opts",
             "shm.transport = transport.opts:list_opts",
+            "shm.metrics = transport.metrics:list_opts",
             "shm.reporter = compute_reporter.conf:list_opts",
             "shm.scheduler = shared_host_manager.conf.opts:list_scheduler_opts",
             "shm.updatelog = shared_host_manager.conf.updatelog:list_opts",

@@ -25,8 +25,12 @@ Bodies are ``bytes`` and are never inspected: the codec lives in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from transport.metrics import Histogram
 
 __all__ = [
     "OFFSET_SPECS",
@@ -42,7 +46,9 @@ __all__ = [
     "OnRetentionGap",
     "PublishError",
     "StreamConsumer",
+    "StreamConsumerStats",
     "StreamPublisher",
+    "StreamPublisherStats",
     "TransportError",
     "validate_offset",
 ]
@@ -94,6 +100,73 @@ def validate_offset(offset: object) -> OffsetSpec:
     raise ValueError(
         f"stream offset must be an int >= 0 or one of {sorted(OFFSET_SPECS)}, "
         f"got {offset!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConsumerStats:
+    """What a stream consumer reports about itself (``consumer.stats()``, read on scrape).
+
+    Offsets are the stream's (RabbitMQ counts a few non-message records in
+    them, so offset differences are about, not exactly, messages); times are
+    wall-clock seconds; None where the backend cannot know.
+    """
+
+    connected: bool
+    #: connections lost (and retried) since start
+    reconnects: int
+    delivered: int
+    duplicates: int
+    errors: int
+    retention_gaps: int
+    #: offset of the last message handed to the handler (applied)
+    applied_offset: int | None
+    #: offset of the newest message in the stream when last looked at
+    tail_offset: int | None
+    #: when the tail was last looked at
+    tail_checked_at: float | None
+    #: publish time of the newest applied message, and of the tail's
+    applied_published_at: float | None
+    tail_published_at: float | None
+    #: since when the consumer is (dis)connected
+    state_since: float | None
+    #: seconds from publish to applied, per message (None: no publish stamps)
+    staleness: Histogram | None = None
+
+    @property
+    def lag_offsets(self) -> int | None:
+        if self.tail_offset is None:
+            # looked, and the stream was empty: nothing to be behind of
+            return 0 if self.tail_checked_at is not None and self.applied_offset is None else None
+        return max(0, self.tail_offset - (self.applied_offset if self.applied_offset is not None else -1))
+
+    @property
+    def lag_seconds(self) -> float | None:
+        """Publish-time distance between the tail and the newest applied message (0: caught up)."""
+        lag = self.lag_offsets
+        if lag is None:
+            return None
+        if lag == 0:
+            return 0.0
+        if self.tail_published_at is None or self.applied_published_at is None:
+            return None
+        return max(0.0, self.tail_published_at - self.applied_published_at)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamPublisherStats:
+    """What a stream publisher reports about itself (``publisher.stats()``)."""
+
+    #: the last publish was stored (False while retrying or after a failure)
+    connected: bool
+    published: int
+    published_bytes: int
+    #: attempts retried after a connection or channel error
+    retries: int
+    #: publishes given up (PublishError raised)
+    failures: int
+    connects: int
+    state_since: float | None
+    last_error: str | None = None
 
 
 @runtime_checkable

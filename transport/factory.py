@@ -31,6 +31,7 @@ from oslo_config import cfg
 from transport import opts
 from transport.base import ControlPlane, DataPlane
 from transport.inprocess import InProcessBus
+from transport.startup import OperatorError
 
 if TYPE_CHECKING:
     from transport.kombu_stream import StreamSettings
@@ -141,7 +142,8 @@ def stream_settings(conf: cfg.ConfigOpts) -> StreamSettings:
     opts.register_opts(conf)
     dp = conf.data_plane
     if not dp.stream_url:
-        raise cfg.RequiredOptError("stream_url", opts.DATA_PLANE_GROUP)
+        raise OperatorError("[data_plane] stream_url is required with backend = rabbit: set the "
+                            "broker's URL, e.g. amqp://USER:PASSWORD@HOST:5672//")
     return StreamSettings(
         url=dp.stream_url,
         name=dp.stream_name,
@@ -156,6 +158,7 @@ def stream_settings(conf: cfg.ConfigOpts) -> StreamSettings:
         reconnect_interval=dp.reconnect_interval,
         reconnect_interval_max=max(dp.reconnect_interval,
                                    dp.reconnect_interval_max),
+        tail_probe_interval=dp.tail_probe_interval,
     )
 
 
@@ -180,6 +183,10 @@ def build_control_plane(conf: cfg.ConfigOpts,
     cp = conf.control_plane
     if cp.backend == "inprocess":
         return bus if bus is not None else build_inprocess_bus(conf)
+    if not cp.transport_url and not _default_transport_url(conf):
+        # oslo.messaging would silently use rabbit://guest:guest@localhost
+        raise OperatorError("[control_plane] transport_url is required with backend = oslo: set "
+                            "the broker's URL, e.g. rabbit://USER:PASSWORD@HOST:5672/")
     from transport.oslo_rpc import OsloRpcControlPlane
 
     return OsloRpcControlPlane(
@@ -187,6 +194,15 @@ def build_control_plane(conf: cfg.ConfigOpts,
         pool_size=cp.executor_thread_pool_size,
         cast_retry=None if cp.cast_retry < 0 else cp.cast_retry,
     )
+
+
+def _default_transport_url(conf: cfg.ConfigOpts) -> str | None:
+    """``[DEFAULT] transport_url`` if this ConfigOpts has it (oslo.messaging registers it)."""
+    try:
+        url: str | None = conf.transport_url
+        return url
+    except cfg.NoSuchOptError:
+        return None
 
 
 def build_transports(conf: cfg.ConfigOpts,

@@ -43,6 +43,15 @@ publisher stamps ``shm-pub`` (its random id) and ``shm-seq`` (1, 2, ...)
 headers, and a consumer skips a body whose seq it already saw from that
 publisher.
 
+Observation (docs/design.md §8; read by the metrics endpoint through
+``stats()``): the publisher also stamps ``shm-ts``, the wall-clock time of
+the ``publish()`` call in nanoseconds -- a transport header, the body is
+untouched -- so a consumer can measure staleness (publish to applied) per
+message and tell how far behind the stream's tail it is.  The tail itself is
+looked at every ``tail_probe_interval`` by a short-lived consumer at
+``"last"`` on a connection of its own (RabbitMQ 3.10 gives no message count
+for a stream over AMQP 0.9.1: ``queue.declare-ok`` says 0).
+
 The contract: docs/design.md §7.1.
 """
 
@@ -71,8 +80,11 @@ from transport.base import (
     OnMessage,
     OnRetentionGap,
     PublishError,
+    StreamConsumerStats,
+    StreamPublisherStats,
     validate_offset,
 )
+from transport.metrics import Histogram
 from transport.stream_declare import (
     StreamConfigError,
     declare_stream,
@@ -94,6 +106,8 @@ CONTENT_TYPE = "application/x-msgpack"
 HEADER_PUBLISHER = "shm-pub"
 HEADER_SEQ = "shm-seq"
 HEADER_OFFSET = "x-stream-offset"
+#: wall-clock time of publish(), in nanoseconds (staleness and lag)
+HEADER_PUBLISHED_AT = "shm-ts"
 
 # Errors after which the connection is discarded and the operation
 # retried on a new one. 541 INTERNAL_ERROR and 406 "no replica on the
@@ -142,6 +156,8 @@ class StreamSettings:
     reconnect_interval: float = 0.1
     reconnect_interval_max: float = 5.0
     poll_interval: float = 0.25
+    #: seconds between looks at the stream's tail (lag); 0: never
+    tail_probe_interval: float = 5.0
 
     def __post_init__(self) -> None:
         if self.prefetch_count < 1:
@@ -213,6 +229,11 @@ class KombuStreamPublisher:
         self.published = 0
         self.published_bytes = 0
         self.retries = 0
+        self.failures = 0
+        self.connects = 0
+        self._ok = False
+        self._since: float | None = None
+        self._last_error: str | None = None
 
     def publish(self, body: bytes) -> None:
         body = _as_bytes(body)
@@ -222,7 +243,8 @@ class KombuStreamPublisher:
                 raise PublishError("publisher is closed")
             self._seq += 1
             headers = {HEADER_PUBLISHER: self.publisher_id,
-                       HEADER_SEQ: self._seq}
+                       HEADER_SEQ: self._seq,
+                       HEADER_PUBLISHED_AT: time.time_ns()}
             deadline = time.monotonic() + s.publish_timeout
             backoff: Backoff | None = None  # built on first failure only
             attempt = 0
@@ -240,13 +262,17 @@ class KombuStreamPublisher:
                         confirm_timeout=min(remaining, s.confirm_timeout))
                 except StreamConfigError as exc:
                     self._reset()
+                    self.failures += 1
+                    self._set_state(False, str(exc))
                     raise PublishError(str(exc)) from exc
                 except _RETRYABLE as exc:
                     # The connection may be half-dead (e.g. a confirm
                     # timed out mid-frame): never reuse it.
                     self._reset()
+                    self._set_state(False, repr(exc))
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
+                        self.failures += 1
                         raise PublishError(
                             f"stream {s.name}: message not stored after "
                             f"{attempt} attempts in {s.publish_timeout}s: "
@@ -258,12 +284,28 @@ class KombuStreamPublisher:
                                 "retrying in %.2fs", s.name, attempt, exc,
                                 delay)
                     if self._closed.wait(delay):
+                        self.failures += 1
                         raise PublishError("publisher closed while "
                                            "retrying") from exc
                     continue
                 self.published += 1
                 self.published_bytes += len(body)
+                if not self._ok:
+                    self._set_state(True, None)
                 return
+
+    def _set_state(self, ok: bool, error: str | None) -> None:
+        if ok != self._ok or self._since is None:
+            self._since = time.time()
+        self._ok = ok
+        self._last_error = error
+
+    def stats(self) -> StreamPublisherStats:
+        return StreamPublisherStats(
+            connected=self._ok and self._producer is not None, published=self.published,
+            published_bytes=self.published_bytes, retries=self.retries,
+            failures=self.failures, connects=self.connects, state_since=self._since,
+            last_error=self._last_error)
 
     def close(self) -> None:
         self._closed.set()
@@ -292,6 +334,7 @@ class KombuStreamPublisher:
             _discard(conn)
             raise
         self._conn, self._producer = conn, producer
+        self.connects += 1
         return producer
 
     def _reset(self) -> None:
@@ -315,8 +358,10 @@ class KombuStreamConsumer:
         self.on_retention_gap = on_retention_gap
         self._on_message: OnMessage | None = None
         self._on_batch: OnBatch | None = None
-        # Messages read but not yet handed to on_batch (consumer thread only).
+        # Messages read but not yet handed to on_batch (consumer thread only),
+        # and their publish stamps (ns; None for an unstamped message).
         self._pending: list[tuple[bytes, int]] = []
+        self._pending_ts: list[int | None] = []
         self._spec: OffsetSpec = "first"
         self._last: int | None = None
         self._thread: threading.Thread | None = None
@@ -338,10 +383,40 @@ class KombuStreamConsumer:
         self.duplicates = 0
         self.gaps = 0
         self.reconnects = 0
+        self.staleness = Histogram()
+        self._connected = False
+        self._since: float | None = None
+        self._last_published_ns: int | None = None
+        self._probe: _TailProbe | None = None
 
     @property
     def last_offset(self) -> int | None:
         return self._last
+
+    def stats(self) -> StreamConsumerStats:
+        """Figures for the metrics endpoint (any thread; a consistent-enough read)."""
+        last = self._last
+        probe = self._probe
+        tail, tail_ns, checked = (probe.tail if probe is not None else (None, None, None))
+        if checked is not None and probe is not None and \
+                time.time() - checked > 3 * self.settings.tail_probe_interval + 5:
+            tail = tail_ns = None  # the probe is failing: an old tail is no tail
+        applied_ns = self._last_published_ns
+        if last is not None and (tail is None or last >= tail) and checked is not None:
+            tail, tail_ns = last, applied_ns  # we are at (or past) what the probe saw
+        return StreamConsumerStats(
+            connected=self._connected, reconnects=self.reconnects,
+            delivered=self.delivered, duplicates=self.duplicates, errors=self.errors,
+            retention_gaps=self.gaps, applied_offset=last, tail_offset=tail,
+            tail_checked_at=checked,
+            applied_published_at=applied_ns / 1e9 if applied_ns is not None else None,
+            tail_published_at=tail_ns / 1e9 if tail_ns is not None else None,
+            state_since=self._since, staleness=self.staleness)
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected != self._connected or self._since is None:
+            self._since = time.time()
+        self._connected = connected
 
     @property
     def running(self) -> bool:
@@ -361,6 +436,7 @@ class KombuStreamConsumer:
         self._on_message = on_message
         self._on_batch = on_batch
         self._pending = []
+        self._pending_ts = []
         self._spec = offset
         self._stop.clear()
         self._attached.clear()
@@ -375,9 +451,15 @@ class KombuStreamConsumer:
             target=self._run, daemon=True,
             name=f"shm-stream-consumer-{self.settings.name}")
         self._thread.start()
+        if self.settings.tail_probe_interval > 0 and self._probe is None:
+            self._probe = _TailProbe(self.settings)
+            self._probe.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         self._stop.set()
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.stop()
         thread = self._thread
         if thread is None or thread is threading.current_thread():
             return
@@ -412,6 +494,7 @@ class KombuStreamConsumer:
                         self._last, exc_info=level == logging.ERROR)
             finally:
                 self._attached.clear()
+                self._set_connected(False)
                 self._channel = None
                 if self._stop.is_set():
                     _release(conn)
@@ -470,6 +553,7 @@ class KombuStreamConsumer:
         self._got_message = False
         LOG.info("stream %s: consumer attached at %r (resume from %d)",
                  s.name, attach_at, self._resume_from)
+        self._set_connected(True)
         self._attached.set()
         return conn
 
@@ -505,11 +589,10 @@ class KombuStreamConsumer:
                 return
 
     def _flush_batch(self) -> None:
-        pending = self._pending
+        pending, stamps = self._pending, self._pending_ts
+        self._pending, self._pending_ts = [], []
         if not pending or self._stop.is_set():
-            self._pending = []
             return
-        self._pending = []
         assert self._on_batch is not None
         try:
             self._on_batch(pending)
@@ -518,8 +601,16 @@ class KombuStreamConsumer:
             LOG.exception("stream %s: on_batch failed at offsets %d..%d; "
                           "messages skipped", self.settings.name,
                           pending[0][1], pending[-1][1])
+        self._applied(stamps)
         self._last = pending[-1][1]
         self.delivered += len(pending)
+
+    def _applied(self, stamps: list[int | None]) -> None:
+        """Staleness of messages just handed over (publish stamp to now)."""
+        now = time.time_ns()
+        self.staleness.observe_many(max(0, now - ts) / 1e9 for ts in stamps if ts is not None)
+        if stamps and stamps[-1] is not None:
+            self._last_published_ns = stamps[-1]
 
     def _flush_ack(self) -> None:
         if self._unacked_tag is not None and self._channel is not None:
@@ -557,8 +648,11 @@ class KombuStreamConsumer:
         if self._is_duplicate(headers):
             self.duplicates += 1
             return
+        stamp = headers.get(HEADER_PUBLISHED_AT)
+        stamp = stamp if isinstance(stamp, int) else None
         if self._on_batch is not None:
             self._pending.append((message.body, offset))
+            self._pending_ts.append(stamp)
             if len(self._pending) >= _BATCH_MAX:
                 self._flush_batch()
             return
@@ -569,6 +663,7 @@ class KombuStreamConsumer:
             self.errors += 1
             LOG.exception("stream %s: on_message failed at offset %d; "
                           "message skipped", self.settings.name, offset)
+        self._applied([stamp])
         self._last = offset
         self.delivered += 1
 
@@ -602,6 +697,99 @@ class KombuStreamConsumer:
             self.errors += 1
             LOG.exception("stream %s: on_retention_gap hook failed",
                           self.settings.name)
+
+
+class _TailProbe:
+    """Looks at the stream's tail every ``tail_probe_interval`` seconds from a thread of its own.
+
+    Each look opens a channel on the probe's connection, consumes at ``"last"``
+    (the broker sends the last chunk, then whatever arrives), takes the highest
+    offset seen within a fraction of a second, and closes the channel.  Any
+    error drops the connection; the next look reconnects.  ``tail`` is
+    ``(offset, publish stamp in ns, checked at)``; all None until the first look.
+    """
+
+    _PREFETCH = 256
+    _WINDOW = 0.5  # seconds a look may take
+    _QUIET = 0.05  # a look ends this long after the last delivery
+
+    def __init__(self, settings: StreamSettings) -> None:
+        self.settings = settings
+        self.tail: tuple[int | None, int | None, float | None] = (None, None, None)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"shm-stream-tail-{settings.name}")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(self._WINDOW + self.settings.connect_timeout + 1)
+
+    def _run(self) -> None:
+        s = self.settings
+        conn: Connection | None = None
+        delay = 0.0
+        while not self._stop.wait(delay):
+            delay = s.tail_probe_interval
+            try:
+                if conn is None:
+                    conn = Connection(s.url, heartbeat=0, connect_timeout=s.connect_timeout,
+                                      transport_options={"client_properties": {
+                                          "connection_name": _connection_name("stream-tail")}})
+                    conn.ensure_connection(max_retries=0)
+                self._look(conn)
+            except Exception as exc:  # noqa: BLE001 -- a probe never takes anything down
+                LOG.debug("stream %s: tail probe failed: %r", s.name, exc)
+                _discard(conn)
+                conn = None
+        _release(conn)
+
+    def _look(self, conn: Connection) -> None:
+        seen: list[tuple[int, int | None]] = []
+
+        def on_message(message: Any) -> None:
+            headers = message.headers or {}
+            offset, stamp = headers.get(HEADER_OFFSET), headers.get(HEADER_PUBLISHED_AT)
+            if isinstance(offset, int):
+                seen.append((offset, stamp if isinstance(stamp, int) else None))
+
+        channel = conn.channel()
+        try:
+            queue = Queue(self.settings.name, no_declare=True,
+                          consumer_arguments={HEADER_OFFSET: "last"})
+            consumer = Consumer(channel, queues=[queue], no_ack=False, auto_declare=False,
+                                on_message=on_message, prefetch_count=self._PREFETCH)
+            consumer.consume()
+            deadline = time.monotonic() + self._WINDOW
+            while time.monotonic() < deadline and not self._stop.is_set():
+                count = len(seen)
+                try:
+                    conn.drain_events(timeout=self._QUIET if seen else 0.1)
+                except TimeoutError:
+                    if seen and len(seen) == count:
+                        break
+            consumer.cancel()
+            self._settle(conn)
+        finally:
+            channel.close()
+        if seen:
+            offset, stamp = max(seen)
+            self.tail = (offset, stamp, time.time())
+        else:  # an empty stream: nothing at the tail
+            self.tail = (None, None, time.time())
+
+    @staticmethod
+    def _settle(conn: Connection) -> None:
+        """Read what the broker sent before it saw the cancel, so that closing the channel
+        does not make py-amqp warn about deliveries during the close."""
+        try:
+            while True:
+                conn.drain_events(timeout=0.01)
+        except TimeoutError:
+            pass
 
 
 class KombuStreamDataPlane:

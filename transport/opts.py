@@ -339,6 +339,25 @@ Related options:
 
 * ``inprocess_max_messages``
 """),
+    cfg.FloatOpt(
+        "tail_probe_interval",
+        default=5.0,
+        min=0.0,
+        help="""
+Seconds between two looks at the stream's tail by a scheduler (a
+short-lived consumer at ``last`` on a connection of its own), from which
+its lag is computed: ``shm_stream_tail_offset``, ``shm_stream_lag_offsets``,
+``shm_stream_lag_seconds`` and the lag bound of ``/healthz``.
+
+Possible values:
+
+* 0: never look (the lag is then unknown).
+* A positive number of seconds.
+
+Related options:
+
+* ``[metrics] max_lag_seconds``
+"""),
 ]
 
 CONTROL_PLANE_OPTS = [

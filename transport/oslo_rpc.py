@@ -61,6 +61,30 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 
+
+class _CancelDuringCloseFilter(logging.Filter):
+    """Quiets one py-amqp warning that every clean shutdown produced.
+
+    When an RPC server stops, oslo.messaging closes its channel and RabbitMQ,
+    deleting the server's auto-delete queue, tells the consumer so with a
+    ``basic.cancel`` (method (60, 30)) that crosses the close; py-amqp then
+    logs "Received method (60, 30) during closing channel N" at WARNING.  It
+    is expected and harmless: logged at DEBUG instead.  Any other method
+    received during a close stays a warning.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (record.levelno == logging.WARNING and "during closing channel" in str(record.msg)
+                and record.args and isinstance(record.args, tuple) and record.args[0] == (60, 30)):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger("amqp").isEnabledFor(logging.DEBUG)
+        return True
+
+
+_amqp_log = logging.getLogger("amqp")
+if not any(isinstance(f, _CancelDuringCloseFilter) for f in _amqp_log.filters):
+    _amqp_log.addFilter(_CancelDuringCloseFilter())
+
 NAMESPACE = "shm.transport"
 VERSION = "1.0"
 _METHOD = "deliver"

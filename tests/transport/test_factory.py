@@ -13,6 +13,7 @@ from oslo_config import cfg
 from transport import base, factory, opts
 from transport.backoff import Backoff
 from transport.inprocess import InProcessBus
+from transport.startup import OperatorError
 
 
 @pytest.fixture
@@ -82,8 +83,15 @@ def test_inprocess_retention_from_config(conf):
 
 def test_rabbit_backend_needs_stream_url(conf):
     conf.set_override("backend", "rabbit", "data_plane")
-    with pytest.raises(cfg.RequiredOptError):
+    with pytest.raises(OperatorError, match=r"\[data_plane\] stream_url is required"):
         factory.build_data_plane(conf)
+
+
+def test_oslo_backend_needs_a_transport_url(conf):
+    """oslo.messaging would fall back to rabbit://guest:guest@localhost: an error instead."""
+    conf.set_override("backend", "oslo", "control_plane")
+    with pytest.raises(OperatorError, match=r"\[control_plane\] transport_url is required"):
+        factory.build_control_plane(conf)
 
 
 def test_stream_settings_from_config(conf):
