@@ -35,10 +35,20 @@ anti-entropy). Related options: [cache] down_interval should be >= 3x this.
 Directory where the reporter persists each host's epoch, so that a restart is
 always announced with a newer epoch even if the clock went backwards.
 """),
-    cfg.StrOpt("tracker", default="simulated", choices=["simulated"],
+    cfg.StrOpt("tracker", default="simulated",
                help="""
-Where host changes come from. 'simulated': simulated_hosts synthetic compute
-nodes that drift (for load tests and the simulator).
+Where ``shm reporter`` learns its hosts and their changes.
+
+Possible values:
+
+* ``simulated``: simulated_hosts synthetic compute nodes that drift (load
+  tests, the simulator, a rehearsal of a deployment's stream).
+* ``package.module:factory``: a resource-tracker adapter you provide;
+  ``factory(conf)`` returns an object with the methods of
+  ``compute_reporter.tracker.ResourceTracker``.
+
+On a nova compute node, run ``nova-compute-shared`` instead: nova's resource
+tracker is the tracker there, and this option is not read.
 """),
     cfg.IntOpt("simulated_hosts", default=1, min=0,
                help="Number of simulated hosts this reporter serves (tracker=simulated)."),

@@ -16,15 +16,28 @@ import os
 import tempfile
 
 from protocol.source import next_epoch
+from transport.startup import OperatorError, check_state_dir
 
 
 class EpochStore:
+    """Raises :class:`~transport.startup.OperatorError` (one line, naming the path) when the
+    state directory cannot be written or the epochs file cannot be read."""
+
     def __init__(self, state_dir: str | None) -> None:
         self._path = os.path.join(state_dir, "epochs.json") if state_dir else None
         self._epochs: dict[str, int] = {}
+        if state_dir:
+            check_state_dir(state_dir, "[reporter] state_dir")
         if self._path and os.path.exists(self._path):
-            with open(self._path, encoding="utf-8") as f:
-                self._epochs = {str(k): int(v) for k, v in json.load(f).items()}
+            try:
+                with open(self._path, encoding="utf-8") as f:
+                    data = json.load(f)
+                self._epochs = {str(k): int(v) for k, v in data.items()}
+            except (OSError, ValueError, TypeError, AttributeError) as exc:
+                raise OperatorError(
+                    f"[reporter] state_dir: the epochs file {self._path} is unreadable ({exc}); "
+                    "move it away to start over with epochs from the wall clock (safe unless this "
+                    "host's clock went backwards since the last start)") from exc
 
     def new_epochs(self, sources: list[str], wall_ns: int) -> dict[str, int]:
         """Allocate and persist a new epoch for each source."""

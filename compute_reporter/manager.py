@@ -109,6 +109,22 @@ class ReporterManager:
         """Change the service namespace (disable/enable, forced_down)."""
         self.change(source, [[SET, SERVICE, k, v] for k, v in fields.items()], now)
 
+    def versions(self) -> dict[str, tuple[int, int, bytes | None]]:
+        """Each source's published ``(epoch, seq, digest)``; the digest is None while the
+        source has changes not yet published (what ``shm status --verify`` compares)."""
+        with self._lock:
+            return {source: (m.epoch, m.seq, None if m.has_pending else m.published_digest())
+                    for source, m in self.machines.items()}
+
+    def machine_stats(self) -> dict[str, int]:
+        """The source machines' counters, summed (deltas, heartbeats, claims, resyncs answered)."""
+        with self._lock:
+            total: dict[str, int] = {}
+            for machine in self.machines.values():
+                for key, value in machine.stats.items():
+                    total[key] = total.get(key, 0) + value
+            return total
+
     # -- endpoints -----------------------------------------------------------------
 
     def handle(self, msg: Message, now: float) -> None:

@@ -16,6 +16,10 @@ One loop thread does all sending, so a transport object is never used from two
 threads at once; the other threads only wake it.  A publish that fails is
 logged and counted; the lost items are repaired by the protocol (the next
 heartbeat shows the gap and schedulers resync).
+
+Observation: :meth:`ReporterService.figures`, :meth:`stream_stats` and
+``manager.versions()`` are the read interface of the metrics endpoint
+(``compute_reporter.metrics``); nothing else reads the service's insides.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from oslo_config import cfg
 
@@ -37,7 +43,14 @@ from protocol.errors import ProtocolError
 from protocol.messages import Batch, Claim, ClaimResult, Message, ResyncAnswer, ResyncRequest, Send
 from transport import factory, signing_opts
 from transport import opts as transport_opts
-from transport.base import ControlClient, ControlPlane, ControlServer, DataPlane, StreamPublisher
+from transport.base import (
+    ControlClient,
+    ControlPlane,
+    ControlServer,
+    DataPlane,
+    StreamPublisher,
+    StreamPublisherStats,
+)
 from transport.rpcapi import SchedulerAPI
 
 LOG = logging.getLogger(__name__)
@@ -144,6 +157,10 @@ class ReporterService:
         self.recorder: ReporterObserver | None = recorder
         self.stats = {"published": 0, "publish_errors": 0, "casts": 0, "cast_errors": 0,
                       "invalid": 0}
+        #: invalid control messages dropped, by reason (protocol.errors reasons)
+        self.invalid: Counter[str] = Counter()
+        self.started_at: float | None = None
+        self.running = False
 
     # -- life cycle ------------------------------------------------------------
 
@@ -165,11 +182,14 @@ class ReporterService:
                                         daemon=True)
         self._thread.start()
         self.tracker.start(_Sink(self))
+        self.started_at = time.time()
+        self.running = True
         LOG.info("reporter %s serving %d hosts", self.name, len(hosts))
 
     def stop(self) -> None:
         if not self._running:
             return
+        self.running = False
         self.tracker.stop()
         self._server.stop()
         self._running = False
@@ -184,6 +204,25 @@ class ReporterService:
             self.recorder.close()
         LOG.info("reporter %s stopped", self.name)
 
+    # -- observation ---------------------------------------------------------------
+
+    def figures(self) -> dict[str, Any]:
+        """Counters of this reporter, read at once (the metrics endpoint's read interface)."""
+        manager = getattr(self, "manager", None)
+        return {
+            "sources": len(manager.machines) if manager is not None else 0,
+            "service": dict(self.stats),
+            "invalid": dict(self.invalid),
+            "manager": dict(manager.stats) if manager is not None else {},
+            "machines": manager.machine_stats() if manager is not None else {},
+        }
+
+    def stream_stats(self) -> StreamPublisherStats | None:
+        """The stream publisher's figures (None before start, or for a backend without them)."""
+        publisher = getattr(self, "_publisher", None)
+        stats = getattr(publisher, "stats", None)
+        return stats() if callable(stats) else None
+
     def wake(self) -> None:
         with self._wake:
             self._woken = True
@@ -196,12 +235,14 @@ class ReporterService:
             msg = self._decoder.decode(body)
         except ProtocolError as exc:
             self.stats["invalid"] += 1
+            self.invalid[exc.reason] += 1
             LOG.warning("dropped invalid control message (%s): %s", exc.reason, exc)
             if self.recorder is not None:
                 self.recorder.dropped(body, "control", None, self.clock())
             return
         if not isinstance(msg, (Claim, ResyncRequest)):
             self.stats["invalid"] += 1
+            self.invalid["wrong_plane"] += 1
             LOG.warning("dropped unexpected %s on the reporter's control plane", type(msg).__name__)
             if self.recorder is not None:
                 self.recorder.dropped(body, "control", None, self.clock())

@@ -119,6 +119,8 @@ class HostStateCache:
         self.invalid: Counter[str] = Counter()
         self.unroutable = 0
         self.messages = 0
+        #: control messages applied, by kind: "resync_answer", "claim_accepted", "claim_rejected"
+        self.control_received: Counter[str] = Counter()
         #: called under :attr:`lock` after every receive and tick, e.g. to drain claim
         #: outcomes into a request tracker as soon as they arrive
         self.ingest_listeners: list[Callable[[], None]] = []
@@ -194,6 +196,10 @@ class HostStateCache:
             if self.recorder is not None:
                 self.recorder.control(body, now, sends)
             self.messages += 1
+            if type(msg) is ClaimResult:
+                self.control_received["claim_accepted" if msg.accepted else "claim_rejected"] += 1
+            else:
+                self.control_received["resync_answer"] += 1
             self._notify()
         self._dispatch(sends)
 

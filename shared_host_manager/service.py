@@ -24,6 +24,14 @@ every known source for a snapshot.
 If the stream no longer holds the offset we resume from (retention dropped it),
 the consumer reports a retention gap and every held source is asked to resync.
 
+Observation: :meth:`SchedulerService.figures`, :meth:`versions` and
+:meth:`stream_stats` are the read interface of the metrics endpoint
+(``shared_host_manager.metrics``); whoever decides with this cache reports
+each decision's latency with :meth:`record_decision`.  A state directory that
+cannot be written is an error at start (one line, ``OperatorError``); a save
+that fails later is logged once, counted, and makes ``/healthz`` unhealthy
+until a save succeeds again.
+
 The contract: docs/design.md §4.4 (starting and restarting).
 """
 
@@ -33,8 +41,9 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Unpack
+from typing import Any, Unpack
 
 from oslo_config import cfg
 
@@ -45,8 +54,17 @@ from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.conf import cache as cache_conf
 from transport import factory, signing_opts
 from transport import opts as transport_opts
-from transport.base import ControlClient, ControlPlane, ControlServer, DataPlane, StreamConsumer
+from transport.base import (
+    ControlClient,
+    ControlPlane,
+    ControlServer,
+    DataPlane,
+    StreamConsumer,
+    StreamConsumerStats,
+)
+from transport.metrics import Histogram
 from transport.rpcapi import ReporterAPI
+from transport.startup import check_state_dir
 
 LOG = logging.getLogger(__name__)
 
@@ -97,6 +115,13 @@ class SchedulerService:
         self.resumed_from: int | None = None
         self.running = False
         self._known_sources = dict(known_sources or {})
+        self.started_at: float | None = None
+        #: decision latency (seconds) and decisions by outcome, reported by the decider
+        self.decision_seconds = Histogram()
+        self.decisions: Counter[str] = Counter()
+        self.save_failures = 0
+        self.last_save_error: str | None = None
+        self.last_saved_at: float | None = None
 
     def set_recorder(self, recorder: CacheObserver) -> None:
         """Observe this scheduler's cache (before :meth:`start`); see :class:`CacheObserver`."""
@@ -106,6 +131,8 @@ class SchedulerService:
     # -- life cycle ------------------------------------------------------------
 
     def start(self) -> None:
+        if self._state_path:
+            check_state_dir(os.path.dirname(self._state_path), "[cache] state_dir")
         self._client = self._control_plane.control_client()
         self.reporter_api = ReporterAPI(self._client, self._encoder, self._reporter_topic)
         offset = self.cache.load(self._state_path) if self._state_path else None
@@ -125,6 +152,7 @@ class SchedulerService:
                                        daemon=True)
         self._timer.start()
         self.running = True
+        self.started_at = time.time()
         LOG.info("scheduler cache %s started (%s)", self.name,
                  "cold start" if offset is None else f"resuming after stream offset {offset}")
 
@@ -138,7 +166,7 @@ class SchedulerService:
         if self._timer is not None:
             self._timer.join(timeout=10)
         if self._state_path:
-            self.cache.save(self._state_path)
+            self._save()
         if self.recorder is not None:
             self.recorder.close()
         self._client.close()
@@ -177,9 +205,69 @@ class SchedulerService:
                 self.cache.tick()
                 if self._state_path and self.clock() >= next_save:
                     next_save = self.clock() + self.snapshot_interval
-                    self.cache.save(self._state_path)
+                    self._save()
             except Exception:  # timers must outlive any single failure
                 LOG.exception("scheduler timer iteration failed")
+
+    def _save(self) -> None:
+        """Write the local snapshot; a failure is logged once (and again on recovery)."""
+        assert self._state_path is not None
+        try:
+            self.cache.save(self._state_path)
+        except OSError as exc:
+            self.save_failures += 1
+            error = f"{exc.strerror or exc} ({exc.filename or self._state_path})"
+            if self.last_save_error is None:
+                LOG.error("cannot save the cache state to %s: %s; a restart will be a cold start "
+                          "until this is fixed ([cache] state_dir)", self._state_path, error)
+            self.last_save_error = error
+            return
+        if self.last_save_error is not None:
+            LOG.info("cache state saved to %s again", self._state_path)
+        self.last_save_error = None
+        self.last_saved_at = time.time()
+
+    # -- observation (the metrics endpoint's read interface) ---------------------------
+
+    def record_decision(self, seconds: float, outcome: str) -> None:
+        """A decision made with this cache took ``seconds``; ``outcome``: "scheduled",
+        "no_valid_host" or "error"."""
+        self.decision_seconds.observe(seconds)
+        self.decisions[outcome] += 1
+
+    def stream_stats(self) -> StreamConsumerStats | None:
+        """The stream consumer's figures (None before start, or for a backend without them)."""
+        consumer = getattr(self, "_consumer", None)
+        stats = getattr(consumer, "stats", None)
+        return stats() if callable(stats) else None
+
+    def figures(self) -> dict[str, Any]:
+        """Counters and source counts, read at once under the cache lock."""
+        cache = self.cache
+        with cache.lock:
+            states: Counter[str] = Counter(v.status.value for v in self.receiver.sources.values())
+            return {
+                "sources": {"held": sum(1 for v in self.receiver.sources.values() if v.doc is not None),
+                            "active": states["active"], "down": states["down"],
+                            "syncing": states["syncing"]},
+                "receiver": dict(self.receiver.stats),
+                "invalid": dict(cache.invalid),
+                "control": dict(cache.control_received),
+                "messages": cache.messages,
+                "unroutable": cache.unroutable,
+                "offset": cache.offset,
+                "retention_gaps": self.retention_gaps,
+                "decisions": dict(self.decisions),
+                "save_failures": self.save_failures,
+                "last_save_error": self.last_save_error,
+                "last_saved_at": self.last_saved_at,
+            }
+
+    def versions(self) -> dict[str, tuple[int, int, bytes | None, str]]:
+        """Each held source's ``(epoch, seq, digest, status)`` (digests computed as needed)."""
+        with self.cache.lock:
+            return {s: (v.epoch, v.seq, v.digest(), v.status.value)
+                    for s, v in self.receiver.sources.items()}
 
 
 # -- built from a configuration file -------------------------------------------------

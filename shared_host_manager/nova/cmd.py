@@ -9,8 +9,10 @@ nova-scheduler-shared::
     monkey_patch.patch(backend='threading')      # nova's first line, first
     register [shared_host_manager] in nova's CONF
     nova.scheduler.host_manager.HostManager = SharedHostManager
+    SchedulerManager.select_destinations: timed (shm_decision_seconds)
     request_filter._should_filter_by_owner -> answered from the stream
-    SchedulerManager.pre_start_hook  += start the host-state cache service
+    SchedulerManager.pre_start_hook  += start the host-state cache service and its
+                                        [metrics] endpoint (port 9468)
     SchedulerManager.graceful_shutdown += stop it (last snapshot to state_dir)
     nova.cmd.scheduler.main()
 
@@ -29,6 +31,7 @@ nova-compute-shared::
     wrap ResourceTracker._update and ComputeManager.set_host_enabled (compute_hook.install)
     ComputeManager.pre_start_hook += after nova's first update_available_resource,
                                      start a ReporterService serving this host's nodes
+                                     and its [metrics] endpoint (port 9467)
     ComputeManager.graceful_shutdown += stop it (last changes flushed)
     nova.cmd.compute.main()
 
@@ -67,12 +70,15 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 LOG = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _service: Any = None
+_endpoint: Any = None  # the [metrics] endpoint of this process (transport.metrics)
+_serve: list[Any] = []  # the scheduler service's ConfigOpts, for its endpoint
 
 
 def _register_nova_opts() -> Any:
@@ -105,6 +111,9 @@ def _stream_conf(register: Any) -> Any:
     for f in files:
         args += ["--config-file", f]
     conf(args, project="shm", default_config_files=[], default_config_dirs=[])
+    from transport.startup import check_conf_values
+
+    check_conf_values(conf)  # an inline comment in a value: refused, with the option named
     return conf
 
 
@@ -120,31 +129,70 @@ def scheduler_service() -> Any:
             from shared_host_manager import service as scheduler_service
             from shared_host_manager.conf import updatelog as updatelog_conf
             from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
+            from transport import metrics as transport_metrics
 
             def register(conf: Any) -> None:
                 updatelog_conf.register_opts(conf)
                 scheduler_service.register_service_opts(conf)
+                transport_metrics.register_opts(conf, transport_metrics.DEFAULT_PORTS["nova-scheduler"])
 
             conf = _stream_conf(register)
             workers = nova.conf.CONF.scheduler.workers
             if workers != 1:
                 conf.set_override("name", f"{conf.cache.name}-{os.getpid()}", group="cache")
                 conf.set_override("state_dir", None, group="cache")
+                conf.set_override("bind_port", 0, group="metrics")  # one endpoint per worker
             _service = scheduler_service.service_from_conf(conf, recorder=recorder_from_conf(conf))
+            _serve.append(conf)
         return _service
 
 
 def _start_scheduler_service(*_: Any) -> None:
+    global _endpoint
     service = scheduler_service()
     if not service.running:
         service.start()
         LOG.info("shared host-state cache %s started", service.name)
+        from shared_host_manager import metrics
+
+        _endpoint = _serve_metrics(lambda: metrics.serve(service, _serve[-1], role="nova-scheduler"))
+
+
+def _serve_metrics(serve: Any) -> Any:
+    """Start the [metrics] endpoint; a port in use is logged, not fatal to nova's service."""
+    try:
+        return serve()
+    except OSError as exc:
+        LOG.error("[metrics] bind_port: cannot listen (%s); no /metrics, /healthz, /status in this "
+                  "process: choose another port (0: any free one)", exc)
+        return None
 
 
 def _stop_scheduler_service(*_: Any) -> None:
     service = _service
+    if _endpoint is not None:
+        _endpoint.stop()
     if service is not None and service.running:
         service.stop()
+
+
+def _timed(select_destinations: Any) -> Any:
+    """select_destinations, its latency and outcome told to the cache service (/metrics)."""
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from nova import exception
+
+        start, outcome = time.monotonic(), "error"
+        try:
+            result = select_destinations(self, *args, **kwargs)
+            outcome = "scheduled"
+            return result
+        except exception.NoValidHost:
+            outcome = "no_valid_host"
+            raise
+        finally:
+            if _service is not None:
+                _service.record_decision(time.monotonic() - start, outcome)
+    return wrapper
 
 
 def install_scheduler() -> None:
@@ -173,6 +221,7 @@ def install_scheduler() -> None:
 
         cls.pre_start_hook = pre_start_hook
         cls.graceful_shutdown = graceful_shutdown
+        cls.select_destinations = _timed(cls.select_destinations)
         cls._shm_installed = True
 
 
@@ -216,30 +265,36 @@ def install_compute() -> Any:
     original_shutdown = cls.graceful_shutdown
 
     def pre_start_hook(self: Any, service_ref: Any) -> Any:
-        global _reporter
+        global _reporter, _endpoint
         group = conf.shared_host_manager
         hook.cell_uuid = group.cell_uuid
         hook.reserved = ndoc.Reserved.from_conf(conf)
         hook.aggregate_refresh_interval = group.aggregate_refresh_interval
         result = original_pre_start(self, service_ref)  # the first update_available_resource
+        from compute_reporter import metrics
         from compute_reporter import service as reporter_service
         from shared_host_manager.conf import updatelog as updatelog_conf
         from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
+        from transport import metrics as transport_metrics
 
         def register(conf: Any) -> None:
             updatelog_conf.register_opts(conf)
             reporter_service.register_service_opts(conf)
+            transport_metrics.register_opts(conf, transport_metrics.DEFAULT_PORTS["nova-compute"])
 
         ours = _stream_conf(register)
         _reporter = reporter_service.service_from_conf(ours, compute_hook.NovaTracker(hook),
                                                        recorder=recorder_from_conf(ours))
         _reporter.start()
+        _endpoint = _serve_metrics(lambda: metrics.serve(_reporter, ours, role="nova-compute"))
         return result
 
     def graceful_shutdown(self: Any, timeout: Any) -> Any:
         try:
             return original_shutdown(self, timeout)
         finally:
+            if _endpoint is not None:
+                _endpoint.stop()
             if _reporter is not None:
                 _reporter.stop()  # flushes the last changes
 

@@ -1,0 +1,224 @@
+"""What a scheduler shows on its metrics endpoint: /metrics, /healthz, /status.
+
+A ``prometheus_client`` custom collector reads the service's figures on every
+scrape through :class:`~shared_host_manager.service.SchedulerService`'s read
+interface (``figures()``, ``stream_stats()``, ``versions()``, the decision
+histogram); it keeps nothing and replaces nothing.  Metric names and meanings
+are listed in the README ("Operating it").
+
+Healthy (``/healthz`` 200) while: the service runs, its stream consumer is
+connected to the broker, its view is within ``[metrics] max_lag_seconds`` of
+the stream's tail, and its state directory (if any) can be written.
+Otherwise 503 and the first reason that applies, in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from oslo_config import cfg
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from protocol.receiver import STAT_KEYS
+from shared_host_manager.service import SchedulerService
+from transport import metrics as transport_metrics
+from transport.metrics import MetricsEndpoint, histogram_family
+
+__all__ = ["SchedulerCollector", "health", "serve", "status"]
+
+VERSION = "0.1.0"
+
+#: receiver counters with a metric of their own (the rest: shm_receiver_events_total{event})
+_CLAIM_OUTCOMES = {"included": "claims_included", "rejected": "claims_rejected",
+                   "expired": "claims_expired", "cancelled": "claims_cancelled",
+                   "epoch_changed": "claims_epoch_retired"}
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float | None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=float("nan") if value is None else value)
+
+
+class SchedulerCollector:
+    """``shm_*`` metrics of one :class:`SchedulerService`, read on scrape."""
+
+    def __init__(self, service: SchedulerService, role: str = "scheduler",
+                 max_lag_seconds: float = 30.0) -> None:
+        self.service = service
+        self.role = role
+        self.max_lag_seconds = max_lag_seconds
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on scrape only (auto_describe is off)
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.service
+        f = s.figures()
+        rx = f["receiver"]
+        info = InfoMetricFamily("shm_process", "This process: role and name.")
+        info.add_metric([], {"role": self.role, "name": s.name, "version": VERSION})
+        yield info
+        sources = GaugeMetricFamily("shm_sources", "Sources this scheduler knows, by state: active "
+                                    "(held, heard within down_interval), down (held, silent), "
+                                    "syncing (no document yet).", labels=["state"])
+        for state in ("active", "down", "syncing"):
+            sources.add_metric([state], f["sources"][state])
+        yield sources
+        yield _gauge("shm_sources_held", "Sources whose document this scheduler holds.",
+                     f["sources"]["held"])
+        yield _counter("shm_messages_applied", "Stream and control messages applied.", f["messages"])
+        yield _counter("shm_deltas_applied", "Deltas applied in order.", rx["applied"])
+        yield _counter("shm_gaps", "Deltas that arrived ahead of a missing one (a gap opened).",
+                       rx["gaps"])
+        yield _counter("shm_resync_requests", "Resync requests sent to sources.",
+                       rx["resyncs_requested"])
+        yield _counter("shm_resync_answers", "Resync answers received.",
+                       f["control"].get("resync_answer", 0))
+        yield _counter("shm_digest_mismatches", "Heartbeats whose digest differed from the held "
+                       "document at the same version (a divergence; full resync).", rx["divergences"])
+        events = CounterMetricFamily("shm_receiver_events", "Every receiver counter "
+                                     "(protocol.receiver.STAT_KEYS).", labels=["event"])
+        for key in STAT_KEYS:
+            events.add_metric([key], rx.get(key, 0))
+        yield events
+        claims = CounterMetricFamily(
+            "shm_claims", "Claims by outcome: accepted (the arbiter said yes), included (a delta "
+            "carried it), rejected, expired (no word before the deadline), cancelled (given up by "
+            "this scheduler), epoch_changed (the host restarted).", labels=["outcome"])
+        claims.add_metric(["accepted"], f["control"].get("claim_accepted", 0))
+        for outcome, key in _CLAIM_OUTCOMES.items():
+            claims.add_metric([outcome], rx.get(key, 0))
+        yield claims
+        yield _counter("shm_claims_added", "Claims this scheduler made.", rx["claims_added"])
+        invalid = CounterMetricFamily("shm_invalid_messages", "Invalid messages dropped, by reason.",
+                                      labels=["reason"])
+        for reason, n in sorted(f["invalid"].items()):
+            invalid.add_metric([reason], n)
+        yield invalid
+        yield _counter("shm_unroutable_sends", "Resync requests or claims with no known endpoint.",
+                       f["unroutable"])
+        decisions = CounterMetricFamily("shm_decisions", "Decisions made with this cache, by outcome.",
+                                        labels=["outcome"])
+        for outcome, n in sorted(f["decisions"].items()):
+            decisions.add_metric([outcome], n)
+        yield decisions
+        yield histogram_family("shm_decision_seconds", "Time to decide one request (select_"
+                               "destinations in nova-scheduler-shared).", {(): s.decision_seconds})
+        yield _counter("shm_state_save_failures", "Failed writes of the local snapshot.",
+                       f["save_failures"])
+        stream = s.stream_stats()
+        if stream is not None:
+            connected = GaugeMetricFamily("shm_broker_connected", "1 while the stream consumer is "
+                                          "connected to the broker, else 0.", labels=["plane"])
+            connected.add_metric(["stream"], 1 if stream.connected else 0)
+            yield connected
+            reconnects = CounterMetricFamily("shm_broker_reconnects", "Connections to the broker "
+                                             "lost and made again.", labels=["plane"])
+            reconnects.add_metric(["stream"], stream.reconnects)
+            yield reconnects
+            yield _gauge("shm_stream_applied_offset", "Stream offset of the last message applied.",
+                         stream.applied_offset)
+            yield _gauge("shm_stream_tail_offset", "Stream offset of the newest message in the "
+                         "stream, when last looked at ([data_plane] tail_probe_interval).",
+                         stream.tail_offset)
+            yield _gauge("shm_stream_lag_offsets", "Tail offset minus applied offset (about the "
+                         "messages not yet applied).", stream.lag_offsets)
+            yield _gauge("shm_stream_lag_seconds", "Publish time of the tail minus that of the "
+                         "newest message applied (0 when caught up).", stream.lag_seconds)
+            yield _counter("shm_stream_retention_gaps", "Resumes that found their offset dropped by "
+                           "retention (every source asked to resync).", stream.retention_gaps)
+            yield _counter("shm_stream_duplicates", "Stream messages dropped as publish-retry "
+                           "duplicates.", stream.duplicates)
+            if stream.staleness is not None:
+                yield histogram_family("shm_staleness_seconds", "Per stream message: from its "
+                                       "publish() on the reporter to applied here (includes "
+                                       "catching up a backlog; clocks must agree: NTP).",
+                                       {(): stream.staleness})
+        yield _gauge("shm_healthy", "1 when /healthz answers 200.",
+                     1 if health(s, self.max_lag_seconds)[0] else 0)
+
+
+def health(service: SchedulerService, max_lag_seconds: float = 30.0) -> tuple[bool, str]:
+    """(healthy, one line); see the module docstring."""
+    if not service.running:
+        return False, "not running"
+    stream = service.stream_stats()
+    if stream is not None:
+        if not stream.connected:
+            since = f" since {time.strftime('%H:%M:%S', time.localtime(stream.state_since))}" \
+                if stream.state_since else ""
+            return False, f"not connected to the broker{since} ({stream.reconnects} reconnects)"
+        lag = stream.lag_seconds
+        if lag is not None and lag > max_lag_seconds:
+            return False, (f"{lag:.1f} s ({stream.lag_offsets} offsets) behind the stream's tail "
+                           f"(max_lag_seconds = {max_lag_seconds:g})")
+    if service.last_save_error is not None:
+        return False, f"cannot save the cache state: {service.last_save_error}"
+    f = service.figures()["sources"]
+    if stream is None:
+        return True, f"ok: {f['active']} sources active (in-process stream)"
+    lag_text = "lag unknown" if stream.lag_seconds is None else \
+        f"lag {stream.lag_offsets} offsets, {stream.lag_seconds:.2f} s"
+    return True, f"ok: {f['active']} sources active, {lag_text}"
+
+
+def status(service: SchedulerService, sources: bool = False, role: str = "scheduler",
+           max_lag_seconds: float = 30.0) -> dict[str, Any]:
+    """The scheduler as JSON (``/status``); ``sources``: each source's version and digest."""
+    f = service.figures()
+    ok, reason = health(service, max_lag_seconds)
+    stream = service.stream_stats()
+    rx = f["receiver"]
+    out: dict[str, Any] = {
+        "role": role, "name": service.name, "pid": os.getpid(), "version": VERSION,
+        "started_at": service.started_at, "now": time.time(),
+        "healthy": ok, "health": reason,
+        "sources": f["sources"],
+        "broker": {"connected": stream.connected, "reconnects": stream.reconnects,
+                   "since": stream.state_since} if stream is not None else None,
+        "stream": {"applied_offset": f["offset"],
+                   "tail_offset": stream.tail_offset if stream else None,
+                   "lag_offsets": stream.lag_offsets if stream else None,
+                   "lag_seconds": stream.lag_seconds if stream else None,
+                   "tail_checked_at": stream.tail_checked_at if stream else None,
+                   "staleness": stream.staleness.as_dict()
+                   if stream is not None and stream.staleness is not None else None,
+                   "retention_gaps": f["retention_gaps"]},
+        "receiver": {"applied": rx["applied"], "gaps": rx["gaps"],
+                     "resync_requests": rx["resyncs_requested"],
+                     "resync_answers": f["control"].get("resync_answer", 0),
+                     "digest_mismatches": rx["divergences"]},
+        "claims": {"accepted": f["control"].get("claim_accepted", 0),
+                   **{k: rx.get(v, 0) for k, v in _CLAIM_OUTCOMES.items()}},
+        "decisions": {**f["decisions"], "seconds": service.decision_seconds.as_dict()},
+        "invalid": f["invalid"],
+        "state": {"save_failures": f["save_failures"], "last_error": f["last_save_error"],
+                  "last_saved_at": f["last_saved_at"]},
+    }
+    if sources:
+        out["views"] = {src: [e, q, d.hex() if d is not None else None, st]
+                        for src, (e, q, d, st) in service.versions().items()}
+    return out
+
+
+def serve(service: SchedulerService, conf: cfg.ConfigOpts, role: str = "scheduler",
+          port: int | None = None) -> MetricsEndpoint | None:
+    """Start the endpoint of ``service`` on ``[metrics]`` (None when disabled); an OSError
+    (port in use) goes to the caller."""
+    transport_metrics.register_opts(conf)
+    group = conf.metrics
+    if not group.enabled:
+        return None
+    max_lag = group.max_lag_seconds
+    endpoint = MetricsEndpoint(SchedulerCollector(service, role, max_lag),
+                               lambda: health(service, max_lag),
+                               lambda sources: status(service, sources, role, max_lag),
+                               host=group.bind_host, port=group.bind_port if port is None else port)
+    return endpoint.start()
