@@ -3,26 +3,54 @@
 Life cycle of a service process::
 
     parse --config-file/--config-dir and the command line (oslo.config)
+      -> check every option's value once (an inline comment, a value that does
+         not convert: one line naming the option and the file)
       -> set up logging (oslo.log)
       -> choose the concurrency backend: native threads by default; only
          ``[DEFAULT] concurrency_backend = eventlet`` imports and monkey-patches
          eventlet, before anything else starts a thread (nova 34 makes
          ``import eventlet`` fail in its threading mode, so nothing here
          imports it unless asked)
-      -> build the transport from [data_plane] / [control_plane]
-      -> run until SIGTERM or SIGINT, then stop cleanly (flush, close).
+      -> build the service from [data_plane] / [control_plane] and its group
+      -> start, in a thread of its own: the metrics endpoint ([metrics]), a
+         login to the broker (a refused password fails at once, an unreachable
+         broker after ``broker_start_timeout``), then the service
+      -> run until SIGTERM or SIGINT -- also while still starting -- then stop
+         cleanly (flush, close) within ``stop_timeout``.
+
+Errors (:func:`run`): an operator's mistake ends the process within seconds
+with one line on stderr, ``<prog>: error: <what, and what to do>``, and a
+non-zero exit code (``transport.startup``: 78 configuration or state, 69
+broker unreachable, 1 anything unexpected); a traceback only with
+``--debug``.
 """
 
 from __future__ import annotations
 
+import logging as py_logging
+import os
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Callable
+from typing import TypeVar
 
 from oslo_config import cfg
 from oslo_log import log as logging
 
+from transport import metrics as transport_metrics
+from transport.startup import (
+    EX_CONFIG,
+    OperatorError,
+    check_broker,
+    check_conf_values,
+    kombu_urls_of,
+)
+
 LOG = logging.getLogger(__name__)
+
+EX_SOFTWARE = 1
 
 common_opts: list[cfg.Opt] = [
     cfg.StrOpt("concurrency_backend", default="threading", choices=["threading", "eventlet"],
@@ -31,6 +59,18 @@ How this process runs concurrent work. 'threading' (default): native threads.
 'eventlet': import eventlet and monkey-patch the standard library first, for
 deployments that still run eventlet; deprecated upstream and never imported
 unless chosen here.
+"""),
+    cfg.FloatOpt("broker_start_timeout", default=10.0, min=0.0, help="""
+Seconds a starting ``shm reporter`` or ``shm scheduler`` keeps trying to log
+in to the broker ([data_plane] stream_url, [control_plane] transport_url)
+before it gives up with exit code 69 (a supervisor restarts it later). A
+refused login (wrong user or password, unknown virtual host) fails at once
+with exit code 78. Once started, a process rides out broker outages.
+"""),
+    cfg.FloatOpt("stop_timeout", default=10.0, min=1.0, help="""
+Seconds a process may take to stop cleanly after SIGTERM (last publish,
+last snapshot); past them it exits anyway with code 1. A second SIGTERM or
+SIGINT exits at once.
 """),
 ]
 
@@ -47,6 +87,7 @@ def setup(argv: list[str], prog: str, register: Callable[[cfg.ConfigOpts], None]
     register(conf)
     logging.register_options(conf)
     conf(argv, project="shm", prog=prog)
+    check_conf_values(conf)
     logging.setup(conf, "shm")
     if conf.concurrency_backend == "eventlet":
         import eventlet  # noqa: PLC0415 — only when the operator asked for it
@@ -56,20 +97,159 @@ def setup(argv: list[str], prog: str, register: Callable[[cfg.ConfigOpts], None]
     return conf
 
 
-def run_until_signalled(start: Callable[[], None], stop: Callable[[], None]) -> int:
-    """Start, block until SIGTERM/SIGINT, stop. Returns the exit code."""
+# -- errors ---------------------------------------------------------------------------------
+
+
+def describe_error(exc: BaseException) -> tuple[str, int]:
+    """(one line for the operator, exit code) for an exception that ended a command."""
+    if isinstance(exc, OperatorError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, cfg.ConfigFilesNotFoundError):
+        files = ", ".join(exc.config_files)
+        return f"configuration file not found or not readable: {files}; check --config-file", EX_CONFIG
+    if isinstance(exc, cfg.ConfigDirNotFoundError):
+        return f"configuration directory not found: {exc.config_dir}; check --config-dir", EX_CONFIG
+    if isinstance(exc, cfg.ConfigFileParseError):
+        return (f"cannot parse {exc.config_file}: {exc.msg} (sections are [name] lines, options "
+                "'name = value' lines, comments lines starting with #)"), EX_CONFIG
+    if isinstance(exc, cfg.RequiredOptError):
+        group = getattr(exc.group, "name", exc.group) or "DEFAULT"
+        return f"[{group}] {exc.opt_name} is required: set it in the configuration file", EX_CONFIG
+    if isinstance(exc, cfg.Error):
+        return " ".join(str(exc).split()), EX_CONFIG
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}", EX_CONFIG
+    return (f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "
+            "(run with --debug for the traceback)"), EX_SOFTWARE
+
+
+def _wants_debug(argv: list[str]) -> bool:
+    return "--debug" in argv or "-d" in argv
+
+
+def report_error(prog: str, exc: BaseException, debug: bool) -> int:
+    message, code = describe_error(exc)
+    if debug:
+        traceback.print_exception(exc)
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+# -- running a service ------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def check_brokers(conf: cfg.ConfigOpts, cancel: threading.Event) -> bool:
+    """Log in to the broker(s) this configuration names; False if cancelled meanwhile."""
+    wait = conf.broker_start_timeout
+    dp, cp = conf.data_plane, conf.control_plane
+    if dp.backend == "rabbit" and dp.stream_url:
+        if not check_broker(dp.stream_url, "[data_plane] stream_url",
+                            connect_timeout=dp.connect_timeout, wait=wait, cancel=cancel):
+            return False
+    if cp.backend == "oslo" and cp.transport_url:
+        for url in kombu_urls_of(cp.transport_url)[:1]:
+            if not check_broker(url, "[control_plane] transport_url",
+                                connect_timeout=dp.connect_timeout, wait=wait, cancel=cancel):
+                return False
+    return True
+
+
+def start_metrics(serve: Callable[[], T]) -> T:
+    """Start a metrics endpoint; a port in use is an OperatorError naming the option."""
+    try:
+        return serve()
+    except OSError as exc:
+        raise OperatorError(f"[metrics] bind_host/bind_port: cannot listen ({exc.strerror or exc}); "
+                            "choose another bind_port (0: any free port) or set [metrics] enabled = "
+                            "false") from exc
+
+
+def run(argv: list[str], prog: str, main: Callable[[list[str]], int]) -> int:
+    """Run ``main(argv)``, turning an operator's mistake into one line and an exit code."""
+    debug = _wants_debug(argv)
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        return report_error(prog, exc, debug)
+
+
+def run_until_signalled(start: Callable[[threading.Event], None], stop: Callable[[], None], *,
+                        stop_timeout: float = 10.0) -> int:
+    """Start (in a thread, so that a signal can end a start that hangs), block until
+    SIGTERM/SIGINT, stop. Returns the exit code; an exception of ``start`` is re-raised
+    after a best-effort ``stop``.
+
+    ``start`` gets a ``threading.Event`` that is set when a signal arrives while it still
+    runs (the broker checks give up then, and it should return early)."""
     done = threading.Event()
+    cancel = threading.Event()
 
     def _signalled(signum: int, frame: object) -> None:
+        if done.is_set():
+            print("second signal: exiting now", file=sys.stderr, flush=True)
+            os._exit(1)
         LOG.info("received signal %d, stopping", signum)
+        cancel.set()
         done.set()
 
     signal.signal(signal.SIGTERM, _signalled)
     signal.signal(signal.SIGINT, _signalled)
-    start()
+    failure: list[BaseException] = []
+
+    def _start() -> None:
+        try:
+            start(cancel)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the main thread
+            failure.append(exc)
+
+    starter = threading.Thread(target=_start, name="shm-start", daemon=True)
+    starter.start()
+    while starter.is_alive() and not done.wait(0.1):
+        pass
+    if starter.is_alive():  # a signal while starting
+        starter.join(5.0)
+        if starter.is_alive():
+            LOG.warning("still starting 5 s after the signal (connecting?); exiting without a "
+                        "clean stop")
+            _flush_logs()
+            os._exit(0)
     try:
+        if failure:
+            raise failure[0]
         while not done.wait(1.0):
             pass
     finally:
-        stop()
+        _stop_within(stop, stop_timeout)
     return 0
+
+
+def _stop_within(stop: Callable[[], None], timeout: float) -> None:
+    def _overdue() -> None:
+        LOG.error("did not stop within %.0f s ([DEFAULT] stop_timeout); exiting anyway", timeout)
+        _flush_logs()
+        os._exit(1)
+
+    watchdog = threading.Timer(timeout, _overdue)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        stop()
+    finally:
+        watchdog.cancel()
+
+
+def _flush_logs() -> None:
+    for handler in py_logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    sys.stderr.flush()
+
+
+def register_metrics(conf: cfg.ConfigOpts, role: str) -> None:
+    transport_metrics.register_opts(conf, transport_metrics.DEFAULT_PORTS[role])

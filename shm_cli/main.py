@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                  "run a compute reporter (--config-file FILE) until SIGTERM"),
     "scheduler": ("shm_cli.scheduler:main",
                   "run the scheduler-side host-state cache (--config-file FILE) until SIGTERM"),
+    "status": ("shm_cli.status:main",
+               "show running processes side by side (URL...); --verify that their views converged"),
     "replay": ("shm_cli.replay:main",
                "replay an update log: verify digests, show a host's state or history, "
                "diff two logs, re-run decisions"),

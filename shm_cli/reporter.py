@@ -1,37 +1,110 @@
 """``shm reporter --config-file FILE``: run a compute reporter until SIGTERM.
 
-It serves ``[reporter] simulated_hosts`` simulated hosts (load tests, the
-simulator's shape of a deployment) or a resource-tracker adapter plugged in
-by code (:class:`compute_reporter.tracker.ResourceTracker`); on a nova compute
-node the reporter runs inside ``nova-compute-shared`` instead.
+Where it runs: on a nova compute node the reporter runs inside
+``nova-compute-shared`` (the compute hook feeds it nova's resource tracker);
+``shm reporter`` is the standalone process for everything else:
+
+* ``[reporter] tracker = simulated`` (default) serves ``simulated_hosts``
+  simulated hosts (load tests, a rehearsal of a deployment's stream);
+* ``[reporter] tracker = package.module:factory`` serves the hosts of a
+  resource-tracker adapter you write: ``factory(conf)`` returns an object with
+  the :class:`compute_reporter.tracker.ResourceTracker` methods (``hosts()``,
+  ``document(host)``, ``start(sink)``, ``stop()``).
+
+It serves /metrics, /healthz and /status on ``[metrics] bind_host:bind_port``
+(default port 9465) and logs a summary every 10 s.
 """
 
 from __future__ import annotations
 
-from oslo_config import cfg
+import importlib
+import threading
+from typing import Any
 
+from oslo_config import cfg
+from oslo_log import log as logging
+
+from compute_reporter import metrics as reporter_metrics
 from compute_reporter import service as reporter_service
+from compute_reporter.epochs import EpochStore
 from compute_reporter.service import ReporterService
-from compute_reporter.tracker import SimulatedTracker
+from compute_reporter.tracker import ResourceTracker, SimulatedTracker
 from shared_host_manager.conf import updatelog as updatelog_conf
 from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
 from shm_cli import common
+from transport.startup import OperatorError
+
+LOG = logging.getLogger(__name__)
+
+PROG = "shm reporter"
 
 
 def register(conf: cfg.ConfigOpts) -> None:
     updatelog_conf.register_opts(conf)
     reporter_service.register_service_opts(conf)
+    common.register_metrics(conf, "reporter")
+
+
+def tracker_from_conf(conf: cfg.ConfigOpts) -> ResourceTracker:
+    """The tracker ``[reporter] tracker`` names: ``simulated`` or ``module:factory``."""
+    group = conf.reporter
+    if group.tracker == "simulated":
+        return SimulatedTracker(group.simulated_hosts, seed=group.simulated_seed, prefix=group.name,
+                                change_interval=group.simulated_change_interval)
+    module_name, _, attr = group.tracker.partition(":")
+    try:
+        factory: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise OperatorError(f"[reporter] tracker = {group.tracker}: cannot import it ({exc}); give "
+                            "'simulated' or 'package.module:factory' importable by this Python") from exc
+    tracker: ResourceTracker = factory(conf)
+    return tracker
 
 
 def build(conf: cfg.ConfigOpts) -> ReporterService:
-    group = conf.reporter
-    tracker = SimulatedTracker(group.simulated_hosts, seed=group.simulated_seed,
-                               prefix=group.name,
-                               change_interval=group.simulated_change_interval)
-    return reporter_service.service_from_conf(conf, tracker, recorder=recorder_from_conf(conf))
+    return reporter_service.service_from_conf(conf, tracker_from_conf(conf),
+                                              recorder=recorder_from_conf(conf))
+
+
+def summary(service: ReporterService) -> str:
+    """The line logged every 10 s: the same figures as /status."""
+    st = reporter_metrics.status(service)
+    pub, broker = st["published"], st["broker"]
+    return (f"{st['sources']['served']} hosts; {st['changes']} changes; published {pub['batches']} "
+            f"batches ({pub['deltas']} deltas, {pub['heartbeats']} heartbeats), {pub['failures']} "
+            f"failed, {pub['retries']} retries; resyncs answered {st['resyncs']['answered']}; claims "
+            f"{', '.join(f'{k} {v}' for k, v in st['claims'].items())}; broker "
+            f"{'connected' if broker is None or broker['connected'] else 'DISCONNECTED'}; "
+            f"{st['health']}")
+
+
+def _main(argv: list[str]) -> int:
+    conf = common.setup(argv, PROG, register)
+    service = build(conf)
+    if conf.reporter.state_dir:  # local mistakes before the broker: the directory, the epochs file
+        EpochStore(conf.reporter.state_dir)
+    endpoints: list[Any] = []
+    halt = threading.Event()
+
+    def report() -> None:
+        while not halt.wait(10.0):
+            LOG.info("%s", summary(service))
+
+    def start(cancel: threading.Event) -> None:
+        endpoints.append(common.start_metrics(lambda: reporter_metrics.serve(service, conf)))
+        if common.check_brokers(conf, cancel) and not cancel.is_set():
+            service.start()
+            threading.Thread(target=report, name="shm-summary", daemon=True).start()
+
+    def stop() -> None:
+        halt.set()
+        service.stop()
+        for endpoint in endpoints:
+            if endpoint is not None:
+                endpoint.stop()
+
+    return common.run_until_signalled(start, stop, stop_timeout=conf.stop_timeout)
 
 
 def main(argv: list[str]) -> int:
-    conf = common.setup(argv, "shm reporter", register)
-    service = build(conf)
-    return common.run_until_signalled(service.start, service.stop)
+    return common.run(argv, PROG, _main)

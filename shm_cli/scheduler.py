@@ -1,56 +1,87 @@
 """``shm scheduler --config-file FILE``: run the scheduler-side cache until SIGTERM.
 
-The cache is what a scheduler process embeds; run standalone it keeps an
-up-to-date view of every host and logs its state, which is how an operator
-checks a deployment's stream before pointing a scheduler at it.
+The cache is what a scheduler process embeds (``nova-scheduler-shared`` runs
+it inside nova's scheduler); run standalone it keeps an up-to-date view of
+every host, serves /metrics, /healthz and /status on ``[metrics]
+bind_host:bind_port`` (default port 9466) and logs a summary every 10 s,
+which is how an operator checks a deployment's stream and, with two of them
+and ``shm status --verify``, that views converge.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from oslo_config import cfg
 from oslo_log import log as logging
 
+from shared_host_manager import metrics as scheduler_metrics
 from shared_host_manager import service as scheduler_service
 from shared_host_manager.conf import updatelog as updatelog_conf
 from shared_host_manager.service import SchedulerService
 from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
 from shm_cli import common
+from transport.startup import check_state_dir
 
 LOG = logging.getLogger(__name__)
+
+PROG = "shm scheduler"
 
 
 def register(conf: cfg.ConfigOpts) -> None:
     updatelog_conf.register_opts(conf)
     scheduler_service.register_service_opts(conf)
+    common.register_metrics(conf, "scheduler")
 
 
 def build(conf: cfg.ConfigOpts) -> SchedulerService:
     return scheduler_service.service_from_conf(conf, recorder=recorder_from_conf(conf))
 
 
-def main(argv: list[str]) -> int:
-    conf = common.setup(argv, "shm scheduler", register)
+def summary(service: SchedulerService, max_lag_seconds: float) -> str:
+    """The line logged every 10 s: the same figures as /status."""
+    status = scheduler_metrics.status(service, max_lag_seconds=max_lag_seconds)
+    src, stream = status["sources"], status["stream"]
+    broker = status["broker"]
+    lag = "unknown" if stream["lag_seconds"] is None else \
+        f"{stream['lag_offsets']} offsets / {stream['lag_seconds']:.2f} s"
+    stale = (stream.get("staleness") or {}).get("p99_le")
+    return (f"sources: {src['held']} held, {src['active']} active, {src['down']} down, "
+            f"{src['syncing']} syncing; stream offset {stream['applied_offset']} of "
+            f"{stream['tail_offset']} (lag {lag}); staleness p99 <= "
+            f"{'-' if stale is None else f'{stale:g} s'}; broker "
+            f"{'connected' if broker is None or broker['connected'] else 'DISCONNECTED'}; "
+            f"{status['health']}")
+
+
+def _main(argv: list[str]) -> int:
+    conf = common.setup(argv, PROG, register)
     service = build(conf)
-    stop = threading.Event()
+    if conf.cache.state_dir:  # a local mistake before the broker
+        check_state_dir(conf.cache.state_dir, "[cache] state_dir")
+    halt = threading.Event()
+    endpoints: list[Any] = []
 
     def report() -> None:
-        while not stop.wait(10.0):
-            with service.cache.lock:
-                views = list(service.receiver.sources.values())
-                active = sum(1 for v in views if v.status.value == "active")
-            LOG.info("sources: %d held, %d active; stream offset %s; invalid %s",
-                     len(views), active, service.cache.offset, dict(service.cache.invalid))
+        while not halt.wait(10.0):
+            LOG.info("%s", summary(service, conf.metrics.max_lag_seconds))
 
-    reporter = threading.Thread(target=report, daemon=True)
+    def start(cancel: threading.Event) -> None:
+        endpoints.append(common.start_metrics(lambda: scheduler_metrics.serve(service, conf)))
+        if common.check_brokers(conf, cancel) and not cancel.is_set():
+            service.start()
+            threading.Thread(target=report, name="shm-summary", daemon=True).start()
 
-    def start() -> None:
-        service.start()
-        reporter.start()
-
-    def halt() -> None:
-        stop.set()
+    def stop() -> None:
+        halt.set()
         service.stop()
+        for endpoint in endpoints:
+            if endpoint is not None:
+                endpoint.stop()
 
-    return common.run_until_signalled(start, halt)
+    return common.run_until_signalled(start, stop, stop_timeout=conf.stop_timeout)
+
+
+def main(argv: list[str]) -> int:
+    return common.run(argv, PROG, _main)

@@ -1,0 +1,288 @@
+"""``shm status URL [URL ...]``: several running processes side by side, and ``--verify``.
+
+Each URL is a process's metrics endpoint (``http://HOST:PORT``, or just
+``HOST:PORT``): ``shm reporter``, ``shm scheduler``, ``nova-compute-shared``,
+``nova-scheduler-shared``.  ``shm status`` reads their ``/status`` and prints
+one table, a column per process: health, broker connection, sources, stream
+offset and lag, staleness, what was published, resyncs, claims, invalid input.
+
+``--verify`` is the operator's convergence check: it reads every source's
+``(epoch, seq, digest)`` from each reporter (what it published) and from each
+scheduler (what it holds), and checks that every scheduler holds every
+reporter's source at the reporter's version with the same digest.  Sources
+in flight (a delta published but not yet applied, or changed but not yet
+published) are read again, every ``--interval`` seconds for up to
+``--timeout``, so that normal churn is not reported; the sources that never
+agreed are named, with what each party holds.
+
+Exit status: 0 all reachable (and, with --verify, converged); 1 a process is
+unhealthy or, with --verify, sources differ; 2 usage, or a process could not
+be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
+REPORTER_ROLES = ("reporter", "nova-compute")
+SCHEDULER_ROLES = ("scheduler", "nova-scheduler")
+
+
+def build_parser(prog: str = "shm status") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                epilog="Exit status: 0 ok, 1 unhealthy or not converged, 2 usage or "
+                                       "unreachable.")
+    p.add_argument("urls", nargs="+", metavar="URL",
+                   help="metrics endpoint of a process: http://HOST:PORT or HOST:PORT")
+    p.add_argument("--verify", action="store_true",
+                   help="check that every scheduler holds every reporter's sources at the same "
+                        "(epoch, seq, digest)")
+    p.add_argument("--timeout", type=float, default=15.0, metavar="S",
+                   help="--verify: seconds to wait for sources in flight to agree (default 15)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="--verify: seconds between two reads (default 1)")
+    p.add_argument("--limit", type=int, default=20, metavar="N",
+                   help="--verify: name at most N differing sources (default 20; 0: all)")
+    p.add_argument("--json", action="store_true", help="print what was read, as JSON")
+    return p
+
+
+def endpoint(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    for suffix in ("/status", "/metrics", "/healthz"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+    return url
+
+
+def fetch(url: str, sources: bool = False, timeout: float = 5.0) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{url}/status{'?sources=1' if sources else ''}",
+                                timeout=timeout) as response:
+        data: dict[str, Any] = json.loads(response.read())
+    return data
+
+
+# -- the table --------------------------------------------------------------------------------
+
+
+def _ago(t: float | None, now: float) -> str:
+    if not t:
+        return "-"
+    s = max(0.0, now - t)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _num(v: Any, fmt: str = "") -> str:
+    if v is None:
+        return "-"
+    return format(v, fmt) if fmt else str(v)
+
+
+def _rows(st: dict[str, Any]) -> dict[str, str]:
+    now = st.get("now") or time.time()
+    rows: dict[str, str] = {}
+    rows["role"] = st.get("role", "?")
+    rows["health"] = "[green]ok[/green]" if st.get("healthy") else \
+        f"[red]UNHEALTHY[/red] {st.get('health', '')}"
+    rows["up"] = _ago(st.get("started_at"), now)
+    broker = st.get("broker")
+    if broker is None:
+        rows["broker"] = "in-process"
+    else:
+        state = "[green]connected[/green]" if broker.get("connected") else "[red]DISCONNECTED[/red]"
+        rows["broker"] = f"{state} {_ago(broker.get('since'), now)}; {broker.get('reconnects', 0)} reconnects"
+    src = st.get("sources", {})
+    if "served" in src:
+        rows["sources"] = f"{src['served']} served"
+    else:
+        rows["sources"] = (f"{src.get('held', 0)} held, {src.get('active', 0)} active, "
+                           f"{src.get('down', 0)} down, {src.get('syncing', 0)} syncing")
+    stream = st.get("stream")
+    if stream:
+        applied, tail = _num(stream.get("applied_offset")), _num(stream.get("tail_offset"))
+        rows["stream offset"] = f"{applied} / tail {tail}"
+        lag_s = stream.get("lag_seconds")
+        rows["lag"] = "-" if stream.get("lag_offsets") is None else \
+            f"{stream['lag_offsets']} offsets, {'-' if lag_s is None else f'{lag_s:.2f} s'}"
+        stale = stream.get("staleness") or {}
+        p50, p99 = stale.get("p50_le"), stale.get("p99_le")
+        rows["staleness"] = "-" if not stale.get("count") else \
+            f"p50 <= {_num(p50, 'g')} s, p99 <= {_num(p99, 'g')} s"
+    pub = st.get("published")
+    if pub:
+        rows["published"] = (f"{pub['batches']} batches: {pub['deltas']} deltas, {pub['heartbeats']} "
+                             f"heartbeats")
+        rows["publish failures"] = f"{pub['failures']} failed, {pub['retries']} retries"
+        rows["changes"] = str(st.get("changes", 0))
+    rx = st.get("receiver")
+    if rx:
+        rows["applied"] = f"{rx['applied']} deltas"
+        rows["gaps / digest mismatches"] = f"{rx['gaps']} / {rx['digest_mismatches']}"
+        rows["resyncs"] = f"{rx['resync_requests']} requested, {rx['resync_answers']} answered"
+    elif "resyncs" in st:
+        rows["resyncs"] = f"{st['resyncs']['requested']} requested, {st['resyncs']['answered']} answered"
+    claims = st.get("claims") or {}
+    rows["claims"] = ", ".join(f"{k} {v}" for k, v in claims.items() if v) or "-"
+    decisions = {k: v for k, v in (st.get("decisions") or {}).items() if k != "seconds"}
+    if decisions:
+        sec = (st.get("decisions") or {}).get("seconds") or {}
+        rows["decisions"] = ", ".join(f"{k} {v}" for k, v in decisions.items()) + \
+            f" (p99 <= {_num(sec.get('p99_le'), 'g')} s)"
+    invalid = st.get("invalid") or {}
+    rows["invalid input"] = ", ".join(f"{k} {v}" for k, v in sorted(invalid.items())) or "-"
+    local = st.get("state") or {}
+    if local.get("last_error"):
+        rows["state_dir"] = f"[red]{local['last_error']}[/red]"
+    return rows
+
+
+def table(urls: list[str], statuses: list[dict[str, Any] | str]) -> Table:
+    t = Table(show_header=True, header_style="bold", title="shm status")
+    t.add_column("", style="bold")
+    columns: list[dict[str, str]] = []
+    for url, st in zip(urls, statuses, strict=True):
+        if isinstance(st, str):
+            t.add_column(url.split("://", 1)[-1])
+            columns.append({"health": f"[red]UNREACHABLE[/red] {st}"})
+        else:
+            t.add_column(f"{st.get('name', '?')}\n{url.split('://', 1)[-1]}", overflow="fold")
+            columns.append(_rows(st))
+    names: list[str] = []
+    for col in columns:
+        names.extend(n for n in col if n not in names)
+    for name in names:
+        t.add_row(name, *(col.get(name, "") for col in columns))
+    return t
+
+
+# -- --verify ---------------------------------------------------------------------------------
+
+
+def _version(v: list[Any] | None) -> str:
+    if v is None:
+        return "absent"
+    digest = v[2][:12] if len(v) > 2 and v[2] else "pending"
+    return f"{v[0]}:{v[1]} {digest}"
+
+
+def verify(urls: list[str], timeout: float, interval: float, console: Console, limit: int) -> int:
+    roles = {url: fetch(url).get("role", "?") for url in urls}
+    reporters = [u for u in urls if roles[u] in REPORTER_ROLES]
+    schedulers = [u for u in urls if roles[u] in SCHEDULER_ROLES]
+    if not reporters or not schedulers:
+        console.print("verify: give at least one reporter and one scheduler "
+                      f"(got {', '.join(f'{u} ({r})' for u, r in roles.items())})")
+        return EXIT_USAGE
+    started = time.monotonic()
+    agreed: set[str] = set()
+    content: dict[str, str] = {}
+    last: dict[str, str] = {}
+    rounds = 0
+    names: dict[str, str] = {}
+    truth_sources: set[str] = set()
+    extra: set[str] = set()
+    while True:
+        rounds += 1
+        held: dict[str, dict[str, list[Any]]] = {}
+        for url in schedulers:  # schedulers first: the reporters, read after, are never older
+            st = fetch(url, sources=True)
+            names[url] = st.get("name", url)
+            held[url] = st.get("views", {})
+        truth: dict[str, tuple[str, list[Any]]] = {}
+        for url in reporters:
+            st = fetch(url, sources=True)
+            names[url] = st.get("name", url)
+            for source, version in st.get("views", {}).items():
+                truth[source] = (url, version)
+        truth_sources = set(truth)
+        extra = {s for views in held.values() for s in views} - truth_sources
+        for source, (rurl, version) in truth.items():
+            if source in agreed:
+                continue
+            parts, ok = [], True
+            for url in schedulers:
+                mine = held[url].get(source)
+                same_version = mine is not None and list(mine[:2]) == list(version[:2])
+                if same_version and mine is not None and version[2] and mine[2] and mine[2] != version[2]:
+                    content[source] = (f"{names[url]} holds {_version(mine)}, {names[rurl]} published "
+                                       f"{_version(version)}: same version, different documents")
+                if not (same_version and version[2] is not None and mine is not None
+                        and mine[2] == version[2]):
+                    ok = False
+                    parts.append(f"{names[url]} holds {_version(mine)}")
+            if ok:
+                agreed.add(source)
+                last.pop(source, None)
+            else:
+                last[source] = f"{names[rurl]} at {_version(version)}; " + ", ".join(parts)
+        pending = truth_sources - agreed
+        if not pending or time.monotonic() - started >= timeout:
+            break
+        time.sleep(interval)
+    elapsed = time.monotonic() - started
+    differ = sorted((truth_sources - agreed) | set(content))
+    head = (f"verify: {len(truth_sources)} sources of {len(reporters)} reporter(s), "
+            f"{len(schedulers)} scheduler(s)")
+    if not differ:
+        console.print(f"{head}: [green]all {len(truth_sources)} agree[/green] on (epoch, seq, digest) "
+                      f"({rounds} read{'s' * (rounds != 1)}, {elapsed:.1f} s)")
+        if extra:
+            console.print(f"  ({len(extra)} sources held by schedulers are served by reporters not "
+                          "given here; not checked)")
+        return EXIT_OK
+    console.print(f"{head}: [red]{len(differ)} differ[/red] after {elapsed:.1f} s ({rounds} reads)")
+    for source in differ if limit <= 0 else differ[:limit]:
+        console.print(f"  {source}: {content.get(source) or last.get(source, '')}")
+    if 0 < limit < len(differ):
+        console.print(f"  ... and {len(differ) - limit} more (--limit 0 lists all)")
+    return EXIT_DIFFERENT
+
+
+def main(argv: list[str] | None = None, prog: str = "shm status") -> int:
+    args = build_parser(prog).parse_args(argv)
+    urls = [endpoint(u) for u in args.urls]
+    # a table of several processes is wide: do not squeeze it into 80 columns when piped
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 60 + 34 * len(urls))
+    statuses: list[dict[str, Any] | str] = []
+    for url in urls:
+        try:
+            statuses.append(fetch(url))
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            statuses.append(f"{reason}")
+    if args.json:
+        print(json.dumps(dict(zip(urls, statuses, strict=True)), indent=2, sort_keys=True))
+    else:
+        console.print(table(urls, statuses))
+    unreachable = any(isinstance(s, str) for s in statuses)
+    if unreachable:
+        return EXIT_USAGE
+    code = EXIT_OK if all(isinstance(s, dict) and s.get("healthy") for s in statuses) else EXIT_DIFFERENT
+    if args.verify:
+        try:
+            verified = verify(urls, args.timeout, args.interval, console, args.limit)
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            console.print(f"verify: a process could not be read: {exc}")
+            return EXIT_USAGE
+        code = max(code, verified) if verified != EXIT_USAGE else EXIT_USAGE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
