@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import os
 import sys
@@ -61,6 +62,17 @@ def build_parser(prog: str = "shm replay") -> argparse.ArgumentParser:
     p.add_argument("--history", action="store_true",
                    help="every version of --source and what changed, with events")
     p.add_argument("--diff", metavar="LOG2", help="compare with another log")
+    cut = p.add_mutually_exclusive_group()
+    cut.add_argument("--at-offset", type=int, metavar="N",
+                     help="with --diff: compare both views as they were before the first stream "
+                          "message past offset N (default for two schedulers: the last offset both "
+                          "applied, so end-of-log skew between live processes is not a divergence)")
+    cut.add_argument("--at-time", metavar="T",
+                     help="with --diff: compare both views as they were at wall-clock time T "
+                          "(ISO 8601, e.g. 2026-11-23T21:30:00, local time unless it has a zone; "
+                          "or seconds since the epoch)")
+    cut.add_argument("--whole", action="store_true",
+                     help="with --diff: compare the whole logs, without aligning them")
     p.add_argument("--decisions", action="store_true",
                    help="re-run every recorded decision on the replayed view")
     p.add_argument("--decision-option", action="append", default=[], metavar="NAME=VALUE",
@@ -269,11 +281,24 @@ def history_lines(source: str, rows: list[dict[str, Any]], r: ReplayResult, limi
     return lines
 
 
+def _parse_time(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return datetime.datetime.fromisoformat(text).timestamp()
+
+
 def diff_lines(d: DiffResult, limit: int) -> list[str]:
     a, b = d.a, d.b
     real = [x for x in d.diverged if x.kind != "behind"]
     behind = [x for x in d.diverged if x.kind == "behind"]
-    lines = [f"a = {a.role} {a.name!r} ({a.records} records), b = {b.role} {b.name!r} ({b.records} records)",
+    cut = ""
+    if d.aligned_at is not None:
+        what, where = d.aligned_at
+        cut = (f"; both cut at stream offset {int(where)}" if what == "offset" else
+               f"; both cut at {datetime.datetime.fromtimestamp(where).isoformat(timespec='seconds')}")
+    lines = [f"a = {a.role} {a.name!r} ({a.records} records), b = {b.role} {b.name!r} ({b.records} records)"
+             f"{cut}",
              f"  {d.common} sources in both: {len(real)} diverged, {len(behind)} only behind at the end, "
              f"{d.common - len(d.diverged)} identical; only in a: {len(d.only_a)}, "
              f"only in b: {len(d.only_b)}"]
@@ -334,12 +359,22 @@ def main(argv: list[str] | None = None, prog: str = "shm replay") -> int:
         print(f"shm replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
+    if (args.at_offset is not None or args.at_time or args.whole) and paths_b is None:
+        parser.error("--at-offset, --at-time and --whole go with --diff")
+    at_wall = None
+    if args.at_time:
+        try:
+            at_wall = _parse_time(args.at_time)
+        except ValueError:
+            parser.error(f"--at-time: not a time: {args.at_time!r}")
+
     if paths_b is not None:
-        d = diff_logs(paths, paths_b)
+        d = diff_logs(paths, paths_b, at_offset=args.at_offset, at_wall=at_wall, align=not args.whole)
         if args.source:
             d.diverged = [x for x in d.diverged if x.source == args.source]
         if args.json:
             print(json.dumps({"a": result_json(d.a), "b": result_json(d.b), "common": d.common,
+                              "aligned_at": list(d.aligned_at) if d.aligned_at else None,
                               "only_a": d.only_a, "only_b": d.only_b,
                               "diverged": [x.as_dict() for x in d.diverged]}, indent=2))
         else:

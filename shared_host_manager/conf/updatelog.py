@@ -29,17 +29,37 @@ re-runs recorded decisions. Recording costs a few percent of ingest throughput
 
 Possible values: true, false (default).
 
-Related options: directory, max_file_bytes, checkpoint_interval.
+Related options: directory, max_file_bytes, max_total_bytes, max_age,
+checkpoint_interval.
 """),
     cfg.StrOpt("directory", help="""
 Directory of the log files, ``<role>-<name>.ulog.0001``, ``.0002``, ... A
-restarted process adds files after the existing ones. Required when enabled.
-Nothing is deleted: remove old parts with your usual log retention.
+restarted process adds files after the existing ones. Required when enabled;
+checked at start (it must be a directory this process can write).
+
+Related options: max_total_bytes, max_age (retention).
+"""),
+    cfg.IntOpt("max_total_bytes", default=2 * 1024 ** 3, min=0, help="""
+Retention by size: when a part is closed, the oldest parts of this process's
+log are deleted while all its parts together exceed this many bytes. The part
+being written is never deleted. Every part starts with a base (the views it
+holds), so replay starts at the oldest part left. For scale: a scheduler with
+750 busy hosts wrote about 43 MB in 8 minutes. 0: no size limit.
+
+Related options: max_file_bytes (the unit deleted), max_age.
+"""),
+    cfg.IntOpt("max_age", default=7 * 24 * 3600, min=0, help="""
+Retention by age, in seconds: parts last written longer ago than this are
+deleted when a part is closed (never the part being written). 0: no age
+limit.
+
+Related options: max_total_bytes.
 """),
     cfg.IntOpt("max_file_bytes", default=256 * 1024 * 1024, min=64 * 1024, help="""
 Size in bytes at which the current log file is closed and the next part
-(``.0002``, ...) started. Every part begins with a header, so each can be
-read alone.
+(``.0002``, ...) started. Every part begins with a header and a base (the
+views held), so each can be read and replayed alone; retention deletes whole
+parts.
 """),
     cfg.FloatOpt("checkpoint_interval", default=5.0, min=0.01, help="""
 Seconds between checkpoints: every source's view (version, liveness, pending

@@ -8,6 +8,12 @@ resync came late), ``rejected_claim`` (a claim's correction brought it), or
 ``content`` (same version, different digest: a divergence).  A scheduler's log
 can be held against another scheduler's or against a reporter's (the
 authoritative sequence of the versions it published).
+
+Two schedulers are compared at the same stream position: both logs are
+replayed up to a stream offset (``at_offset``; by default the last offset
+*both* applied) or a wall-clock time (``at_wall``), so that one live process
+being a few messages ahead of the other when the logs were copied is not
+reported as hundreds of sources "behind".
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared_host_manager.updatelog.replay import ReplayResult, Tracer, Version, replay
+from shared_host_manager.updatelog.replay import (
+    ReplayResult,
+    Tracer,
+    Version,
+    last_stream_offset,
+    replay,
+)
 
 
 def _class(v: Version) -> str:
@@ -106,6 +118,8 @@ class DiffResult:
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
     diverged: list[SourceDiff] = field(default_factory=list)
+    #: where both were cut: ("offset", N), ("time", T) or None (whole logs)
+    aligned_at: tuple[str, float] | None = None
 
 
 def _first_divergence(source: str, ta: Tracer, tb: Tracer, ra: ReplayResult, rb: ReplayResult
@@ -167,12 +181,24 @@ def _first_divergence(source: str, ta: Tracer, tb: Tracer, ra: ReplayResult, rb:
     return None
 
 
-def diff_logs(paths_a: Sequence[str], paths_b: Sequence[str]) -> DiffResult:
-    """Replay both logs with tracing; per common source, the first version where they diverge."""
+def diff_logs(paths_a: Sequence[str], paths_b: Sequence[str], *, at_offset: int | None = None,
+              at_wall: float | None = None, align: bool = True) -> DiffResult:
+    """Replay both logs with tracing; per common source, the first version where they diverge.
+
+    ``at_offset`` / ``at_wall`` cut both logs at that stream offset / time; without either,
+    two scheduler logs are cut at the last stream offset both applied (``align``)."""
+    if at_offset is None and at_wall is None and align:
+        last_a, last_b = last_stream_offset(paths_a), last_stream_offset(paths_b)
+        if last_a is not None and last_b is not None and last_a != last_b:
+            at_offset = min(last_a, last_b)
     ta, tb = Tracer(), Tracer()
-    ra = replay(paths_a, tracer=ta)
-    rb = replay(paths_b, tracer=tb)
+    ra = replay(paths_a, tracer=ta, until_offset=at_offset, until_wall=at_wall)
+    rb = replay(paths_b, tracer=tb, until_offset=at_offset, until_wall=at_wall)
     out = DiffResult(ra, rb)
+    if at_offset is not None:
+        out.aligned_at = ("offset", at_offset)
+    elif at_wall is not None:
+        out.aligned_at = ("time", at_wall)
     sa = {s for s, v in ta.versions.items() if v}
     sb = {s for s, v in tb.versions.items() if v}
     out.only_a = sorted(sa - sb)

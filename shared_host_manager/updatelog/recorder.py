@@ -104,6 +104,7 @@ from shared_host_manager.updatelog.format import (
     spec_to_wire,
 )
 from shared_host_manager.updatelog.writer import LogWriter
+from transport.startup import OperatorError, check_state_dir
 
 LOG = logging.getLogger(__name__)
 
@@ -133,9 +134,14 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         digest_budget: float | None = None,
+        max_total_bytes: int | None = None,
+        max_age: float | None = None,
     ) -> None:
         self.directory = directory
         self.max_file_bytes = max_file_bytes
+        #: retention of the log's parts (LogWriter): None keeps everything
+        self.max_total_bytes = max_total_bytes
+        self.max_age = max_age
         self.checkpoint_interval = checkpoint_interval
         #: seconds of document digests per checkpoint (the rest wait for the next one),
         #: which bounds how long a checkpoint holds the cache lock; default: 0.5 % of
@@ -191,7 +197,9 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
             "protocol_version": PROTOCOL_VERSION, "host": socket.gethostname(), "pid": os.getpid(),
         }
         self._writer = LogWriter(log_base(self.directory, role, name), header,
-                                 max_file_bytes=self.max_file_bytes, buffer_bytes=self.buffer_bytes)
+                                 max_file_bytes=self.max_file_bytes, buffer_bytes=self.buffer_bytes,
+                                 max_total_bytes=self.max_total_bytes, max_age=self.max_age,
+                                 bases=role == SCHEDULER)
         self.enabled = True
 
     def cache_attached(self, cache: HostStateCache) -> None:
@@ -286,6 +294,11 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         self._append(record)
         if now >= self._next_checkpoint:
             self._checkpoint(now)
+        writer = self._writer
+        if writer is not None and writer.rotated and self._receiver is not None:
+            # a part was opened (by this step's flush, or since the last step): its base is
+            # the state after this step's record (replay.Replayer.header says how it is read)
+            self._base(now)
 
     def _record_step(self, record: list[Any], sends: Sequence[Send] | None, now: float) -> None:
         if self.enabled:
@@ -293,6 +306,28 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                 self._step(record, sends, now)
             except Exception as exc:  # noqa: BLE001 — recording must never break the caller
                 self._failed(exc)
+
+    def _base(self, now: float) -> None:
+        """A new part began: every held view as restore records (under the cache lock, which
+        every _step caller holds), so the part replays without the parts before it."""
+        receiver = self._receiver
+        assert receiver is not None
+        records: list[list[Any]] = [
+            [RESTORE, now, codec.encode(Snapshot(v.source, v.epoch, v.seq, v.doc))]
+            for v in list(receiver.sources.values()) if v.doc is not None]
+        with self._lock:
+            writer = self._writer
+            if not self.enabled or writer is None:
+                return
+            try:
+                writer.append_base(records)
+            except Exception as exc:  # noqa: BLE001
+                self._failed_locked(exc)
+                return
+        # a full checkpoint right after the base: one replayed from this part on compares every
+        # view at once (checkpoints otherwise list only what changed since the previous one)
+        self._states = ViewStates()
+        self._checkpoint(now)
 
     def _checkpoint(self, now: float) -> None:
         receiver = self._receiver
@@ -469,9 +504,12 @@ def from_conf(conf: cfg.ConfigOpts) -> Recorder | None:
     if not group.enabled:
         return None
     if not group.directory:
-        raise ValueError("[update_log] enabled = true needs [update_log] directory")
+        raise OperatorError("[update_log] enabled = true needs [update_log] directory")
+    check_state_dir(group.directory, "[update_log] directory")
     return Recorder(group.directory, max_file_bytes=group.max_file_bytes,
-                    checkpoint_interval=group.checkpoint_interval)
+                    checkpoint_interval=group.checkpoint_interval,
+                    max_total_bytes=group.max_total_bytes or None,
+                    max_age=group.max_age or None)
 
 
 class RunRecording:

@@ -365,6 +365,8 @@ class Replayer:
         self.decoder = Decoder(_TrustRecorded(), max_message_bytes=MAX_RECORD_BYTES)
         self.receiver: ReceiverMachine | None = None
         self.session: str | None = None
+        #: reading a part's base: "continue" (skip its restores), "start" (skip what precedes them)
+        self.base: str | None = None
         self.states = ViewStates()
         self.expected: dict[str, tuple] = {}
         self.expected_acc: bytes | None = None
@@ -391,8 +393,23 @@ class Replayer:
         if r.role is not None and (role != r.role or header["name"] != r.name):
             raise BadRecord(f"log of {role} {header['name']!r} mixed into the log of {r.role} {r.name!r}")
         r.role, r.name = role, header["name"]
+        # A part after a session's first holds a *base* (writer.py): restore records of every
+        # view held, then a full checkpoint; records before it are already in it.  Replaying
+        # on from the previous part, the base repeats what the receiver holds: its restore
+        # records are skipped.  Starting at this part (older parts deleted), the records
+        # before the base are skipped and its restore records build the views.
+        has_base = bool(header.get("base")) and r.role != fmt.REPORTER
         if header["session"] == self.session:
+            self.base = "continue" if has_base else None
             return
+        self.base = None
+        first = header.get("first_record") or 0
+        if has_base:
+            self.base = "start"
+            r.notes.append((first, float(header.get("clock") or 0.0),
+                            f"the log starts at part {header['part']} (record {first}) of a session: "
+                            "older parts were deleted (retention); the views start from that part's "
+                            "base, timers and pending claims from before it are not reproduced"))
         self.session = header["session"]
         r.sessions += 1
         r.config = dict(header.get("config") or {})
@@ -437,6 +454,11 @@ class Replayer:
         receiver = self.receiver
         if receiver is None:
             raise BadRecord("record before any header")
+        if self.base is not None:  # until the base's checkpoint, see header()
+            if kind == CHECKPOINT:
+                self.base = None
+            elif (kind == RESTORE) == (self.base == "continue"):
+                return
         r = self.result
         r.records += 1
         r.last_record, r.last_now = rec.index, rec.now
@@ -873,18 +895,31 @@ def replay(
     *,
     at: int | None = None,
     until: float | None = None,
+    until_offset: int | None = None,
+    until_wall: float | None = None,
     tracer: Tracer | None = None,
     decisions: bool = False,
     decision_options: Mapping[str, Any] | None = None,
 ) -> ReplayResult:
-    """Replay the log made of ``paths`` (parts in order), up to record ``at`` / clock ``until``."""
+    """Replay the log made of ``paths`` (parts in order), up to record ``at`` / clock ``until``
+    / before the first stream message past offset ``until_offset`` / wall-clock time
+    ``until_wall`` (seconds since the epoch, through each session header's clock and wall)."""
     reader = LogReader(paths)
     rp = Replayer(paths, tracer=tracer, decisions=decisions, decision_options=decision_options)
     r = rp.result
     t0 = time.perf_counter()
+    until_clock = until
     for rec in reader:
-        if rec.kind != HEADER and ((at is not None and rec.index > at)
-                                   or (until is not None and rec.now is not None and rec.now > until)):
+        if rec.kind == HEADER and until_wall is not None:
+            header = rec.fields[0]
+            if isinstance(header.get("clock"), (int, float)) and isinstance(header.get("wall"), (int, float)):
+                limit = header["clock"] + (until_wall - header["wall"])
+                until_clock = limit if until is None else min(until, limit)
+        if rec.kind != HEADER and (
+                (at is not None and rec.index > at)
+                or (until_clock is not None and rec.now is not None and rec.now > until_clock)
+                or (until_offset is not None and rec.kind == RX_STREAM
+                    and isinstance(rec.fields[0], int) and rec.fields[0] > until_offset)):
             r.stopped_early = True
             break
         try:
@@ -899,6 +934,15 @@ def replay(
     r.damage = next((d for d in reader.damages if not d.resumed), None)
     r.receiver = rp.receiver
     return r
+
+
+def last_stream_offset(paths: Sequence[str]) -> int | None:
+    """The offset of the last stream message a scheduler's log recorded (None: none)."""
+    last = None
+    for rec in LogReader(paths):
+        if rec.kind == RX_STREAM and isinstance(rec.fields[0], int):
+            last = rec.fields[0]
+    return last
 
 
 # --------------------------------------------------------------------------
@@ -971,4 +1015,5 @@ def history(tracer: Tracer, source: str) -> list[dict[str, Any]]:
     return rows
 
 
-__all__ = ["ReplayResult", "Replayer", "Tracer", "Version", "history", "op_text", "replay", "view_json"]
+__all__ = ["ReplayResult", "Replayer", "Tracer", "Version", "history", "last_stream_offset", "op_text",
+           "replay", "view_json"]

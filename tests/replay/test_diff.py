@@ -105,3 +105,25 @@ def test_same_version_with_different_content_is_a_content_divergence(mini_run):
     assert x.version == forged["version"] and x.kind == "content"
     d = _diff(run, "r0", "s1")
     assert next(x for x in d.diverged if x.source == source).kind == "content"
+
+
+def test_two_live_schedulers_a_few_messages_apart_are_compared_at_the_same_offset(mini_run):
+    """One scheduler's log ends a few stream messages after the other's (the logs of two live
+    processes, copied a moment apart): cut at the last offset both applied, nothing diverged;
+    compared whole, every source changed since is "behind"."""
+    run = mini_run(checkpoint_interval=0.1)
+    run.run(20)
+    run.settle(5)
+    s1 = run.caches.pop("s1")  # s1 stops reading; s0 goes on
+    run.run(5, changes=8)
+    run.caches["s1"] = s1
+    run.close()
+    a, b = resolve_log(run.log("s0")), resolve_log(run.log("s1"))
+    aligned = diff_logs(a, b)
+    assert aligned.aligned_at is not None and aligned.aligned_at[0] == "offset"
+    assert aligned.diverged == [] and aligned.common == 8
+    whole = diff_logs(a, b, align=False)
+    assert whole.diverged and {d.kind for d in whole.diverged} == {"behind"}
+    last = aligned.aligned_at[1]
+    earlier = diff_logs(a, b, at_offset=int(last) - 3)
+    assert earlier.diverged == [] and earlier.aligned_at == ("offset", int(last) - 3)

@@ -12,7 +12,7 @@ from ulog_harness import RECEIVER_PARAMS, MiniRun
 
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.cache import HostStateCache
-from shared_host_manager.updatelog.format import FRAME, MAGIC, ViewStates, part_paths
+from shared_host_manager.updatelog.format import FRAME, MAGIC, RESTORE, ViewStates, part_paths
 from shared_host_manager.updatelog.reader import LogReader, resolve_log
 from shared_host_manager.updatelog.recorder import Recorder
 from shared_host_manager.updatelog.replay import replay
@@ -55,6 +55,37 @@ def test_parts_rotate_each_with_a_header_and_numbering_continues(mini_run):
     result = replay(parts)
     assert result.ok and result.damage is None and result.checkpoints > 5
     assert _states(result) == live
+
+
+def test_retention_deletes_the_oldest_parts_and_the_rest_replays(mini_run):
+    """max_total_bytes deletes whole parts, oldest first, never the one being written; each
+    part starts with a base (the views held), so what is left replays to the live state."""
+    run = mini_run(max_file_bytes=4096, checkpoint_interval=0.1, max_total_bytes=24 * 1024)
+    run.run(40)
+    run.settle(5)
+    live = _live_states(run.caches["s0"])
+    run.close()
+    parts = resolve_log(run.log("s0"))
+    assert not parts[0].endswith(".0001"), "the oldest parts were not deleted"
+    assert run.recorders["s0"]._writer.deleted
+    assert sum(os.path.getsize(p) for p in parts[:-1]) <= 24 * 1024
+    result = replay(parts)
+    assert result.ok and result.damage is None and result.checkpoints > 3, result.mismatches[:3]
+    assert _states(result) == live
+    assert any("retention" in text for _, _, text in result.notes)
+
+
+def test_part_bases_are_skipped_when_the_session_is_replayed_whole(mini_run):
+    run = mini_run(max_file_bytes=4096, checkpoint_interval=0.1)
+    run.run(20)
+    run.settle(5)
+    live = dict(run.caches["s0"].receiver.stats)
+    run.close()
+    parts = resolve_log(run.log("s0"))
+    restores = [rec for rec in LogReader(parts) if rec.kind == RESTORE]
+    assert len(parts) > 2 and restores, "no part base was written"
+    result = replay(parts)
+    assert result.ok and result.receiver.stats == live  # the bases changed nothing
 
 
 def test_restarted_scheduler_appends_a_new_session(mini_run):

@@ -21,6 +21,7 @@ from shared_host_manager.updatelog.reader import resolve_log
 from shared_host_manager.updatelog.recorder import RunRecording
 from shared_host_manager.updatelog.replay import replay
 from transport.inprocess import InProcessBus
+from transport.startup import OperatorError
 
 
 @pytest.fixture
@@ -122,7 +123,7 @@ def test_update_log_options(tmp_path):
     conf([], project="shm")
     assert updatelog.from_conf(conf) is None
     conf.set_override("enabled", True, group="update_log")
-    with pytest.raises(ValueError, match="directory"):
+    with pytest.raises(OperatorError, match="directory"):
         updatelog.from_conf(conf)
     conf.set_override("directory", str(tmp_path), group="update_log")
     conf.set_override("checkpoint_interval", 0.5, group="update_log")
@@ -131,7 +132,8 @@ def test_update_log_options(tmp_path):
     assert rec.max_file_bytes == 256 * 1024 * 1024
     [(group, opts)] = updatelog_conf.list_opts()
     assert group == "update_log" and {o.name for o in opts} == {
-        "enabled", "directory", "max_file_bytes", "checkpoint_interval"}
+        "enabled", "directory", "max_file_bytes", "checkpoint_interval", "max_total_bytes", "max_age"}
+    assert rec.max_total_bytes == 2 * 1024 ** 3 and rec.max_age == 7 * 24 * 3600
 
 
 def test_scheduler_restart_with_restored_state_replays_as_two_sessions(bus, tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import types
+from typing import Any
 
 from protocol import codec
 from protocol.batching import batches
@@ -38,7 +39,7 @@ class Clock:
 class MiniRun:
     def __init__(self, directory: str, *, sources: int = 8, schedulers: tuple[str, ...] = ("s0", "s1"),
                  seed: int = 0, checkpoint_interval: float = 0.25, max_file_bytes: int = 1 << 30,
-                 record_reporter: bool = True) -> None:
+                 record_reporter: bool = True, **recorder_params: Any) -> None:
         self.rng = random.Random(seed)
         self.clock = Clock()
         self.directory = directory
@@ -61,7 +62,8 @@ class MiniRun:
         self.reporter_inbox: list[bytes] = []
         self.caches: dict[str, HostStateCache] = {}
         self.recorders: dict[str, Recorder] = {}
-        params = dict(checkpoint_interval=checkpoint_interval, max_file_bytes=max_file_bytes)
+        params = dict(checkpoint_interval=checkpoint_interval, max_file_bytes=max_file_bytes,
+                      **recorder_params)
         for name in schedulers:
             rec = Recorder(directory, **params)
             self.recorders[name] = rec
