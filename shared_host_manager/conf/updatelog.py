@@ -42,9 +42,11 @@ Related options: max_total_bytes, max_age (retention).
     cfg.IntOpt("max_total_bytes", default=2 * 1024 ** 3, min=0, help="""
 Retention by size: when a part is closed, the oldest parts of this process's
 log are deleted while all its parts together exceed this many bytes. The part
-being written is never deleted. Every part starts with a base (the views it
-holds), so replay starts at the oldest part left. For scale: a scheduler with
-750 busy hosts wrote about 43 MB in 8 minutes. 0: no size limit.
+being written is never deleted, so the log may reach this size plus
+max_file_bytes. Every part starts with a base (the views it
+holds), so replay starts at the oldest part left. For scale: a scheduler of
+750 hosts changing once a second writes about 6 MB a minute. 0: no size
+limit.
 
 Related options: max_file_bytes (the unit deleted), max_age.
 """),
