@@ -400,7 +400,7 @@ class KombuStreamConsumer:
         tail, tail_ns, checked = (probe.tail if probe is not None else (None, None, None))
         if checked is not None and probe is not None and \
                 time.time() - checked > 3 * self.settings.tail_probe_interval + 5:
-            tail = tail_ns = None  # the probe is failing: an old tail is no tail
+            tail = tail_ns = checked = None  # the probe is failing: the lag is unknown
         applied_ns = self._last_published_ns
         if last is not None and (tail is None or last >= tail) and checked is not None:
             tail, tail_ns = last, applied_ns  # we are at (or past) what the probe saw
