@@ -319,40 +319,42 @@ def test_existing_stream_with_other_retention_is_used(settings, rabbit_url, wait
 
 
 def test_connections_cut_while_publishing(plane, rabbitmqctl, wait_until):
-    n = 4000
+    n, cuts = 4000, 3
     col = Collector()
     consumer = plane.stream_consumer(on_retention_gap=col.on_gap)
     consumer.start(col.on_message, "first")
     assert consumer.wait_attached(10)
     pub = plane.stream_publisher()
     failure: list[BaseException] = []
+    # the producer stops after each chunk until the connections were cut, so every cut
+    # lands mid-run however fast or slow the machine is
+    chunk = n // (cuts + 1)
+    at_cut = [threading.Event() for _ in range(cuts)]
+    cut_done = [threading.Event() for _ in range(cuts)]
 
     def produce() -> None:
         try:
             for i in range(n):
                 pub.publish(body(i))
-                if i % 500 == 499:
-                    time.sleep(0.02)  # let the cuts land mid-run, not after it
+                k = (i + 1) // chunk - 1
+                if (i + 1) % chunk == 0 and k < cuts:
+                    at_cut[k].set()
+                    cut_done[k].wait(30)
         except BaseException as exc:  # reported by the main thread
             failure.append(exc)
 
     producer = threading.Thread(target=produce)
     producer.start()
-    cuts = 0
-    for _ in range(3):
-        progress = len(col)
-        wait_until(lambda p=progress: len(col) > p + 300 or not producer.is_alive(), 10)
-        if not producer.is_alive():
-            break
+    for k in range(cuts):
+        assert at_cut[k].wait(60), f"the producer did not reach cut {k}"
         rabbitmqctl("close_all_connections", "test")
-        cuts += 1
+        cut_done[k].set()
     producer.join(60)
     assert not producer.is_alive() and not failure, failure
     assert wait_until(lambda: len(col) >= n, 30), f"received {len(col)} of {n}"
     time.sleep(0.2)  # a duplicate would show up now
     consumer.stop()
     pub.close()
-    assert cuts >= 2
     assert col.indexes == list(range(n)), "not exactly once in order"
     assert consumer.reconnects >= 1 and pub.retries >= 1
     assert col.gaps == []
