@@ -34,7 +34,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -175,6 +175,46 @@ def run(argv: list[str], prog: str, main: Callable[[list[str]], int]) -> int:
         return 130
     except Exception as exc:
         return report_error(prog, exc, debug)
+
+
+class Service(Protocol):
+    """What ``serve_until_signalled`` runs: a reporter or scheduler service."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class Endpoint(Protocol):
+    def stop(self) -> None: ...
+
+
+def serve_until_signalled(conf: cfg.ConfigOpts, service: Service,
+                          serve_metrics: Callable[[], Endpoint | None],
+                          summary: Callable[[], str]) -> int:
+    """The life of a standalone service process: metrics endpoint, broker check, start,
+    a summary line every 10 s, and stop on SIGTERM/SIGINT in any of those states."""
+    halt = threading.Event()
+    endpoints: list[Endpoint | None] = []
+
+    def report() -> None:
+        while not halt.wait(10.0):
+            LOG.info("%s", summary())
+
+    def start(cancel: threading.Event) -> None:
+        endpoints.append(start_metrics(serve_metrics))
+        if check_brokers(conf, cancel) and not cancel.is_set():
+            service.start()
+            threading.Thread(target=report, name="shm-summary", daemon=True).start()
+
+    def stop() -> None:
+        halt.set()
+        service.stop()
+        for endpoint in endpoints:
+            if endpoint is not None:
+                endpoint.stop()
+
+    return run_until_signalled(start, stop, stop_timeout=conf.stop_timeout)
 
 
 def run_until_signalled(start: Callable[[threading.Event], None], stop: Callable[[], None], *,

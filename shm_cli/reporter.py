@@ -18,7 +18,6 @@ It serves /metrics, /healthz and /status on ``[metrics] bind_host:bind_port``
 from __future__ import annotations
 
 import importlib
-import threading
 from typing import Any
 
 from oslo_config import cfg
@@ -83,27 +82,8 @@ def _main(argv: list[str]) -> int:
     service = build(conf)
     if conf.reporter.state_dir:  # local mistakes before the broker: the directory, the epochs file
         EpochStore(conf.reporter.state_dir)
-    endpoints: list[Any] = []
-    halt = threading.Event()
-
-    def report() -> None:
-        while not halt.wait(10.0):
-            LOG.info("%s", summary(service))
-
-    def start(cancel: threading.Event) -> None:
-        endpoints.append(common.start_metrics(lambda: reporter_metrics.serve(service, conf)))
-        if common.check_brokers(conf, cancel) and not cancel.is_set():
-            service.start()
-            threading.Thread(target=report, name="shm-summary", daemon=True).start()
-
-    def stop() -> None:
-        halt.set()
-        service.stop()
-        for endpoint in endpoints:
-            if endpoint is not None:
-                endpoint.stop()
-
-    return common.run_until_signalled(start, stop, stop_timeout=conf.stop_timeout)
+    return common.serve_until_signalled(conf, service, lambda: reporter_metrics.serve(service, conf),
+                                        lambda: summary(service))
 
 
 def main(argv: list[str]) -> int:

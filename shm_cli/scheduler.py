@@ -10,9 +10,6 @@ and ``shm status --verify``, that views converge.
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
 from oslo_config import cfg
 from oslo_log import log as logging
 
@@ -60,27 +57,8 @@ def _main(argv: list[str]) -> int:
     service = build(conf)
     if conf.cache.state_dir:  # a local mistake before the broker
         check_state_dir(conf.cache.state_dir, "[cache] state_dir")
-    halt = threading.Event()
-    endpoints: list[Any] = []
-
-    def report() -> None:
-        while not halt.wait(10.0):
-            LOG.info("%s", summary(service, conf.metrics.max_lag_seconds))
-
-    def start(cancel: threading.Event) -> None:
-        endpoints.append(common.start_metrics(lambda: scheduler_metrics.serve(service, conf)))
-        if common.check_brokers(conf, cancel) and not cancel.is_set():
-            service.start()
-            threading.Thread(target=report, name="shm-summary", daemon=True).start()
-
-    def stop() -> None:
-        halt.set()
-        service.stop()
-        for endpoint in endpoints:
-            if endpoint is not None:
-                endpoint.stop()
-
-    return common.run_until_signalled(start, stop, stop_timeout=conf.stop_timeout)
+    return common.serve_until_signalled(conf, service, lambda: scheduler_metrics.serve(service, conf),
+                                        lambda: summary(service, conf.metrics.max_lag_seconds))
 
 
 def main(argv: list[str]) -> int:

@@ -148,6 +148,19 @@ def test_debug_adds_the_traceback(tmp_path):
     assert _stderr_lines(result.stderr)[-1].startswith("shm reporter: error: [signing] enabled")
 
 
+def _wait_until_it_handles_sigterm(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until the process has installed its SIGTERM handler (Linux: SigCgt in /proc), so the
+    signal does not land while it still imports, however slow the machine is today."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(f"/proc/{proc.pid}/status") as status:
+            caught = next(int(line.split()[1], 16) for line in status if line.startswith("SigCgt:"))
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the process never installed a SIGTERM handler")
+
+
 def test_sigterm_while_connecting_ends_the_process_within_seconds(tmp_path):
     """The broker does not answer and the process would wait for it 60 s: SIGTERM ends it."""
     conf = tmp_path / "wait.conf"
@@ -155,7 +168,8 @@ def test_sigterm_while_connecting_ends_the_process_within_seconds(tmp_path):
     proc = subprocess.Popen(_command("scheduler", str(conf), []), cwd=TOP, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(2.5)  # imports done, in the broker check
+        _wait_until_it_handles_sigterm(proc)
+        time.sleep(0.5)  # in the broker check (which waits up to 60 s)
         assert proc.poll() is None, proc.communicate()
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -165,7 +179,7 @@ def test_sigterm_while_connecting_ends_the_process_within_seconds(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, stderr[-800:]
-    assert took < 4.0, f"took {took:.1f} s to stop"
+    assert took < 10.0, f"took {took:.1f} s to stop"  # not the 60 s broker wait
     assert "Traceback" not in stderr
 
 
