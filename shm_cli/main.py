@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                "diff two logs, re-run decisions"),
     "faults": ("shm_cli.faults:main",
                "run seeded fault schedules over the whole system and check the design's invariants"),
+    "fuzz": ("shm_cli.fuzz:main",
+             "fuzz the decoder, the receiver, the reporter's control door and the update-log reader"),
     "bench": ("shm_cli.bench:main",
               "run a benchmark (protocol, stream, decisions, updatelog, nova)"),
 }
