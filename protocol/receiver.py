@@ -214,7 +214,7 @@ STAT_KEYS = (
     "applied", "duplicates", "stale", "gaps", "buffered", "buffer_overflows", "snapshots",
     "resyncs_requested", "heartbeat_resyncs", "divergences", "epochs_changed", "went_down",
     "came_up", "claims_added", "claims_included", "claims_rejected", "claims_expired",
-    "claims_epoch_retired", "claims_cancelled", "claim_results_late",
+    "claims_epoch_retired", "claims_cancelled", "claim_results_late", "claim_results_foreign",
 )
 
 
@@ -560,6 +560,11 @@ class ReceiverMachine:
             self._observer.claim_resolved(claim_id, view.source, outcome)
 
     def _claim_result(self, result: ClaimResult, now: float, out: list[Send]) -> None:
+        if result.scheduler != self.name:
+            # an answer to another scheduler's claim (misrouted, or replayed at us): none
+            # of it is ours to apply, not even its correction (design §7.4)
+            self.stats["claim_results_foreign"] += 1
+            return
         view = self.sources.get(result.source)
         if view is None:
             return
