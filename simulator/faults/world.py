@@ -387,7 +387,8 @@ class FaultWorld:
         """A control-plane cast: at most once, late, duplicated or reordered."""
         p, rng = self.profile, self.rng
         if self.faulty:
-            if self.parted(sender, to) or self.parted(sender, BROKER) or rng.random() < p.drop:
+            if (self.parted(sender, to) or self.parted(sender, BROKER) or self.parted(to, BROKER)
+                    or rng.random() < p.drop):
                 return
         copies = 2 if self.faulty and rng.random() < p.duplicate else 1
         for _ in range(copies):
