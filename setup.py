@@ -60,6 +60,8 @@ setup(
         ],
         "nova": ["nova>=34.0.0,<35"],
         "eventlet": ["eventlet>=0.36"],
+        # shm fuzz: coverage-guided fuzzing of every door for untrusted bytes
+        "fuzz": ["atheris>=2.3"],
     },
     entry_points={
         "console_scripts": [

@@ -53,4 +53,8 @@ class EpochStore:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self._path), prefix=".epochs-")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(self._epochs, f)
+            # on disk before the rename: else a power cut can leave an empty epochs file,
+            # and the next start refuses to run until an operator moves it away
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self._path)

@@ -25,7 +25,9 @@ import threading
 from typing import Any, TypedDict
 
 from protocol.batching import batches
+from protocol.codec import Decoder
 from protocol.document import SET, Document, Op
+from protocol.errors import ProtocolError
 from protocol.hostdoc import ENDPOINT, INSTANCES, SERVICE
 from protocol.messages import Batch, Claim, Message, ResyncRequest, Send
 from protocol.source import SourceMachine
@@ -72,6 +74,8 @@ class ReporterManager:
         self._data: list[Any] = []  # data-plane items waiting for the next poll
         self._control: list[Send] = []
         self.stats = {"claims": 0, "resync_requests": 0, "unknown_source": 0, "changes": 0}
+        #: what was wrong with the last control message handle_bytes() dropped
+        self.last_error = ""
 
     # -- TrackerSink -------------------------------------------------------------
 
@@ -140,6 +144,21 @@ class ReporterManager:
                 self.stats["resync_requests"] += 1
             self._route(machine.handle(msg, now))
             self._schedule(machine)
+
+    def handle_bytes(self, body: bytes, decoder: Decoder, now: float) -> str | None:
+        """Decode, validate and handle one control message as received (design §6,
+        invariant 6); returns why it was dropped (a protocol error's reason, or
+        ``wrong_plane``), None when it was handled.  Never raises for bad input."""
+        try:
+            msg = decoder.decode(body)
+        except ProtocolError as exc:
+            self.last_error = str(exc)
+            return exc.reason
+        if not isinstance(msg, (Claim, ResyncRequest)):
+            self.last_error = f"unexpected {type(msg).__name__} on the reporter's control plane"
+            return "wrong_plane"
+        self.handle(msg, now)
+        return None
 
     # -- time ------------------------------------------------------------------------
 

@@ -39,8 +39,7 @@ from compute_reporter.manager import ReporterManager, ReporterParams
 from compute_reporter.tracker import ResourceTracker
 from protocol.codec import Decoder, Encoder
 from protocol.document import Op
-from protocol.errors import ProtocolError
-from protocol.messages import Batch, Claim, ClaimResult, Message, ResyncAnswer, ResyncRequest, Send
+from protocol.messages import Batch, ClaimResult, Message, ResyncAnswer, Send
 from transport import factory, signing_opts
 from transport import opts as transport_opts
 from transport.base import (
@@ -231,24 +230,15 @@ class ReporterService:
     # -- threads -------------------------------------------------------------------
 
     def _on_control(self, body: bytes) -> None:
-        try:
-            msg = self._decoder.decode(body)
-        except ProtocolError as exc:
-            self.stats["invalid"] += 1
-            self.invalid[exc.reason] += 1
-            LOG.warning("dropped invalid control message (%s): %s", exc.reason, exc)
-            if self.recorder is not None:
-                self.recorder.dropped(body, "control", None, self.clock())
-            return
-        if not isinstance(msg, (Claim, ResyncRequest)):
-            self.stats["invalid"] += 1
-            self.invalid["wrong_plane"] += 1
-            LOG.warning("dropped unexpected %s on the reporter's control plane", type(msg).__name__)
-            if self.recorder is not None:
-                self.recorder.dropped(body, "control", None, self.clock())
-            return
         now = self.clock()
-        self.manager.handle(msg, now)
+        reason = self.manager.handle_bytes(body, self._decoder, now)
+        if reason is not None:
+            self.stats["invalid"] += 1
+            self.invalid[reason] += 1
+            LOG.warning("dropped invalid control message (%s): %s", reason, self.manager.last_error)
+            if self.recorder is not None:
+                self.recorder.dropped(body, "control", None, now)
+            return
         if self.recorder is not None:
             self.recorder.control(body, now)
         self.wake()

@@ -83,11 +83,14 @@ class Encoder:
     def __init__(self, keyring: Keyring | None = None) -> None:
         self.keyring = keyring
 
-    def _wrap(self, msg: Message) -> dict[str, Any]:
+    def _wrap(self, msg: Message, origin: str = "") -> dict[str, Any]:
         t = type(msg)
         m: dict[str, Any]
         if isinstance(msg, Batch):
-            m = {"t": "batch", "m": [self._wrap(i) for i in msg.items]}
+            # Signed, each item names the batch's origin inside its signed payload: the
+            # origin (where resyncs go) is then covered like the rest (protocol §7).
+            inner = msg.origin if self.keyring is not None else ""
+            m = {"t": "batch", "m": [self._wrap(i, inner) for i in msg.items]}
             if msg.origin:
                 m["o"] = msg.origin
         elif isinstance(msg, ResyncAnswer):
@@ -99,6 +102,8 @@ class Encoder:
                  "m": [self._wrap(i) for i in msg.correction]}
         else:
             m = _item_map(msg)
+            if origin:
+                m["og"] = origin
         if self.keyring is None or t is Batch:
             return m
         payload = msgpack.packb(m, use_bin_type=True)
@@ -244,13 +249,19 @@ class Decoder:
 
     # -- dispatch ----------------------------------------------------------
 
-    def _item(self, m: Any, top: bool = False, allowed: frozenset[str] | None = None) -> Any:
+    def _item(self, m: Any, top: bool = False, allowed: frozenset[str] | None = None,
+              origin: str | None = None) -> Any:
         if type(m) is not dict:
             raise errors.FieldError(f"item must be a map, got {type(m).__name__}")
         t = m.get("t")
         if t == "sig":
             m = self._unsign(m)
             t = m.get("t")
+            if origin is not None and m.get("og", "") != origin:
+                # the batch's origin is not the one its signed items name (protocol §7)
+                raise errors.SignatureError(
+                    f"batch origin {origin[:MAX_NAME_LEN]!r} is not covered by the signature of "
+                    f"its {reprlib.repr(t)} item", sender=m.get("s") if type(m.get("s")) is str else None)
         elif self.keyring is not None and self.keyring.required and t != "batch":
             raise errors.SignatureError(
                 f"unsigned {reprlib.repr(t)} message while signatures are required")
@@ -321,10 +332,13 @@ class Decoder:
     _STATE = frozenset(["delta", "snapshot"])
 
     def _batch(self, m: dict) -> Batch:
-        items = [self._item(i, allowed=self._DATA) for i in _list(m, "m", "batch")]
         origin = m.get("o", "")
         if type(origin) is not str or len(origin) > MAX_NAME_LEN:
             raise errors.FieldError("batch: field 'o' (origin) must be a short string")
+        # a signed item must name the same origin; unsigned items are checked by nothing
+        # (they are accepted only when signatures are not required)
+        check = origin if self.keyring is not None else None
+        items = [self._item(i, allowed=self._DATA, origin=check) for i in _list(m, "m", "batch")]
         return Batch(items, origin)
 
     def _resync_request(self, m: dict) -> ResyncRequest:

@@ -89,6 +89,24 @@ class Status(enum.Enum):
     DOWN = "down"
 
 
+class PlantedBug(enum.StrEnum):
+    """Known bugs the fault simulator must be able to find (``shm faults``, design §6).
+
+    Planted only through ``ReceiverMachine(planted=...)``, an explicit seam that
+    tests of the simulator use; a deployment never passes it.  Each breaks one
+    rule of design §4.2 or §5.2 the way a plausible regression would.
+    """
+
+    #: a delta past a gap is applied at once instead of waiting in the reorder buffer
+    DELTA_OUT_OF_ORDER = "delta_out_of_order"
+    #: a delta at or below the held seq is applied again instead of dropped
+    SKIP_DUPLICATE_CHECK = "skip_duplicate_check"
+    #: a snapshot of another epoch leaves the pending claims in the ledger
+    PENDING_ACROSS_EPOCH = "pending_across_epoch"
+    #: a rejection's correction is ignored (the claim retires, the view stays behind)
+    FORGET_CORRECTION = "forget_correction"
+
+
 class Outcome(enum.StrEnum):
     ACCEPTED = "accepted"  # informational: the arbiter said yes; still pending until included
     INCLUDED = "included"
@@ -196,7 +214,7 @@ STAT_KEYS = (
     "applied", "duplicates", "stale", "gaps", "buffered", "buffer_overflows", "snapshots",
     "resyncs_requested", "heartbeat_resyncs", "divergences", "epochs_changed", "went_down",
     "came_up", "claims_added", "claims_included", "claims_rejected", "claims_expired",
-    "claims_epoch_retired", "claims_cancelled", "claim_results_late",
+    "claims_epoch_retired", "claims_cancelled", "claim_results_late", "claim_results_foreign",
 )
 
 
@@ -225,8 +243,15 @@ class ReceiverMachine:
         resync_backoff_max: float = 10.0,
         down_interval: float = 30.0,
         claim_deadline: float = 30.0,
+        planted: frozenset[PlantedBug] = frozenset(),
     ) -> None:
         self.name = name
+        #: bugs planted for the fault simulator's own tests (see PlantedBug); empty otherwise
+        self.planted = frozenset(planted)
+        self._bug_out_of_order = PlantedBug.DELTA_OUT_OF_ORDER in planted
+        self._bug_duplicates = PlantedBug.SKIP_DUPLICATE_CHECK in planted
+        self._bug_epoch = PlantedBug.PENDING_ACROSS_EPOCH in planted
+        self._bug_correction = PlantedBug.FORGET_CORRECTION in planted
         self.reorder_window = reorder_window
         self.reorder_timeout = reorder_timeout
         self.resync_timeout = resync_timeout
@@ -334,9 +359,12 @@ class ReceiverMachine:
             self.stats["stale"] += 1
             return
         if delta.seq <= view.seq:
+            if self._bug_duplicates:
+                self._apply(view, view.doc, delta)
+                return
             self.stats["duplicates"] += 1
             return
-        if delta.seq == view.seq + 1:
+        if delta.seq == view.seq + 1 or self._bug_out_of_order:
             self._apply(view, view.doc, delta)
             self._drain_buffer(view, view.doc)
             self._settle(view, now, out)
@@ -403,7 +431,7 @@ class ReceiverMachine:
             # restart: it is included, not lost (retiring it as epoch_changed would make
             # the tracker place the instance a second time).
             listed = set(snap.claims)
-            for claim_id in list(view.pending):
+            for claim_id in [] if self._bug_epoch else list(view.pending):
                 self._retire(view, claim_id,
                              Outcome.INCLUDED if claim_id in listed else Outcome.EPOCH_CHANGED)
             view.buffer.clear()
@@ -532,11 +560,16 @@ class ReceiverMachine:
             self._observer.claim_resolved(claim_id, view.source, outcome)
 
     def _claim_result(self, result: ClaimResult, now: float, out: list[Send]) -> None:
+        if result.scheduler != self.name:
+            # an answer to another scheduler's claim (misrouted, or replayed at us): none
+            # of it is ours to apply, not even its correction (design §7.4)
+            self.stats["claim_results_foreign"] += 1
+            return
         view = self.sources.get(result.source)
         if view is None:
             return
         self._heard(view, now)
-        for item in result.correction:
+        for item in [] if self._bug_correction else result.correction:
             self._data(item, now, out)
         pending = view.pending.get(result.claim_id)
         if pending is None:
@@ -638,5 +671,5 @@ class ReceiverMachine:
             self._observer.source_forgotten(source)
 
 
-__all__ = ["Outcome", "PendingClaim", "ReceiverMachine", "ReceiverObserver", "ReceiverParams",
+__all__ = ["Outcome", "PendingClaim", "PlantedBug", "ReceiverMachine", "ReceiverObserver", "ReceiverParams",
            "ResyncRequest", "SourceView", "Status"]

@@ -36,6 +36,8 @@ the sender thread), so an observer keeps its own lock for writing.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import tempfile
@@ -63,7 +65,9 @@ from protocol.receiver import ReceiverMachine, ReceiverObserver
 
 LOG = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
+#: format 2 wraps the state with a checksum: a torn or damaged file is a cold start, never a
+#: wrong view (format 1, unchecked, is still read)
+STATE_FORMAT = 2
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
 _CONTROL_TYPES = (ResyncAnswer, ClaimResult)
 
@@ -277,21 +281,37 @@ class HostStateCache:
     # -- persistence -------------------------------------------------------------
 
     def save(self, path: str) -> None:
+        """Write every held view, the offset applied and the known origins to ``path``.
+
+        The state is checksummed and written to a temporary file, flushed to disk, then
+        renamed over ``path``: a crash leaves the old file or the new one, and a file
+        damaged anyway (a torn write on a filesystem that reorders, a bad disk) fails
+        its checksum and means a cold start, never a view ahead of its source (found by
+        ``shm faults``: a view restored ahead of its source is never repaired, design §4.4).
+        """
         with self.lock:
             state = {
-                "format": STATE_FORMAT,
                 "offset": self.offset,
                 "sources": [[v.source, v.epoch, v.seq, v.doc]
                             for v in self.receiver.sources.values() if v.doc is not None],
                 "origins": dict(self.origins),
             }
-            data = msgpack.packb(state, use_bin_type=True)
+            body = msgpack.packb(state, use_bin_type=True)
+        data = msgpack.packb({"format": STATE_FORMAT, "state": body, "check": _checksum(body)},
+                             use_bin_type=True)
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cache-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def load(self, path: str) -> int | None:
         """Restore a saved cache; returns the stream offset it had applied (None: nothing)."""
@@ -300,7 +320,14 @@ class HostStateCache:
         try:
             with open(path, "rb") as f:
                 state = msgpack.unpackb(f.read(), raw=False)
-            if state.get("format") != STATE_FORMAT:
+            if type(state) is not dict:
+                raise ValueError("not a map")
+            if state.get("format") == STATE_FORMAT:
+                body = state.get("state")
+                if type(body) is not bytes or state.get("check") != _checksum(body):
+                    raise ValueError("checksum mismatch (damaged or partly written)")
+                state = msgpack.unpackb(body, raw=False)
+            elif state.get("format") != 1:
                 raise ValueError(f"state format {state.get('format')!r}")
             snapshots = [Snapshot(s, e, q, doc) for s, e, q, doc in state["sources"]]
             offset = state["offset"]
@@ -317,3 +344,7 @@ class HostStateCache:
             self.offset = offset
         LOG.info("restored %d sources at stream offset %s from %s", len(snapshots), offset, path)
         return offset
+
+
+def _checksum(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=16).digest()

@@ -23,6 +23,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("shm_cli.replay:main",
                "replay an update log: verify digests, show a host's state or history, "
                "diff two logs, re-run decisions"),
+    "faults": ("shm_cli.faults:main",
+               "run seeded fault schedules over the whole system and check the design's invariants"),
+    "fuzz": ("shm_cli.fuzz:main",
+             "fuzz the decoder, the receiver, the reporter's control door and the update-log reader"),
     "bench": ("shm_cli.bench:main",
               "run a benchmark (protocol, stream, decisions, updatelog, nova)"),
 }

@@ -57,12 +57,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, TypedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypedDict
 
 import msgpack
 from oslo_config import cfg
 
+from compute_reporter.manager import ReporterManager
 from compute_reporter.service import ReporterObserver, ReporterService
 from protocol import codec
 from protocol.messages import PROTOCOL_VERSION, Claim, Message, Send, Snapshot
@@ -116,6 +117,20 @@ class Effects(TypedDict, total=False):
     s: list[list[str | bytes | None]]
     #: claim outcomes: [claim id, source, outcome]
     o: list[list[str]]
+
+
+class RecordedReporter(Protocol):
+    """What a reporter's recorder reads when it attaches: a :class:`ReporterService`, or a
+    simulated reporter driving the same manager (``shm faults``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+    @property
+    def manager(self) -> ReporterManager: ...
+    @property
+    def clock(self) -> Callable[[], float]: ...
 
 
 class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
@@ -220,7 +235,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                     self._append([RESTORE, now, codec.encode(
                         Snapshot(view.source, view.epoch, view.seq, view.doc))])
 
-    def reporter_attached(self, service: ReporterService) -> None:
+    def reporter_attached(self, service: RecordedReporter) -> None:
         """Start recording a :class:`~compute_reporter.service.ReporterService` (from its ``start()``)."""
         config = dict(service.params)
         config["sources"] = {s: m.epoch for s, m in service.manager.machines.items()}
@@ -575,4 +590,4 @@ def record_run(directory: str, **params: Any) -> RunRecording:
     return RunRecording(directory, **params)
 
 
-__all__ = ["Recorder", "RunRecording", "from_conf", "record_run"]
+__all__ = ["RecordedReporter", "Recorder", "RunRecording", "from_conf", "record_run"]
