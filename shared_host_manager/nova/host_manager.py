@@ -424,6 +424,7 @@ class LazyHostState(SharedHostState):
         rows = d["_rows"]
         row = d["_row"]
         rows.touched.add(row)
+        rows.manager.counters["hosts_materialized"] += 1  # statistics: a lost increment is harmless
         full = SharedHostState._make(rows.tpls[row], vector.snapshot(rows, row), rows.manager,
                                      rows.wall_offset).__dict__
         full["aggregates"] = list(rows.aggs[row])
@@ -583,11 +584,14 @@ class SharedHostManager(nova_host_manager.HostManager):
         if type(hosts) is vector.HostRows:
             rows = hosts
             hosts = rows.shells[rows._pos:]
+            if rows.alloc_reqs is not None:
+                self.counters["candidates_taken_over"] += 1
         else:
             hosts = list(hosts)
             rows = vector.rows_of(hosts) if self.vector_decisions else None
         if rows is None or not self.vector_decisions:
             return super().get_filtered_hosts(hosts, spec_obj, index)
+        self.counters["vector_filtered"] += 1
         idx, skip_filters = vector.pre_filter(rows, [h.__dict__["_row"] for h in hosts], spec_obj)
         if not skip_filters:
             left = vector.run_filters(self.enabled_filters, rows, idx, spec_obj, index, self.counters)
@@ -601,11 +605,13 @@ class SharedHostManager(nova_host_manager.HostManager):
     def get_weighed_hosts(self, hosts: Any, spec_obj: Any) -> Any:
         """nova's get_weighed_hosts, by the vector core on our hosts (see vector.py)."""
         if type(hosts) is vector.Hosts and self.vector_decisions:
+            self.counters["vector_weighed"] += 1
             return vector.weigh(self.weighers, hosts.rows, hosts.idx, spec_obj, self.counters)
         hosts = list(hosts)
         rows = vector.rows_of(hosts) if self.vector_decisions else None
         if rows is None:
             return super().get_weighed_hosts(hosts, spec_obj)
+        self.counters["vector_weighed"] += 1
         return vector.weigh(self.weighers, rows, [h.__dict__["_row"] for h in hosts], spec_obj,
                             self.counters)
 
