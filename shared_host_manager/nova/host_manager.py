@@ -484,6 +484,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         self._agg_deleted: set[str] = set()
         self._agg_gen = 0
         self.counters: Counter[str] = Counter()
+        #: seconds spent per phase ("host_states", "filter", "weigh"), for benchmarks and metrics
+        self.phase_seconds: Counter[str] = Counter()
         super().__init__()
         _current = self
 
@@ -541,6 +543,7 @@ class SharedHostManager(nova_host_manager.HostManager):
                 and "cell" in spec_obj.requested_destination
                 and not spec_obj.requested_destination.allow_cross_cell_move):
             only_cell = spec_obj.requested_destination.cell.uuid
+        started = time.perf_counter()
         cache = self.cache
         with cache.lock:
             sources = cache.receiver.sources
@@ -573,6 +576,7 @@ class SharedHostManager(nova_host_manager.HostManager):
                     del templates[source]
             out.seal()
             self.counters["requests"] += 1
+        self.phase_seconds["host_states"] += time.perf_counter() - started
         return out
 
     def get_filtered_hosts(self, hosts: Any, spec_obj: Any, index: int = 0) -> Any:
@@ -580,6 +584,13 @@ class SharedHostManager(nova_host_manager.HostManager):
 
         Hosts that are not this manager's per-request rows go to nova's handler.
         """
+        started = time.perf_counter()
+        try:
+            return self._filtered(hosts, spec_obj, index)
+        finally:
+            self.phase_seconds["filter"] += time.perf_counter() - started
+
+    def _filtered(self, hosts: Any, spec_obj: Any, index: int) -> Any:
         hosts = vector.take_over(hosts)
         if type(hosts) is vector.HostRows:
             rows = hosts
@@ -604,6 +615,13 @@ class SharedHostManager(nova_host_manager.HostManager):
 
     def get_weighed_hosts(self, hosts: Any, spec_obj: Any) -> Any:
         """nova's get_weighed_hosts, by the vector core on our hosts (see vector.py)."""
+        started = time.perf_counter()
+        try:
+            return self._weighed(hosts, spec_obj)
+        finally:
+            self.phase_seconds["weigh"] += time.perf_counter() - started
+
+    def _weighed(self, hosts: Any, spec_obj: Any) -> Any:
         if type(hosts) is vector.Hosts and self.vector_decisions:
             self.counters["vector_weighed"] += 1
             return vector.weigh(self.weighers, hosts.rows, hosts.idx, spec_obj, self.counters)

@@ -215,7 +215,7 @@ class HostRows:
         self.pending: dict[int, tuple[dict[str, Any], tuple[dict[str, int], int, list[str]]]] = {}
         #: nova's alloc_reqs_by_rp_uuid when we took it over from nova's generator
         self.alloc_reqs: Any = None
-        self.slots: list[int] = []
+        self._recs: list[tuple[Any, int, list[Any], Any]] = []
         self._table: FloatArray | None = None
         #: rows whose shell became a full SharedHostState (the manager may have changed it)
         self.touched: set[int] = set()
@@ -237,32 +237,41 @@ class HostRows:
         return self.shells[pos]
 
     def add(self, tpl: Any, view: Any, agg_gen: int) -> None:
-        row = len(self.tpls)
-        self.tpls.append(tpl)
+        """One host (under the cache lock)."""
+        rec = tpl.vec.get("rec")
+        if rec is None or rec[2] is not tpl.aggregates:
+            rec = tpl.vec["rec"] = self._record(tpl)
+        self._recs.append(rec)
         self.last_heard.append(view.last_heard)
-        aggs = tpl.aggregates
-        self.aggs.append(aggs)
-        memo = tpl.vec
-        hit = memo.get("agg")
-        if hit is None or hit[0] is not aggs:
-            hit = (aggs, tuple((a.uuid, tuple(sorted((a.metadata or {}).items()))) for a in aggs))
-            memo["agg"] = hit
-        self.agg_keys.append(hit[1])
-        self.slots.append(self.store.slot(tpl))
         if view.pending:
             pending = dict(view.pending)
             effect = self._pending_effect(_Snap(view.last_heard, pending), tpl.doc_instances)
-            self.pending[row] = (pending, effect)
-        shell = self.shell_cls.__new__(self.shell_cls)
-        d = shell.__dict__
-        d["_rows"] = self
-        d["_row"] = row
-        self.shells.append(shell)
+            self.pending[len(self._recs) - 1] = (pending, effect)
 
-    # -- columns ----------------------------------------------------------------------
+    def _record(self, tpl: Any) -> tuple[Any, int, list[Any], Any]:
+        """(template, store slot, aggregates, aggregate key): what add needs, per template."""
+        aggs = tpl.aggregates
+        key = tuple((a.uuid, tuple(sorted((a.metadata or {}).items()))) for a in aggs)
+        return (tpl, self.store.slot(tpl), aggs, key)
+
     def seal(self) -> None:
-        """Copy the rows' numbers out of the store (under the cache lock), net of pending claims."""
-        table = self._table = self.store.table[np.asarray(self.slots, dtype=np.int64)]
+        """The rows' columns and shells; the numbers copied out of the store (under the cache
+        lock), net of pending claims."""
+        recs = self._recs
+        if recs:
+            tpls, slots, aggs, keys = zip(*recs, strict=True)
+            self.tpls, self.aggs, self.agg_keys = list(tpls), list(aggs), list(keys)
+        else:
+            slots = ()
+        new = self.shell_cls.__new__
+        cls = self.shell_cls
+        shells = self.shells = [new(cls) for _ in recs]
+        for row, shell in enumerate(shells):
+            d = shell.__dict__
+            d["_rows"] = self
+            d["_row"] = row
+        table = self._table = self.store.table[np.asarray(slots, dtype=np.int64)].reshape(
+            -1, len(NUMBERS))
         for row, (_, (res, claims, insts)) in self.pending.items():
                 if not claims:
                     continue

@@ -433,3 +433,17 @@ def test_only_the_hosts_novas_manager_uses_become_host_states(nova_conf) -> None
     assert counters["candidates_taken_over"] == 1
     assert counters["vector_filtered"] == 1 and counters["vector_weighed"] == 1
     assert counters["hosts_materialized"] == 3
+
+
+def test_bench_decision_only_agrees_with_novas_handlers(capsys) -> None:
+    """``shm bench nova --decision-only`` runs both ways and checks they pick the same hosts."""
+    import json
+
+    from simulator import bench_nova
+
+    assert bench_nova.main(["--decision-only", "--hosts", "30", "--rounds", "1", "--requests", "2",
+                            "--warmup", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["hosts"] == 30 and result["vector"]["samples"] == 2
+    assert result["per-host"]["samples"] == 1
+    assert set(result["vector"]) >= {"host_states", "filter", "weigh", "total"}
