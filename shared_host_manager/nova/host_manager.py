@@ -592,9 +592,11 @@ class SharedHostManager(nova_host_manager.HostManager):
 
     def _filtered(self, hosts: Any, spec_obj: Any, index: int) -> Any:
         hosts = vector.take_over(hosts)
+        idx: list[int] | None = None
         if type(hosts) is vector.HostRows:
             rows = hosts
             hosts = rows.shells[rows._pos:]
+            idx = list(range(rows._pos, len(rows.shells)))
             if rows.alloc_reqs is not None:
                 self.counters["candidates_taken_over"] += 1
         else:
@@ -603,13 +605,17 @@ class SharedHostManager(nova_host_manager.HostManager):
         if rows is None or not self.vector_decisions:
             return super().get_filtered_hosts(hosts, spec_obj, index)
         self.counters["vector_filtered"] += 1
-        idx, skip_filters = vector.pre_filter(rows, [h.__dict__["_row"] for h in hosts], spec_obj)
+        if idx is None:
+            idx = [h.__dict__["_row"] for h in hosts]
+        idx, skip_filters = vector.pre_filter(rows, idx, spec_obj)
         if not skip_filters:
             left = vector.run_filters(self.enabled_filters, rows, idx, spec_obj, index, self.counters)
             if left is None:
                 return None
             idx = left
-        out = vector.Hosts(rows.shells[i] for i in idx)
+        shells = rows.shells
+        out = vector.Hosts(shells if len(idx) == len(shells) and idx == list(range(len(shells)))
+                           else [shells[i] for i in idx])
         out.rows, out.idx = rows, idx
         return out
 
