@@ -48,6 +48,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--filters", help="comma-separated enabled_filters (default: nova's defaults)")
     p.add_argument("--unsynced-instance-info", action="store_true",
                    help="do not sync instance info first: nova then queries instances per host")
+    p.add_argument("--per-host", action="store_true",
+                   help="also time the drop-in with nova's per-host handlers (vector_decisions off)")
+    p.add_argument("--decision-only", action="store_true",
+                   help="time only host states + filtering + weighing inside SharedHostManager, "
+                        "vector core vs nova's per-host handlers (no nova database: fast to set up "
+                        "at 10 000 hosts)")
     p.add_argument("--dir", help="directory for the SQLite files (default: a temporary one)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
@@ -65,6 +71,13 @@ def main(argv: list[str] | None = None, prog: str = "shm bench nova") -> int:
     args = build_parser(prog).parse_args(argv)
     warnings.simplefilter("ignore")
     logging.getLogger("nova").setLevel(logging.ERROR)
+    if args.decision_only:
+        result = run_decision_only(args)
+        if args.json:
+            print(json.dumps(result, sort_keys=True))
+        else:
+            _print_decision_only(result)
+        return 0
     with tempfile.TemporaryDirectory(prefix="shm-bench-nova-") as tmp:
         result = run(args, args.dir or tmp)
     if args.json:
@@ -72,6 +85,83 @@ def main(argv: list[str] | None = None, prog: str = "shm bench nova") -> int:
     else:
         _print(result)
     return 0
+
+
+def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
+    """get_host_states_by_uuids + get_filtered_hosts + get_weighed_hosts of one SharedHostManager,
+    with the vector core and with nova's handlers, alternating, on the bench's hosts."""
+    from nova import context as nova_context
+
+    from shared_host_manager.nova import document as ndoc
+    from shared_host_manager.nova import fixtures as fx
+    from shared_host_manager.nova import host_manager as shm
+
+    filters = args.filters.split(",") if args.filters else list(DEFAULT_FILTERS)
+    if args.numa and "NUMATopologyFilter" not in filters:
+        filters.append("NUMATopologyFilter")
+    fx.setup_nova(**{"filter_scheduler.enabled_filters": filters, "service_down_time": 86400})
+    nodes = [fx.compute_node(i, free_ram_mb=16384 + (i * 7919) % 40000) for i in range(args.hosts)]
+    docs = {cn.uuid: ndoc.document_from_compute_node(
+        cn, service=fx.service_dict(cn.host), cell_uuid=fx.CELL1,
+        instances=[fx.uuid_for(f"inst-{cn.host}", k) for k in range(args.instances_per_host)])
+        for cn in nodes}
+    cache = fx.cache_from_documents(docs)
+    manager = shm.SharedHostManager(cache, register_claims=False, default_cell_uuid=fx.CELL1)
+    ctx = nova_context.get_admin_context()
+    uuids = [cn.uuid for cn in nodes]
+    sides = {"vector": True, "per-host": False}
+    times: dict[str, dict[str, list[float]]] = {s: {"host_states": [], "filter": [], "weigh": [],
+                                                    "total": []} for s in sides}
+    best: dict[str, Any] = {}
+    seq = iter(range(10**9))
+
+    def one(side: str, timed: bool) -> None:
+        manager.vector_decisions = sides[side]
+        spec = fx.request_spec(instance_uuid=fx.uuid_for("bench", next(seq)))
+        c0, t0 = time.process_time(), time.perf_counter()
+        hosts = manager.get_host_states_by_uuids(ctx, uuids, spec)
+        c1, t1 = time.process_time(), time.perf_counter()
+        passed = manager.get_filtered_hosts(hosts, spec, 0)
+        c2, t2 = time.process_time(), time.perf_counter()
+        weighed = manager.get_weighed_hosts(passed, spec)
+        c3, t3 = time.process_time(), time.perf_counter()
+        best[side] = [(w.obj.host, w.weight) for w in weighed[:3]]
+        if timed:
+            for k, v in (("host_states", t1 - t0), ("filter", t2 - t1), ("weigh", t3 - t2),
+                         ("total", t3 - t0), ("cpu_host_states", c1 - c0), ("cpu_filter", c2 - c1),
+                         ("cpu_weigh", c3 - c2), ("cpu_total", c3 - c0)):
+                times[side].setdefault(k, []).append(v)
+
+    for side in sides:
+        for _ in range(args.warmup):
+            one(side, False)
+    for _ in range(args.rounds):
+        for side in sides:
+            for _ in range(args.requests if side == "vector" else max(1, args.requests // 5)):
+                one(side, True)
+    assert best["vector"] == best["per-host"], (best["vector"], best["per-host"])
+    out: dict[str, Any] = {"hosts": args.hosts, "filters": filters,
+                           "instances_per_host": args.instances_per_host}
+    for side in sides:
+        out[side] = {k: round(statistics.median(v) * 1000, 2) for k, v in times[side].items()}
+        out[side]["samples"] = len(times[side]["total"])
+    out["speedup"] = round(out["per-host"]["total"] / out["vector"]["total"], 1)
+    out["speedup_cpu"] = round(out["per-host"]["cpu_total"] / out["vector"]["cpu_total"], 1)
+    return out
+
+
+def _print_decision_only(r: dict[str, Any]) -> None:
+    print(f"SharedHostManager host states + filter + weigh, {r['hosts']} hosts, filters: "
+          f"{', '.join(r['filters'])}")
+    print(f"{'(median ms)':16} {'host states':>12} {'filter':>9} {'weigh':>9} {'total':>9} {'n':>4}")
+    for side in ("vector", "per-host"):
+        s = r[side]
+        print(f"{side:16} {s['host_states']:>12} {s['filter']:>9} {s['weigh']:>9} {s['total']:>9} "
+              f"{s['samples']:>4}")
+        print(f"{'  CPU time':16} {s['cpu_host_states']:>12} {s['cpu_filter']:>9} {s['cpu_weigh']:>9} "
+              f"{s['cpu_total']:>9}")
+    print(f"vector core vs nova's per-host handlers: {r['speedup']}x, CPU time {r['speedup_cpu']}x "
+          "(same top hosts and weights)")
 
 
 def run(args: argparse.Namespace, directory: str) -> dict[str, Any]:
@@ -90,32 +180,45 @@ def run(args: argparse.Namespace, directory: str) -> dict[str, Any]:
     setup_s = time.perf_counter() - t0
     counter = _SqlCounter()
     event.listen(Engine, "before_cursor_execute", counter)
-    samples: dict[str, list[float]] = {"nova": [], "shared": []}
-    statements: dict[str, list[int]] = {"nova": [], "shared": []}
+    sides = ["nova", "shared"] + (["shared-per-host"] if args.per_host else [])
+    samples: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
+    statements: dict[str, list[int]] = {side: [] for side in sides}
+    phases: dict[str, dict[str, list[float]]] = {side: {} for side in sides}
     seq = iter(range(10**9))
+    shared_hm = pair.managers["shared"].host_manager
 
     def one(side: str, timed: bool) -> None:
         instance = fx.uuid_for(f"bench-{side}", next(seq))
+        shared_hm.vector_decisions = side == "shared"
+        before = dict(shared_hm.phase_seconds)
         counter.n = 0
-        start = time.perf_counter()
-        selected = pair.select(side, instance)
-        elapsed = time.perf_counter() - start
+        start, cpu_start = time.perf_counter(), time.process_time()
+        selected = pair.select(side.partition("-")[0], instance)
+        elapsed, cpu_elapsed = time.perf_counter() - start, time.process_time() - cpu_start
         assert selected >= 1
         if timed:
             samples[side].append(elapsed)
+            cpu[side].append(cpu_elapsed)
             statements[side].append(counter.n)
+            if side != "nova":
+                spent = {k: v - before.get(k, 0.0) for k, v in shared_hm.phase_seconds.items()}
+                spent["other"] = elapsed - sum(spent.values())
+                for k, v in spent.items():
+                    phases[side].setdefault(k, []).append(v)
 
     try:
-        for side in pair.SIDES:
-            with pair.side(side):
+        for side in sides:
+            with pair.side(side.partition("-")[0]):
                 for _ in range(args.warmup):
                     one(side, False)
         for _ in range(args.rounds):
-            for side in pair.SIDES:
-                with pair.side(side):
+            for side in sides:
+                with pair.side(side.partition("-")[0]):
                     for _ in range(args.requests):
                         one(side, True)
     finally:
+        shared_hm.vector_decisions = True
         event.remove(Engine, "before_cursor_execute", counter)
         pair.close()
     out: dict[str, Any] = {
@@ -123,15 +226,22 @@ def run(args: argparse.Namespace, directory: str) -> dict[str, Any]:
         "instance_info_synced": not args.unsynced_instance_info, "setup_s": round(setup_s, 2),
         "samples_per_side": len(samples["nova"]),
     }
-    for side in ("nova", "shared"):
+    for side in sides:
         xs = sorted(samples[side])
         out[side] = {
-            "median_ms": round(statistics.median(xs) * 1000, 1),
-            "min_ms": round(xs[0] * 1000, 1),
-            "max_ms": round(xs[-1] * 1000, 1),
+            "median_ms": round(statistics.median(xs) * 1000, 2),
+            "min_ms": round(xs[0] * 1000, 2),
+            "max_ms": round(xs[-1] * 1000, 2),
+            "cpu_median_ms": round(statistics.median(cpu[side]) * 1000, 2),
             "sql_per_request": statistics.median(statements[side]),
         }
+        if phases[side]:
+            out[side]["phases_median_ms"] = {k: round(statistics.median(v) * 1000, 2)
+                                             for k, v in sorted(phases[side].items())}
     out["speedup"] = round(out["nova"]["median_ms"] / out["shared"]["median_ms"], 2)
+    out["speedup_cpu"] = round(out["nova"]["cpu_median_ms"] / out["shared"]["cpu_median_ms"], 2)
+    if "shared-per-host" in out:
+        out["speedup_per_host"] = round(out["nova"]["median_ms"] / out["shared-per-host"]["median_ms"], 2)
     return out
 
 
@@ -139,11 +249,22 @@ def _print(r: dict[str, Any]) -> None:
     print(f"select_destinations, {r['hosts']} hosts, filters: {', '.join(r['filters'])}")
     print(f"instances/host {r['instances_per_host']}, instance info synced: {r['instance_info_synced']}, "
           f"{r['samples_per_side']} timed requests per side (setup {r['setup_s']} s)")
-    print(f"{'':10} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'SQL/request':>12}")
-    for side, label in (("nova", "nova (DB)"), ("shared", "shared")):
+    print(f"{'':16} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'CPU ms':>8} {'SQL/request':>12}")
+    for side, label in (("nova", "nova (DB)"), ("shared", "shared"),
+                        ("shared-per-host", "shared per-host")):
+        if side not in r:
+            continue
         s = r[side]
-        print(f"{label:10} {s['median_ms']:>10} {s['min_ms']:>9} {s['max_ms']:>9} {s['sql_per_request']:>12}")
-    print(f"speedup (nova median / shared median): {r['speedup']}x")
+        print(f"{label:16} {s['median_ms']:>10} {s['min_ms']:>9} {s['max_ms']:>9} "
+              f"{s['cpu_median_ms']:>8} {s['sql_per_request']:>12}")
+    for side in ("shared", "shared-per-host"):
+        if side in r:
+            ph = r[side]["phases_median_ms"]
+            print(f"{side} phases (median ms): " + ", ".join(f"{k} {v}" for k, v in ph.items()))
+    print(f"speedup (nova median / shared median): {r['speedup']}x; "
+          f"CPU time: {r['speedup_cpu']}x")
+    if "speedup_per_host" in r:
+        print(f"speedup with nova's per-host handlers in the drop-in: {r['speedup_per_host']}x")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,14 @@ by the owner_nova_filter request filter on every request, with a query to
 every cell database) from the service versions the computes publish. Falls
 back to nova's query while any active host has not published its version.
 """),
+    cfg.BoolOpt("vector_decisions", default=True, help="""
+Decide get_filtered_hosts and get_weighed_hosts with the vector forms of
+nova's in-tree filters and weighers (the same results as nova's handlers,
+computed for all hosts at once; only the hosts nova's manager then uses become
+HostState objects). Filters and weighers without a vector form, including
+out-of-tree ones, run as nova's own classes on the surviving hosts. False:
+nova's handlers, once per host, as in nova.
+"""),
     cfg.StrOpt("cell_uuid", help="""
 (nova-compute) The uuid of the cell this compute belongs to, published in
 every host document of this service. Find it with 'nova-manage cell_v2

@@ -85,6 +85,7 @@ from protocol import hostdoc
 from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
 from shared_host_manager.nova import document as ndoc
+from shared_host_manager.nova import vector
 
 LOG = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class _Template:
     """The nova objects of one source at one document version (immutable once built)."""
 
     __slots__ = ("version", "attrs", "instances", "host", "cell_uuid", "service",
-                 "agg_gen", "aggregates", "doc_instances", "parts")
+                 "agg_gen", "aggregates", "doc_instances", "parts", "vec")
 
     def __init__(self, version: tuple[int, int], attrs: dict[str, Any],
                  instances: dict[str, Any], service: dict[str, Any],
@@ -138,6 +139,8 @@ class _Template:
         self.aggregates: list[Any] = []
         #: what the nova objects were built from, to reuse them across versions (see _parts)
         self.parts: dict[str, Any] = {}
+        #: what the vector core derived from this version (group keys, weights), see vector.py
+        self.vec: dict[str, Any] = {}
 
 
 def _ratio(compute: dict[str, Any], key: str) -> float:
@@ -399,16 +402,75 @@ class SharedHostState(nova_host_manager.HostState):
         return None
 
 
+class LazyHostState(SharedHostState):
+    """A SharedHostState that fills itself from its template on first use.
+
+    get_host_states_by_uuids returns these *shells* (request rows + row
+    number); the vector core decides from the rows' columns and only the
+    hosts nova's manager then touches (the chosen one, alternates, or any host
+    a filter without a vector form reads) become full SharedHostStates.
+    Attributes set before (the manager's ``allocation_candidates``) win.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        d = self.__dict__
+        if "_tpl" in d or "_rows" not in d:
+            raise AttributeError(name)
+        self._materialize()
+        return object.__getattribute__(self, name)
+
+    def _materialize(self) -> None:
+        d = self.__dict__
+        rows = d["_rows"]
+        row = d["_row"]
+        rows.touched.add(row)
+        rows.manager.counters["hosts_materialized"] += 1  # statistics: a lost increment is harmless
+        full = SharedHostState._make(rows.tpls[row], vector.snapshot(rows, row), rows.manager,
+                                     rows.wall_offset).__dict__
+        full["aggregates"] = list(rows.aggs[row])
+        cands = vector.candidates(rows, full["uuid"])
+        if cands is not None:
+            full["allocation_candidates"] = cands
+        preset = dict(d)
+        d.update(full)
+        d.update(preset)
+
+    @property  # type: ignore[override]
+    def instances(self) -> dict[str, Any]:
+        if "_tpl" not in self.__dict__:
+            self._materialize()
+        return SharedHostState.instances.fget(self)  # type: ignore[attr-defined]
+
+    @instances.setter
+    def instances(self, value: dict[str, Any]) -> None:
+        self.__dict__["_instances"] = value
+
+    @property  # type: ignore[override]
+    def updated(self) -> datetime.datetime | None:
+        if "_tpl" not in self.__dict__:
+            self._materialize()
+        return self.__dict__["_updated"]
+
+    @updated.setter
+    def updated(self, value: datetime.datetime | None) -> None:
+        self.__dict__["_updated"] = value
+
+
 # -- the host manager ------------------------------------------------------------------------
 
 class SharedHostManager(nova_host_manager.HostManager):
     """nova's HostManager, fed by the host-state stream; see the module docstring."""
 
     def __init__(self, cache: Any = None, *, register_claims: bool | None = None,
-                 default_cell_uuid: str | None = None) -> None:
+                 default_cell_uuid: str | None = None, vector_decisions: bool | None = None) -> None:
         global _current
         self._cache = cache
         conf = _our_conf()
+        if vector_decisions is None:
+            vector_decisions = conf.vector_decisions if conf is not None else True
+        #: decide with the vector core (vector.py); False: nova's handlers per host
+        self.vector_decisions = bool(vector_decisions)
+        self._vector_store = vector.Store()
         if register_claims is None:
             register_claims = conf.register_claims if conf is not None else True
         self.register_claims = bool(register_claims)
@@ -422,6 +484,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         self._agg_deleted: set[str] = set()
         self._agg_gen = 0
         self.counters: Counter[str] = Counter()
+        #: seconds spent per phase ("host_states", "filter", "weigh"), for benchmarks and metrics
+        self.phase_seconds: Counter[str] = Counter()
         super().__init__()
         _current = self
 
@@ -479,8 +543,8 @@ class SharedHostManager(nova_host_manager.HostManager):
                 and "cell" in spec_obj.requested_destination
                 and not spec_obj.requested_destination.allow_cross_cell_move):
             only_cell = spec_obj.requested_destination.cell.uuid
+        started = time.perf_counter()
         cache = self.cache
-        out: list[SharedHostState] = []
         with cache.lock:
             sources = cache.receiver.sources
             if compute_uuids is None:
@@ -491,7 +555,8 @@ class SharedHostManager(nova_host_manager.HostManager):
             wall_offset = time.time() - cache.clock()
             templates = self._templates
             agg_gen = self._agg_gen
-            make = SharedHostState._make
+            out = vector.HostRows(self, self._vector_store, wall_offset, LazyHostState,
+                                  _pending_effect)
             for view in views:
                 if view is None or view.doc is None or view.down:
                     continue
@@ -505,12 +570,74 @@ class SharedHostManager(nova_host_manager.HostManager):
                     tpl.agg_gen = agg_gen
                 if only_cell is not None and tpl.cell_uuid != only_cell:
                     continue
-                out.append(make(tpl, view, self, wall_offset))
+                out.add(tpl, view, agg_gen)
             if len(templates) > 2 * len(sources) + 64:
                 for source in [s for s in templates if s not in sources]:
                     del templates[source]
+            out.seal()
             self.counters["requests"] += 1
-        return iter(out)
+        self.phase_seconds["host_states"] += time.perf_counter() - started
+        return out
+
+    def get_filtered_hosts(self, hosts: Any, spec_obj: Any, index: int = 0) -> Any:
+        """nova's get_filtered_hosts, decided by the vector core on our hosts (see vector.py).
+
+        Hosts that are not this manager's per-request rows go to nova's handler.
+        """
+        started = time.perf_counter()
+        try:
+            return self._filtered(hosts, spec_obj, index)
+        finally:
+            self.phase_seconds["filter"] += time.perf_counter() - started
+
+    def _filtered(self, hosts: Any, spec_obj: Any, index: int) -> Any:
+        hosts = vector.take_over(hosts)
+        idx: list[int] | None = None
+        if type(hosts) is vector.HostRows:
+            rows = hosts
+            hosts = rows.shells[rows._pos:]
+            idx = list(range(rows._pos, len(rows.shells)))
+            if rows.alloc_reqs is not None:
+                self.counters["candidates_taken_over"] += 1
+        else:
+            hosts = list(hosts)
+            rows = vector.rows_of(hosts) if self.vector_decisions else None
+        if rows is None or not self.vector_decisions:
+            return super().get_filtered_hosts(hosts, spec_obj, index)
+        self.counters["vector_filtered"] += 1
+        if idx is None:
+            idx = [h.__dict__["_row"] for h in hosts]
+        idx, skip_filters = vector.pre_filter(rows, idx, spec_obj)
+        if not skip_filters:
+            left = vector.run_filters(self.enabled_filters, rows, idx, spec_obj, index, self.counters)
+            if left is None:
+                return None
+            idx = left
+        shells = rows.shells
+        out = vector.Hosts(shells if len(idx) == len(shells) and idx == list(range(len(shells)))
+                           else [shells[i] for i in idx])
+        out.rows, out.idx = rows, idx
+        return out
+
+    def get_weighed_hosts(self, hosts: Any, spec_obj: Any) -> Any:
+        """nova's get_weighed_hosts, by the vector core on our hosts (see vector.py)."""
+        started = time.perf_counter()
+        try:
+            return self._weighed(hosts, spec_obj)
+        finally:
+            self.phase_seconds["weigh"] += time.perf_counter() - started
+
+    def _weighed(self, hosts: Any, spec_obj: Any) -> Any:
+        if type(hosts) is vector.Hosts and self.vector_decisions:
+            self.counters["vector_weighed"] += 1
+            return vector.weigh(self.weighers, hosts.rows, hosts.idx, spec_obj, self.counters)
+        hosts = list(hosts)
+        rows = vector.rows_of(hosts) if self.vector_decisions else None
+        if rows is None:
+            return super().get_weighed_hosts(hosts, spec_obj)
+        self.counters["vector_weighed"] += 1
+        return vector.weigh(self.weighers, rows, [h.__dict__["_row"] for h in hosts], spec_obj,
+                            self.counters)
 
     def get_all_host_states(self, context: Any) -> Iterator[SharedHostState]:
         """Every eligible host (nova 34 has no such method any more; kept for callers that do)."""

@@ -1,0 +1,890 @@
+"""The drop-in's decision core: nova's filters and weighers over the request's hosts as arrays.
+
+Role
+----
+nova's handlers call every filter and every weigher once per host per request,
+on HostState objects; at 1 000 hosts that is most of a request's time.
+:class:`SharedHostManager` answers ``get_filtered_hosts`` and
+``get_weighed_hosts`` here instead, with the same results (the differential
+tests in tests/nova/test_nova_vector.py are the definition of "same"):
+
+* a filter or weigher of nova's own, of exactly that class, with a *vector
+  form* (:data:`VECTOR_FILTERS`, :data:`VECTOR_WEIGHERS`) decides for all
+  hosts at once, from numpy columns of the request's hosts;
+* what depends only on what few hosts differ in (aggregate metadata,
+  capabilities, supported instances, metrics names) runs nova's own code once
+  per *distinct* input, on one host of each group, and the answer is spread to
+  the group (so the semantics are nova's, not a copy);
+* any other filter (a subclass, an out-of-tree plugin, NUMATopologyFilter with a
+  requested NUMA topology, PciPassthroughFilter with PCI requests, JsonFilter
+  with a query) runs as nova's own class, per host, on the survivors only, in
+  nova's order; so does every filter and weigher on a host nova's manager has
+  already touched (consumed in a multi-create).
+
+Life cycle (one request)::
+
+    get_host_states_by_uuids (under cache.lock)
+        LazyHostState.make per host: a shell (request rows + row number), no
+        HostState attributes yet; HostRows snapshots what the lock protects
+        (liveness, pending claims, aggregates)
+    get_filtered_hosts -> nova's force/ignore/requested_destination rules on the
+        rows' names, then the filters in nova's order -> a list of shells
+    get_weighed_hosts -> weights per weigher, nova.weights.normalize's
+        arithmetic, multipliers per aggregate group -> WeighedHosts, sorted as
+        nova sorts (stable, descending)
+    the manager touches the chosen host and alternates: only those shells
+        become full SharedHostStates (``__getattr__`` materialises them); their
+        allocation candidates are deep-copied then, not for every host
+
+nova's ``_schedule`` wraps the host iterator in a generator that deep-copies
+every host's allocation candidates before any filter runs; when
+``get_filtered_hosts`` receives exactly that generator (nova's code object)
+unstarted around our rows, it takes the candidates from it and copies them
+lazily instead (design §5.6).
+
+Floats: every weight is computed with the same IEEE operations in the same
+order as nova's handler (``obj.weight += multiplier * normalized``, weigher by
+weigher), so weights are bit-identical, not just close.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from nova.scheduler import filters as nova_filters
+from nova.scheduler import utils as nova_utils
+from nova.scheduler import weights as nova_weights
+from nova.scheduler.filters import (
+    affinity_filter,
+    aggregate_image_properties_isolation,
+    aggregate_instance_extra_specs,
+    aggregate_multitenancy_isolation,
+    all_hosts_filter,
+    compute_capabilities_filter,
+    compute_filter,
+    image_props_filter,
+    io_ops_filter,
+    isolated_hosts_filter,
+    json_filter,
+    metrics_filter,
+    num_instances_filter,
+    numa_topology_filter,
+    pci_passthrough_filter,
+    type_filter,
+)
+from nova.scheduler.weights import (
+    affinity as w_affinity,
+)
+from nova.scheduler.weights import (
+    compute as w_compute,
+)
+from nova.scheduler.weights import (
+    cpu as w_cpu,
+)
+from nova.scheduler.weights import (
+    cross_cell as w_cross_cell,
+)
+from nova.scheduler.weights import (
+    disk as w_disk,
+)
+from nova.scheduler.weights import (
+    hypervisor_version as w_hv,
+)
+from nova.scheduler.weights import (
+    image_props as w_image_props,
+)
+from nova.scheduler.weights import (
+    io_ops as w_io_ops,
+)
+from nova.scheduler.weights import (
+    metrics as w_metrics,
+)
+from nova.scheduler.weights import (
+    num_instances as w_num_instances,
+)
+from nova.scheduler.weights import (
+    pci as w_pci,
+)
+from nova.scheduler.weights import (
+    ram as w_ram,
+)
+
+LOG = logging.getLogger(__name__)
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+
+#: the numbers the vector forms read, per template (see _numbers)
+NUMBERS = ("free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used", "num_instances",
+           "num_io_ops", "vcpus_total", "cpu_allocation_ratio", "failed_builds",
+           "hypervisor_version", "pci_weight", "down")
+_COLUMN = {name: i for i, name in enumerate(NUMBERS)}
+
+
+def _numbers(tpl: Any) -> tuple[float, ...]:
+    a = tpl.attrs
+    ps = a["pci_stats"]
+    free = sum(pool["count"] for pool in (ps.pools if ps else [])) or 0
+    s = tpl.service
+    return (a["free_ram_mb"], a["free_disk_mb"], a["disk_mb_used"], a["vcpus_used"],
+            a["num_instances"], a["num_io_ops"], a["vcpus_total"], a["cpu_allocation_ratio"],
+            a["failed_builds"], a["hypervisor_version"] or 0,
+            # PCIWeigher's weight (nova.scheduler.weights.pci)
+            w_pci.MAX_DEVS - min(free, w_pci.MAX_DEVS - 1),
+            # ComputeFilter: service disabled or forced down
+            1.0 if (s["disabled"] or s.get("forced_down")) else 0.0)
+
+
+#: the numbers this scheduler's pending claims change (host_manager._make does the same)
+_ADJUSTED = frozenset({"free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used",
+                       "num_instances", "num_io_ops"})
+
+
+# -- the per-request rows ---------------------------------------------------------------
+
+class _Snap:
+    """What SharedHostState._make reads from a SourceView, as it was under the lock."""
+
+    __slots__ = ("last_heard", "pending")
+
+    def __init__(self, last_heard: float, pending: dict[str, Any]) -> None:
+        self.last_heard = last_heard
+        self.pending = pending
+
+
+class Store:
+    """The manager's numbers of every template it has seen, one row per source (see NUMBERS).
+
+    Written under the cache lock only (by HostRows.add); a request copies its rows out
+    under the same lock (HostRows.seal), so filters and weighers read a consistent copy.
+    One slot per source ever seen (a forgotten source's slot is reused if it returns).
+    """
+
+    def __init__(self) -> None:
+        self.slots: dict[str, int] = {}
+        self.table = np.zeros((1024, len(NUMBERS)))
+
+    def slot(self, tpl: Any) -> int:
+        memo = tpl.vec
+        s = memo.get("slot")
+        if s is None:
+            source = tpl.attrs["uuid"]
+            s = self.slots.get(source)
+            if s is None:
+                s = self.slots[source] = len(self.slots)
+                if s >= len(self.table):
+                    grown = np.zeros((2 * len(self.table), len(NUMBERS)))
+                    grown[:len(self.table)] = self.table
+                    self.table = grown
+            self.table[s] = _numbers(tpl)
+            memo["slot"] = s
+        return s
+
+
+class Hosts(list):  # type: ignore[type-arg]
+    """get_filtered_hosts' answer: the hosts, and which request rows they are."""
+
+    rows: HostRows
+    idx: list[int]
+
+
+class HostRows:
+    """The hosts of one request: templates, snapshots, lazily built columns, the shells."""
+
+    def __init__(self, manager: Any, store: Store, wall_offset: float, shell_cls: type,
+                 pending_effect: Callable[[Any, Any], tuple[dict[str, int], int, list[str]]]) -> None:
+        self.manager = manager
+        self.store = store
+        self.shell_cls = shell_cls
+        self._pending_effect = pending_effect
+        self.wall_offset = wall_offset
+        self.tpls: list[Any] = []
+        self.shells: list[Any] = []
+        self.last_heard: list[float] = []
+        self.aggs: list[list[Any]] = []
+        self.agg_keys: list[Any] = []
+        #: row -> (pending claims copy, (resources, claims, instances)) for rows with pending claims
+        self.pending: dict[int, tuple[dict[str, Any], tuple[dict[str, int], int, list[str]]]] = {}
+        #: nova's alloc_reqs_by_rp_uuid when we took it over from nova's generator
+        self.alloc_reqs: Any = None
+        self._recs: list[tuple[Any, int, list[Any], Any]] = []
+        self._table: FloatArray | None = None
+        #: rows whose shell became a full SharedHostState (the manager may have changed it)
+        self.touched: set[int] = set()
+        self._gids: IntArray | None = None
+        #: per aggregate group id, one row of that group
+        self.group_rep: list[int] = []
+        self._cols: dict[str, Any] = {}
+        self._pos = 0
+
+    # nova iterates what get_host_states_by_uuids returns (through its generator)
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        pos = self._pos
+        if pos >= len(self.shells):
+            raise StopIteration
+        self._pos = pos + 1
+        return self.shells[pos]
+
+    def add(self, tpl: Any, view: Any, agg_gen: int) -> None:
+        """One host (under the cache lock)."""
+        rec = tpl.vec.get("rec")
+        if rec is None or rec[2] is not tpl.aggregates:
+            rec = tpl.vec["rec"] = self._record(tpl)
+        self._recs.append(rec)
+        self.last_heard.append(view.last_heard)
+        if view.pending:
+            pending = dict(view.pending)
+            effect = self._pending_effect(_Snap(view.last_heard, pending), tpl.doc_instances)
+            self.pending[len(self._recs) - 1] = (pending, effect)
+
+    def _record(self, tpl: Any) -> tuple[Any, int, list[Any], Any]:
+        """(template, store slot, aggregates, aggregate key): what add needs, per template."""
+        aggs = tpl.aggregates
+        key = tuple((a.uuid, tuple(sorted((a.metadata or {}).items()))) for a in aggs)
+        return (tpl, self.store.slot(tpl), aggs, key)
+
+    def seal(self) -> None:
+        """The rows' columns and shells; the numbers copied out of the store (under the cache
+        lock), net of pending claims."""
+        recs = self._recs
+        if recs:
+            tpls, slots, aggs, keys = zip(*recs, strict=True)
+            self.tpls, self.aggs, self.agg_keys = list(tpls), list(aggs), list(keys)
+        else:
+            slots = ()
+        new = self.shell_cls.__new__
+        cls = self.shell_cls
+        shells = self.shells = [new(cls) for _ in recs]
+        for row, shell in enumerate(shells):
+            d = shell.__dict__
+            d["_rows"] = self
+            d["_row"] = row
+        table = self._table = self.store.table[np.asarray(slots, dtype=np.int64)].reshape(
+            -1, len(NUMBERS))
+        for row, (_, (res, claims, insts)) in self.pending.items():
+                if not claims:
+                    continue
+                vcpus, mem, disk = res.get("vcpus", 0), res.get("memory_mb", 0), res.get("disk_gb", 0)
+                for name_, delta in (("free_ram_mb", -mem), ("free_disk_mb", -disk * 1024),
+                                     ("disk_mb_used", disk * 1024), ("vcpus_used", vcpus),
+                                     ("num_instances", len(insts)), ("num_io_ops", claims)):
+                    table[row, _COLUMN[name_]] += delta
+
+    def col(self, name: str) -> FloatArray:
+        """A number of every row as float64, as the (unconsumed) SharedHostState would have it."""
+        assert self._table is not None, "HostRows.seal() first"
+        return self._table[:, _COLUMN[name]]
+
+    def group_ids(self) -> IntArray:
+        """Per row, a small integer naming its aggregate metadata (equal metadata, equal id)."""
+        gids = self._gids
+        if gids is None:
+            ids: dict[Any, int] = {}
+            self.group_rep = []
+            for row, k in enumerate(self.agg_keys):
+                if k not in ids:
+                    ids[k] = len(ids)
+                    self.group_rep.append(row)
+            gids = self._gids = np.fromiter((ids[k] for k in self.agg_keys), dtype=np.int64,
+                                            count=len(self.agg_keys))
+        return gids
+
+    def values(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
+        """fn(template) of every row, memoised per template (for what only a new version changes)."""
+        key = "v:" + name
+        out = self._cols.get(key)
+        if out is None:
+            out = []
+            for t in self.tpls:
+                memo = t.vec
+                v = memo.get(key, memo)
+                if v is memo:
+                    v = memo[key] = fn(t)
+                out.append(v)
+            self._cols[key] = out
+        return out
+
+    def instances_of(self, row: int) -> Any:
+        """The keys of the row's ``instances`` as the unconsumed SharedHostState has them."""
+        base = self.tpls[row].instances
+        p = self.pending.get(row)
+        if p is None or not p[1][2]:
+            return base
+        return set(base).union(p[1][2])
+
+    def name(self, row: int) -> str:
+        return self.tpls[row].host
+
+
+def snapshot(rows: HostRows, row: int) -> _Snap:
+    """What SharedHostState._make reads from the row's SourceView, as it was under the lock."""
+    p = rows.pending.get(row)
+    return _Snap(rows.last_heard[row], p[0] if p is not None else {})
+
+
+def candidates(rows: HostRows, uuid: str) -> Any:
+    """nova's deep copy of a host's allocation candidates, made when the host is first used."""
+    return copy.deepcopy(rows.alloc_reqs[uuid]) if rows.alloc_reqs is not None else None
+
+
+class _Probe:
+    """What a group-wise filter or multiplier reads (aggregates), for nova's own code."""
+
+    __slots__ = ("aggregates", "host", "nodename")
+
+    def __init__(self, aggregates: list[Any], host: str, nodename: str) -> None:
+        self.aggregates = aggregates
+        self.host = host
+        self.nodename = nodename
+
+    def __repr__(self) -> str:
+        return f"({self.host}, {self.nodename})"
+
+
+class _MetricsProbe(_Probe):
+    __slots__ = ("metrics",)
+
+    def __init__(self, aggregates: list[Any], host: str, nodename: str, metrics: Any) -> None:
+        super().__init__(aggregates, host, nodename)
+        self.metrics = metrics
+
+
+def rows_of(hosts: Any) -> HostRows | None:
+    """The request rows all of ``hosts`` belong to, or None (then nova's handlers decide)."""
+    rows = None
+    for h in hosts:
+        d = getattr(h, "__dict__", None)
+        r = d.get("_rows") if d is not None else None
+        if r is None or (rows is not None and r is not rows):
+            return None
+        rows = r
+    return rows
+
+
+def take_over(hosts: Any) -> Any:
+    """nova's unstarted ``hosts_with_alloc_reqs`` generator around our rows -> the rows, with
+    nova's candidates attached to copy lazily; anything else unchanged."""
+    if inspect.isgenerator(hosts) and inspect.getgeneratorstate(hosts) == inspect.GEN_CREATED \
+            and hosts.gi_code in _nova_generator_codes():
+        local = hosts.gi_frame.f_locals
+        inner = local.get("hosts_gen")
+        if type(inner) is HostRows and inner._pos == 0 and "alloc_reqs_by_rp_uuid" in local:
+            inner.alloc_reqs = local["alloc_reqs_by_rp_uuid"]
+            hosts.close()
+            return inner
+    return hosts
+
+
+_GEN_CODES: list[Any] = []
+
+
+def _nova_generator_codes() -> list[Any]:
+    if not _GEN_CODES:
+        from nova.scheduler import manager as nova_manager
+
+        code = nova_manager.SchedulerManager._schedule.__code__
+        _GEN_CODES.extend(c for c in code.co_consts
+                          if inspect.iscode(c) and c.co_name == "hosts_with_alloc_reqs")
+    return _GEN_CODES
+
+
+# -- nova's wrapper rules (ignore / force / requested_destination) on rows -------------------
+
+def pre_filter(rows: HostRows, idx: list[int], spec_obj: Any) -> tuple[list[int], bool]:
+    """nova's HostManager.get_filtered_hosts before the filters: (rows left, skip the filters)."""
+    tpls = rows.tpls
+    ignore_hosts = spec_obj.ignore_hosts or []
+    force_hosts = spec_obj.force_hosts or []
+    force_nodes = spec_obj.force_nodes or []
+    requested = spec_obj.requested_destination
+    if requested is not None and "host" in requested:
+        host, node = requested.host, requested.node
+        if node:
+            idx = [i for i in idx if tpls[i].host == host and tpls[i].attrs["nodename"] == node]
+        else:
+            idx = [i for i in idx if tpls[i].host == host]
+    if ignore_hosts or force_hosts or force_nodes:
+        by_name: dict[tuple[str, str], int] = {}
+        for i in idx:
+            by_name[(tpls[i].host, tpls[i].attrs["nodename"])] = i
+        if ignore_hosts:
+            lowered = {h.lower() for h in ignore_hosts}
+            by_name = {k: v for k, v in by_name.items() if k[0].lower() not in lowered}
+            if not by_name:
+                return [], True
+        if force_hosts:
+            lowered = {h.lower() for h in force_hosts}
+            by_name = {k: v for k, v in by_name.items() if k[0].lower() in lowered}
+        if force_nodes:
+            by_name = {k: v for k, v in by_name.items() if k[1] in force_nodes}
+        check_type = "scheduler_hints" in spec_obj and spec_obj.scheduler_hints.get("_nova_check_type")
+        idx = list(by_name.values())
+        if not check_type and (force_hosts or force_nodes):
+            return idx, True
+    return idx, False
+
+
+# -- filters ---------------------------------------------------------------------------------
+
+#: a vector filter: (filter, rows, row numbers (lazy rows only), spec) -> pass mask, or None
+#: when this request needs nova's per-host class (then the filter runs per host)
+VectorFilter = Callable[[Any, HostRows, IntArray, Any], "BoolArray | None"]
+
+
+def _all(idx: IntArray) -> BoolArray:
+    return np.ones(len(idx), dtype=bool)
+
+
+def _grouped(f: Any, rows: HostRows, idx: IntArray, spec: Any, keys: list[Any],
+             probe: Callable[[int], Any]) -> BoolArray:
+    """nova's own ``f._filter_one`` once per distinct key, on one host of the group."""
+    answer: dict[Any, bool] = {}
+    out = np.empty(len(idx), dtype=bool)
+    for j, row in enumerate(idx.tolist()):
+        k = keys[row]
+        a = answer.get(k)
+        if a is None:
+            a = answer[k] = bool(f._filter_one(probe(row), spec))
+        out[j] = a
+    return out
+
+
+def _agg_probe(rows: HostRows) -> Callable[[int], Any]:
+    return lambda row: _Probe(rows.aggs[row], rows.tpls[row].host, rows.tpls[row].attrs["nodename"])
+
+
+def _shell(rows: HostRows) -> Callable[[int], Any]:
+    return lambda row: rows.shells[row]
+
+
+def _rebuild_skips(f: Any, spec: Any) -> bool:
+    return not f.RUN_ON_REBUILD and nova_utils.request_is_rebuild(spec)
+
+
+def _compute_filter(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    if type(f.servicegroup_api._driver).__name__ != "DbDriver":
+        return None  # another servicegroup driver: nova's class asks it per host
+    from nova import conf as nova_conf
+
+    down_time = nova_conf.CONF.service_down_time
+    heard = np.asarray(rows.last_heard, dtype=np.float64)[idx]
+    # nova: abs(utcnow - last_seen_up) <= service_down_time, with last_seen_up = wall clock of
+    # the last message (host_manager._make); microsecond rounding aside, the same comparison
+    elapsed = np.abs(time.time() - (rows.wall_offset + heard))
+    return (rows.col("down")[idx] == 0.0) & (elapsed <= down_time)
+
+
+def _capabilities(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    flavor = spec.flavor
+    if "extra_specs" not in flavor:
+        return _all(idx)
+    tops: list[str] = []
+    for key in flavor.extra_specs:
+        if key == "hw:maxphysaddr_bits":
+            tops.append("cpu_info")
+            continue
+        scope = key.split(":")
+        if len(scope) == 1:
+            tops.append(key)
+        elif scope[0] == "capabilities" and len(scope) > 1:
+            tops.append(scope[1])
+    if not tops:
+        return _all(idx)
+    names = tuple(sorted(set(tops)))
+    for name in names:
+        # a number this scheduler's claims change, or a per-request attribute: per host
+        if name in _ADJUSTED or (name not in rows.tpls[0].attrs and hasattr(rows.shell_cls, name)):
+            return None
+        if name in ("limits", "allocation_candidates", "instances", "aggregates", "service",
+                    "updated", "stats", "metrics", "numa_topology", "pci_stats", "host_ip"):
+            return None
+    keys = rows.values("cap:" + ",".join(names), lambda t: repr(tuple(
+        (t.attrs.get(n), t.attrs["stats"].get(n)) for n in names)))
+    return _grouped(f, rows, idx, spec, keys, _shell(rows))
+
+
+def _image_props(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    from nova.objects import fields
+
+    props = spec.image.properties if spec.image else {}
+    checked = (fields.Architecture.canonicalize(props.get("hw_architecture",
+                                                          f._get_default_architecture())),
+               fields.HVType.canonicalize(props.get("img_hv_type")),
+               fields.VMMode.canonicalize(props.get("hw_vm_mode")))
+    if not any(checked):
+        return _all(idx)
+    keys = rows.values("image", lambda t: repr((t.attrs["supported_instances"],
+                                                t.attrs["hypervisor_version"],
+                                                t.attrs["cpu_info"])))
+    return _grouped(f, rows, idx, spec, keys, _shell(rows))
+
+
+def _anti_affinity(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    if _rebuild_skips(f, spec):
+        return _all(idx)
+    group = spec.instance_group
+    policy = group.policy if group else None
+    if f.policy_name != policy:
+        return _all(idx)
+    members = set(group.members)
+    rules = group.rules
+    limit = rules["max_server_per_host"] if rules and "max_server_per_host" in rules else 1
+    me = spec.instance_uuid
+    out = np.empty(len(idx), dtype=bool)
+    for j, row in enumerate(idx.tolist()):
+        insts = rows.instances_of(row)
+        out[j] = me in insts or len(members.intersection(insts)) < limit
+    return out
+
+
+def _affinity(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    if _rebuild_skips(f, spec):
+        return _all(idx)
+    group = spec.instance_group
+    policies = group.policies if group else []
+    if f.policy_name not in policies:
+        return _all(idx)
+    group_hosts = group.hosts if group else []
+    if not group_hosts:
+        return _all(idx)
+    return np.fromiter((rows.name(r) in group_hosts for r in idx.tolist()), dtype=bool,
+                       count=len(idx))
+
+
+def _overlap(hint: str, same: bool) -> VectorFilter:
+    def vf(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+        if _rebuild_skips(f, spec):
+            return _all(idx)
+        uuids = spec.get_scheduler_hint(hint)
+        if not uuids:
+            return _all(idx)
+        wanted = {uuids} if isinstance(uuids, str) else set(uuids)
+        hit = np.fromiter((not wanted.isdisjoint(rows.instances_of(r)) for r in idx.tolist()),
+                          dtype=bool, count=len(idx))
+        return hit if same else ~hit
+    return vf
+
+
+def _cidr(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    if _rebuild_skips(f, spec):
+        return _all(idx)
+    if not spec.get_scheduler_hint("build_near_host_ip"):
+        return _all(idx)
+    return None  # rare: nova's class per host
+
+
+def _json(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    if _rebuild_skips(f, spec) or not spec.get_scheduler_hint("query"):
+        return _all(idx)
+    return None
+
+
+def _limit(column: str, getter: str) -> VectorFilter:
+    """NumInstances/IoOps (and their aggregate forms): the limit per aggregate group, by nova."""
+    def vf(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+        if _rebuild_skips(f, spec):
+            return _all(idx)
+        get_max = getattr(f, getter)
+        limits: dict[Any, Any] = {}
+        probe = _agg_probe(rows)
+        lim = np.empty(len(idx), dtype=np.float64)
+        for j, row in enumerate(idx.tolist()):
+            k = rows.agg_keys[row]
+            v = limits.get(k)
+            if v is None:
+                v = limits[k] = get_max(probe(row), spec)
+            lim[j] = v
+        return rows.col(column)[idx] < lim
+    return vf
+
+
+def _by_aggregates(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    return _grouped(f, rows, idx, spec, rows.agg_keys, _agg_probe(rows))
+
+
+def _isolated(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    from nova import conf as nova_conf
+
+    c = nova_conf.CONF.filter_scheduler
+    isolated_hosts = c.isolated_hosts
+    restrict = c.restrict_isolated_hosts_to_isolated_images
+    host_isolated = np.fromiter((rows.name(r) in isolated_hosts for r in idx.tolist()), dtype=bool,
+                                count=len(idx))
+    if not c.isolated_images:
+        return ~host_isolated if restrict else _all(idx)
+    image_ref = spec.image.id if spec.image and "id" in spec.image else None
+    image_isolated = image_ref in c.isolated_images
+    if restrict:
+        return host_isolated == image_isolated
+    return host_isolated if image_isolated else _all(idx)
+
+
+def _metrics(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    if _rebuild_skips(f, spec):
+        return _all(idx)
+    keys = rows.values("metric_names", lambda t: tuple(sorted(m.name for m in t.attrs["metrics"])))
+    return _grouped(f, rows, idx, spec, keys, _shell(rows))
+
+
+def _numa(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    if _rebuild_skips(f, spec):
+        return _all(idx)
+    if spec.numa_topology:
+        return None  # a NUMA fit per host and candidate: nova's class
+    extra_specs = spec.flavor.extra_specs
+    image_props = spec.image.properties
+    keys = rows.values("numa_policy", lambda t: (bool(t.attrs["numa_topology"]), bool(
+        t.attrs["numa_topology"].has_threads) if t.attrs["numa_topology"] else None))
+    answer: dict[Any, bool] = {}
+    out = np.empty(len(idx), dtype=bool)
+    for j, row in enumerate(idx.tolist()):
+        k = keys[row]
+        a = answer.get(k)
+        if a is None:
+            a = answer[k] = bool(f._satisfies_cpu_policy(rows.shells[row], extra_specs, image_props))
+        out[j] = a
+    return out
+
+
+def _pci(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    if _rebuild_skips(f, spec):
+        return _all(idx)
+    pci_requests = spec.pci_requests
+    if not pci_requests or not pci_requests.requests:
+        return _all(idx)
+    return None
+
+
+def _rebuild_wrapped(vf: VectorFilter) -> VectorFilter:
+    def wrapped(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+        if _rebuild_skips(f, spec):
+            return _all(idx)
+        return vf(f, rows, idx, spec)
+    return wrapped
+
+
+#: nova filter class -> its vector form (exact class only: subclasses run as themselves)
+VECTOR_FILTERS: dict[type, VectorFilter] = {
+    compute_filter.ComputeFilter: _rebuild_wrapped(_compute_filter),
+    compute_capabilities_filter.ComputeCapabilitiesFilter: _rebuild_wrapped(_capabilities),
+    image_props_filter.ImagePropertiesFilter: _rebuild_wrapped(_image_props),
+    affinity_filter.ServerGroupAntiAffinityFilter: _anti_affinity,
+    affinity_filter.ServerGroupAffinityFilter: _affinity,
+    affinity_filter.SameHostFilter: _overlap("same_host", True),
+    affinity_filter.DifferentHostFilter: _overlap("different_host", False),
+    affinity_filter.SimpleCIDRAffinityFilter: _cidr,
+    aggregate_instance_extra_specs.AggregateInstanceExtraSpecsFilter: _by_aggregates,
+    aggregate_image_properties_isolation.AggregateImagePropertiesIsolation: _by_aggregates,
+    aggregate_multitenancy_isolation.AggregateMultiTenancyIsolation: _by_aggregates,
+    type_filter.AggregateTypeAffinityFilter: _by_aggregates,
+    num_instances_filter.NumInstancesFilter: _limit("num_instances", "_get_max_instances_per_host"),
+    num_instances_filter.AggregateNumInstancesFilter: _limit("num_instances",
+                                                             "_get_max_instances_per_host"),
+    io_ops_filter.IoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host"),
+    io_ops_filter.AggregateIoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host"),
+    isolated_hosts_filter.IsolatedHostsFilter: _rebuild_wrapped(_isolated),
+    json_filter.JsonFilter: _json,
+    metrics_filter.MetricsFilter: _metrics,
+    all_hosts_filter.AllHostsFilter: lambda f, rows, idx, spec: _all(idx),
+    numa_topology_filter.NUMATopologyFilter: _numa,
+    pci_passthrough_filter.PciPassthroughFilter: _pci,
+}
+
+
+def _is_base_filter_all(f: Any) -> bool:
+    return type(f).filter_all is nova_filters.BaseHostFilter.filter_all
+
+
+def run_filters(filters_: Iterable[Any], rows: HostRows, idx_: list[int], spec: Any,
+                index: int, counters: Any = None) -> list[int] | None:
+    """nova's BaseFilterHandler.get_filtered_objects over rows (None: a filter said stop)."""
+    shells = rows.shells
+    idx = np.asarray(idx_, dtype=np.int64)
+    for f in filters_:
+        if not f.run_filter_for_index(index):
+            continue
+        vf = VECTOR_FILTERS.get(type(f))
+        mask = None
+        if vf is not None and _is_base_filter_all(f):
+            touched = rows.touched
+            if not touched:
+                mask = vf(f, rows, idx, spec)
+                if mask is not None:
+                    idx = idx[mask]
+            else:  # hosts the manager has touched go through nova's class, one by one
+                is_touched = np.fromiter((i in touched for i in idx.tolist()), dtype=bool,
+                                         count=len(idx))
+                mask = vf(f, rows, idx[~is_touched], spec)
+                if mask is not None:
+                    keep = np.empty(len(idx), dtype=bool)
+                    keep[~is_touched] = mask
+                    for j in np.flatnonzero(is_touched).tolist():
+                        keep[j] = bool(f._filter_one(shells[idx[j]], spec))
+                    idx = idx[keep]
+        if mask is None:  # nova's own class, per host, on the survivors
+            if counters is not None:
+                counters["filter_fallback_runs"] += 1
+            objs = f.filter_all([shells[i] for i in idx.tolist()], spec)
+            if objs is None:
+                return None
+            idx = np.asarray([o.__dict__["_row"] for o in objs], dtype=np.int64)
+        if not len(idx):
+            LOG.info("Filter %s returned 0 hosts", type(f).__name__)
+            break
+    return idx.tolist()
+
+
+# -- weighers --------------------------------------------------------------------------------
+
+#: a vector weigher: (weigher, rows, lazy row numbers, spec) -> raw weights (before the clamp)
+VectorWeigher = Callable[[Any, HostRows, IntArray, Any], "FloatArray | None"]
+
+
+def _column(name: str) -> VectorWeigher:
+    return lambda w, rows, idx, spec: rows.col(name)[idx]
+
+
+def _cpu(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
+    return rows.col("vcpus_total")[idx] * rows.col("cpu_allocation_ratio")[idx] \
+        - rows.col("vcpus_used")[idx]
+
+
+def _cross_cell(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
+    rd = spec.requested_destination if "requested_destination" in spec else None
+    if rd and "cell" in rd and rd.cell and rd.allow_cross_cell_move:
+        cell = rd.cell.uuid
+        return np.fromiter((1.0 if rows.tpls[r].cell_uuid == cell else -1.0 for r in idx.tolist()),
+                           dtype=np.float64, count=len(idx))
+    return np.zeros(len(idx))
+
+
+def _soft(sign: float) -> VectorWeigher:
+    def vw(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
+        group = spec.instance_group
+        if not group or w.policy_name != group.policy:
+            return np.zeros(len(idx))
+        members = set(group.members)
+        return np.fromiter((sign * len(members.intersection(rows.instances_of(r)))
+                            for r in idx.tolist()), dtype=np.float64, count=len(idx))
+    return vw
+
+
+def _image_props_weight(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray | None:
+    from nova import conf as nova_conf
+
+    if nova_conf.CONF.filter_scheduler.image_props_weight_multiplier == 0.0:
+        return np.zeros(len(idx))
+    return None  # reads instances' image metadata from the cell DB: nova's class per host
+
+
+def _metrics_weight(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray | None:
+    if not w.setting:
+        return np.zeros(len(idx))
+    out = np.empty(len(idx), dtype=np.float64)
+    for j, row in enumerate(idx.tolist()):
+        t = rows.tpls[row]
+        out[j] = w._weigh_object(_MetricsProbe(rows.aggs[row], t.host, t.attrs["nodename"],
+                                               t.attrs["metrics"]), spec)
+    return out
+
+
+VECTOR_WEIGHERS: dict[type, VectorWeigher] = {
+    w_ram.RAMWeigher: _column("free_ram_mb"),
+    w_disk.DiskWeigher: _column("free_disk_mb"),
+    w_cpu.CPUWeigher: _cpu,
+    w_io_ops.IoOpsWeigher: _column("num_io_ops"),
+    w_num_instances.NumInstancesWeigher: _column("num_instances"),
+    w_compute.BuildFailureWeigher: _column("failed_builds"),
+    w_hv.HypervisorVersionWeigher: _column("hypervisor_version"),
+    w_pci.PCIWeigher: _column("pci_weight"),
+    w_cross_cell.CrossCellWeigher: _cross_cell,
+    w_affinity.ServerGroupSoftAffinityWeigher: _soft(1.0),
+    w_affinity.ServerGroupSoftAntiAffinityWeigher: _soft(-1.0),
+    w_image_props.ImagePropertiesWeigher: _image_props_weight,
+    w_metrics.MetricsWeigher: _metrics_weight,
+}
+
+
+def _normalize(weights: FloatArray, minval: Any, maxval: Any) -> FloatArray:
+    """nova.weights.normalize, element for element."""
+    hi = float(weights.max()) if maxval is None else float(maxval)
+    lo = float(weights.min()) if minval is None else float(minval)
+    if lo == hi:
+        return np.zeros(len(weights))
+    return (weights - lo) / (hi - lo)
+
+
+def weigh(weighers: Iterable[Any], rows: HostRows, idx: list[int], spec: Any,
+          counters: Any = None) -> list[Any]:
+    """nova's BaseWeightHandler.get_weighed_objects over rows -> sorted WeighedHosts."""
+    shells = rows.shells
+    objs = [shells[i] for i in idx]
+    n = len(idx)
+    if n <= 1:
+        return [nova_weights.WeighedHost(o, 0.0) for o in objs]
+    arr = np.asarray(idx, dtype=np.int64)
+    touched = [j for j, i in enumerate(idx) if i in rows.touched] if rows.touched else []
+    lazy_pos = np.asarray([j for j, i in enumerate(idx) if i not in rows.touched],
+                          dtype=np.int64) if touched else None
+    total = np.zeros(n)
+    wrapped = None
+    for w in weighers:
+        vw = VECTOR_WEIGHERS.get(type(w))
+        raw = None
+        if vw is not None and type(w).weigh_objects is nova_weights.BaseHostWeigher.weigh_objects:
+            if lazy_pos is None:
+                raw = vw(w, rows, arr, spec)
+            else:
+                sub = vw(w, rows, arr[lazy_pos], spec) if len(lazy_pos) else np.zeros(0)
+                if sub is not None:
+                    raw = np.empty(n)
+                    raw[lazy_pos] = sub
+                    for j in touched:
+                        raw[j] = w._weigh_object(objs[j], spec)
+            if raw is not None:
+                if w.minval is not None:
+                    raw = np.maximum(raw, w.minval)
+                if w.maxval is not None:
+                    raw = np.minimum(raw, w.maxval)
+        if raw is None:  # nova's own weigher over every host
+            if counters is not None:
+                counters["weigher_fallback_runs"] += 1
+            if wrapped is None:
+                wrapped = [nova_weights.WeighedHost(o, 0.0) for o in objs]
+            raw = np.asarray(w.weigh_objects(wrapped, spec), dtype=np.float64)
+        norm = _normalize(raw, w.minval, w.maxval)
+        total += _multipliers(w, rows, idx, arr, objs, touched) * norm
+    order = np.argsort(-total, kind="stable").tolist()
+    weights = total.tolist()
+    return [nova_weights.WeighedHost(objs[j], weights[j]) for j in order]
+
+
+def _multipliers(w: Any, rows: HostRows, idx: list[int], arr: IntArray, objs: list[Any],
+                 touched: list[int]) -> FloatArray:
+    """w.weight_multiplier per host, asked once per distinct aggregate metadata."""
+    if type(w) not in VECTOR_WEIGHERS:  # a weigher of its own: asked per host, as nova does
+        return np.fromiter((w.weight_multiplier(o) for o in objs), dtype=np.float64, count=len(objs))
+    gids = rows.group_ids()
+    per_group = np.empty(len(rows.group_rep))
+    for g, row in enumerate(rows.group_rep):
+        t = rows.tpls[row]
+        per_group[g] = w.weight_multiplier(_Probe(rows.aggs[row], t.host, t.attrs["nodename"]))
+    out = per_group[gids[arr]]
+    for j in touched:
+        out[j] = w.weight_multiplier(objs[j])
+    return out
+
+
+__all__ = ["VECTOR_FILTERS", "VECTOR_WEIGHERS", "HostRows", "Hosts", "Store", "candidates", "pre_filter",
+           "rows_of", "run_filters", "snapshot", "take_over", "weigh"]
