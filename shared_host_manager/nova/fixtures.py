@@ -451,3 +451,10 @@ class SchedulerPair:
 
     def close(self) -> None:
         self._shm.set_cache_provider(None)
+
+
+def admin_context() -> Any:
+    """nova's admin RequestContext, for callers outside the nova package (benchmarks)."""
+    from nova import context as nova_context
+
+    return nova_context.get_admin_context()
