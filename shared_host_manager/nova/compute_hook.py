@@ -8,13 +8,23 @@ PCI pools into ``compute_node.pci_device_pools`` and calls
 ``compute_node.save()`` when something changed.  Every path that changes
 usage ends there (instance claims, move claims, aborts, deletions through
 ``update_usage``, and the ``update_available_resource`` periodic task), always
-under the tracker's ``COMPUTE_RESOURCE_SEMAPHORE``.  :func:`install` wraps it:
-after the original returns, :meth:`ComputeHook.report` builds the node's
-document (:func:`~shared_host_manager.nova.document.document_from_compute_node`)
-from the ComputeNode, the tracker's ``tracked_instances`` and the service
-state, diffs it against the last one it built and hands the ops to the sink.
-If the original raises (placement or DB failure), nothing is published: nova's
-scheduler would not see that state either.
+under the tracker's ``COMPUTE_RESOURCE_SEMAPHORE`` -- but not always last:
+``_drop_move_claim`` persists the node, then forgets the moved instance.  So
+:func:`install` wraps ``_update`` to *mark* the node, and every public method of
+the tracker to publish the marked nodes when the outermost one returns, i.e.
+once the tracker's change is complete (design §2, §5.5); an ``_update`` called
+outside any public method publishes at once.  Publishing is
+:meth:`ComputeHook.report`: it builds the node's document
+(:func:`~shared_host_manager.nova.document.document_from_compute_node`) from the
+ComputeNode, the tracker's ``tracked_instances`` and the service state, diffs it
+against the last one it built and hands the ops to the sink.  If the original
+raises (placement or DB failure), nothing is published: nova's scheduler would
+not see that state either.
+
+Several computes in one process (nova's functional tests, an ironic-like compute
+with many nodes): each compute host registers its own hook
+(:func:`register`); a tracker feeds the hook of its host, else the one given to
+:func:`install`.
 
 :func:`install` also wraps ``ComputeManager.set_host_enabled``, which the API
 calls when an operator disables or enables the service (nova 34 syncs the

@@ -624,14 +624,26 @@ class SharedHostManagerFixture(_FixtureBase):
         from nova import context as nova_context
         from nova import exception, objects
 
+        ctxt = None
         for host, hook in self.hooks.items():
             if hook.cell_uuid is not None:
                 continue
+            ctxt = ctxt or nova_context.get_admin_context()
             try:
-                mapping = objects.HostMapping.get_by_host(nova_context.get_admin_context(), host)
-            except exception.HostMappingNotFound:
+                hook.set_cell(objects.HostMapping.get_by_host(ctxt, host).cell_mapping.uuid)
                 continue
-            hook.set_cell(mapping.cell_mapping.uuid)
+            except exception.HostMappingNotFound:
+                pass
+            # no mapping (a test deleted the service, then started the compute again):
+            # the cell whose database holds the compute's service record
+            for cell in objects.CellMappingList.get_all(ctxt):
+                with nova_context.target_cell(ctxt, cell) as cctxt:
+                    try:
+                        objects.Service.get_by_compute_host(cctxt, host)
+                    except exception.ComputeHostNotFound:
+                        continue
+                hook.set_cell(cell.uuid)
+                break
 
     def figures(self) -> dict[str, int]:
         """What the drop-in served: decisions, and host-state requests of its host managers."""
@@ -643,10 +655,16 @@ class SharedHostManagerFixture(_FixtureBase):
                 "schedulers": len(self.schedulers)}
 
     def _stop_all(self) -> None:
+        from shared_host_manager.nova import compute_hook
+
         with self._lock:
             reporters = list(self.reporters.values())
             self.reporters.clear()
             schedulers, self.schedulers = self.schedulers, []
+            for host, hook in self.hooks.items():  # computes the test left running
+                if compute_hook.hook_for(host) is hook:
+                    compute_hook.unregister(host)
+            self.hooks.clear()
         for reporter in [*reporters, self.api_reporter]:
             reporter.stop(goodbye=False)
         for service in schedulers:

@@ -449,6 +449,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         self._api = ApiState()
         self._api_sources: list[str] = []
         self._api_scanned = -1
+        self._deletion_epochs: dict[tuple[str, str], int | None] = {}
         #: nova's instance info fanout per host: {uuid: (added, retire after)}; see _hints_for
         self._inst_hints: dict[str, dict[str, tuple[bool, float]]] = {}
         self.instance_hint_ttl = _INSTANCE_HINT_TTL
@@ -535,10 +536,12 @@ class SharedHostManager(nova_host_manager.HostManager):
                     if tpl is None:
                         continue
                 api_service = api.services.get(tpl.host)
-                if api_service is not None and api_service.get("deleted"):
+                if api_service is not None and api_service.get("deleted") \
+                        and self._still_deleted(("service", tpl.host), api_service, view, tpl):
                     continue  # nova skips compute nodes without a service record
                 node = api.nodes.get(view.source)
-                if node is not None and node.get("deleted"):
+                if node is not None and node.get("deleted") \
+                        and self._still_deleted(("node", view.source), node, view, tpl):
                     continue
                 if tpl.agg_gen != agg_gen:
                     tpl.aggregates = self._aggregates_for(tpl.host, view.doc)
@@ -576,12 +579,55 @@ class SharedHostManager(nova_host_manager.HostManager):
         key = tuple((v.source, v.version) for v in views)
         if key != self._api.key:
             catalogue = self._api.catalogue
+            previous = self._api
             self._api = ApiState.from_views(views)
+            self._note_deletions(sources, previous)
             if self._api.catalogue != catalogue:
                 self._agg_gen += 1
                 self._retire_aggregate_hints()
             self.counters["api_state_builds"] += 1
         return self._api
+
+    def _note_deletions(self, sources: Any, previous: ApiState) -> None:
+        """Remember, per deleted service or node, the newest epoch its hosts had when the
+        deletion was learnt: nova revives a deleted compute node (and creates a service again)
+        when the compute starts again, which the compute publishes in a newer epoch."""
+        marks: dict[tuple[str, str], int | None] = {}
+        host_epochs: dict[str, int] | None = None
+        for kind, entries, old in (("service", self._api.services, previous.services),
+                                   ("node", self._api.nodes, previous.nodes)):
+            for key, entry in entries.items():
+                if not entry.get("deleted"):
+                    continue
+                mark_key = (kind, key)
+                held = old.get(key)
+                if held is not None and held.get("changed") == entry.get("changed") \
+                        and mark_key in self._deletion_epochs:
+                    marks[mark_key] = self._deletion_epochs[mark_key]
+                elif kind == "node":
+                    view = sources.get(key)
+                    marks[mark_key] = view.epoch if view is not None and view.doc is not None else None
+                else:
+                    if host_epochs is None:
+                        host_epochs = {}
+                        for view in sources.values():
+                            c = (view.doc or _EMPTY).get(hostdoc.COMPUTE)
+                            if c and c.get("host"):
+                                host = c["host"]
+                                host_epochs[host] = max(host_epochs.get(host, view.epoch), view.epoch)
+                    marks[mark_key] = host_epochs.get(key)
+        self._deletion_epochs = marks
+
+    def _still_deleted(self, mark_key: tuple[str, str], entry: dict[str, Any], view: Any,
+                       tpl: _Template) -> bool:
+        """A deletion holds until the host publishes a newer epoch than it had when the
+        deletion was learnt, or a node record updated after the deletion."""
+        epoch = self._deletion_epochs.get(mark_key)
+        if epoch is not None and view.epoch > epoch:
+            return False
+        updated = tpl.attrs.get("_updated")
+        changed = entry.get("changed")
+        return not (updated is not None and type(changed) in (int, float) and updated.timestamp() > changed)
 
     def _retire_aggregate_hints(self) -> None:
         """The fanout's aggregates the catalogue now includes stop overriding it."""

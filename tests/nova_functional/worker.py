@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import time
+import traceback
 import unittest
 
 os.environ.setdefault("OS_NOVA_DISABLE_EVENTLET_PATCHING", "1")
@@ -61,8 +62,10 @@ class _Result(unittest.TestResult):
 
     def _set(self, outcome: str, err=None) -> None:
         self.outcome = outcome
-        if err is not None:
-            self.detail = self._exc_info_to_string(err, None)[-4000:] if err[0] else ""
+        if isinstance(err, tuple) and err[0] is not None:
+            self.detail = "".join(traceback.format_exception(err[0], err[1], err[2]))[-4000:]
+        elif err is not None:
+            self.detail = str(err)[-4000:]
 
     def addError(self, test, err) -> None:
         self._set("fail", err)
