@@ -154,9 +154,15 @@ class ApiState:
                     if type(entry) is not dict:
                         continue
                     held = into.get(key)
-                    if held is None or entry.get("changed", 0) >= held.get("changed", 0):
+                    if held is None or _stamp(entry) >= _stamp(held):
                         into[key] = entry
         return state
+
+
+def _stamp(entry: dict[str, Any]) -> float:
+    """An entry's ``changed``; a malformed one counts as oldest instead of failing requests."""
+    changed = entry.get("changed")
+    return float(changed) if type(changed) in (int, float) else 0.0
 
 
 def is_api_source(doc: Any) -> bool:
