@@ -28,7 +28,7 @@ from protocol.batching import batches
 from protocol.codec import Decoder
 from protocol.document import SET, Document, Op
 from protocol.errors import ProtocolError
-from protocol.hostdoc import ENDPOINT, INSTANCES, SERVICE
+from protocol.hostdoc import ENDPOINT, INSTANCES, SERVICE, STOPPED
 from protocol.messages import Batch, Claim, Message, ResyncRequest, Send
 from protocol.source import SourceMachine
 
@@ -188,6 +188,15 @@ class ReporterManager:
             if self._data or self._control:
                 return float("-inf")
             return self._heap[0][0] if self._heap else None
+
+    def goodbye(self, now: float) -> tuple[list[Batch], list[Send]]:
+        """Every source's last version: ``service.stopped`` set, published now with what was
+        still pending, so every scheduler drops the hosts at once (design §4.2)."""
+        with self._lock:
+            for machine in self.machines.values():
+                machine.change([[SET, SERVICE, STOPPED, True]], now)
+                self._route(machine.flush())
+        return self.poll(now)
 
     def flush_all(self, now: float) -> tuple[list[Batch], list[Send]]:
         """Publish every pending change now (clean shutdown)."""

@@ -185,7 +185,10 @@ class ReporterService:
         self.running = True
         LOG.info("reporter %s serving %d hosts", self.name, len(hosts))
 
-    def stop(self) -> None:
+    def stop(self, *, goodbye: bool = True) -> None:
+        """Stop serving; the last changes are published, and with ``goodbye`` (a clean stop)
+        every host's goodbye, which takes it out of every scheduler's eligible set at once
+        (design §4.2).  A killed reporter says nothing: the schedulers' ``down_interval`` does."""
         if not self._running:
             return
         self.running = False
@@ -195,7 +198,8 @@ class ReporterService:
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        batches, control = self.manager.flush_all(self.clock())
+        now = self.clock()
+        batches, control = self.manager.goodbye(now) if goodbye else self.manager.flush_all(now)
         self._send(batches, control)
         self._publisher.close()
         self._client.close()
@@ -221,6 +225,12 @@ class ReporterService:
         publisher = getattr(self, "_publisher", None)
         stats = getattr(publisher, "stats", None)
         return stats() if callable(stats) else None
+
+    def flush(self) -> None:
+        """Publish every pending change now, in the calling thread (a caller that must know
+        its changes are on the stream before it goes on: nova's functional tests)."""
+        if self._running:
+            self._send(*self.manager.flush_all(self.clock()))
 
     def wake(self) -> None:
         with self._wake:

@@ -20,7 +20,8 @@ Namespaces
                 vm_mode], ...]``), ``disk_available_least``, ``updated_at`` (ISO 8601).
 ``service``     ``disabled``, ``disabled_reason``, ``forced_down``, ``version``
                 (the compute service version), ``endpoint`` (the reporter that
-                serves the host: where claims and resync requests go).
+                serves the host: where claims and resync requests go),
+                ``stopped`` (true in a source's last delta: its goodbye, design §4.2).
 ``instances``   ``{instance_uuid: record}``: the instances whose usage ``*_used``
                 includes.  An arbiter-made record is ``{"claim": id,
                 "resources": {...}}``; a nova-tracked one is ``{}``.
@@ -30,6 +31,11 @@ Namespaces
 ``pci``         ``{"pool<index>": {product_id, vendor_id, numa_node, tags, count}}``.
 ``metrics``     ``{name: value or {name, value, timestamp, source}}``.
 ``locality``    (a volume backend's document) ``{"hosts": [host names]}``.
+``services``    (an API-side source's document, design §2) ``{host: {disabled,
+                disabled_reason, forced_down, deleted, changed}}``.
+``nodes``       (an API-side source) ``{compute node uuid: {deleted, changed}}``.
+``catalogue``   (an API-side source) ``{aggregate uuid: {name, metadata, hosts,
+                id, deleted, changed}}``; ``changed`` is the wall time of the change.
 ``volumes``     (a volume backend's document) ``{volume_id: {...}}``.
 
 Another project may publish a namespace of its own; readers ignore what they
@@ -57,9 +63,15 @@ METRICS = "metrics"
 #: namespaces of a volume backend source (cross-project affinity)
 LOCALITY = "locality"
 VOLUMES = "volumes"
+#: namespaces of an API-side source (service state, deletions, aggregates; design §2)
+API_SERVICES = "services"
+API_NODES = "nodes"
+API_CATALOGUE = "catalogue"
 
 #: ``service.endpoint``: the control-plane name of the reporter serving the host
 ENDPOINT = "endpoint"
+#: ``service.stopped``: set by the last delta of a source that stops cleanly (its goodbye)
+STOPPED = "stopped"
 
 _EMPTY: Mapping[str, Any] = {}
 
@@ -102,6 +114,11 @@ def node_name(compute: Mapping[str, Any], source: str) -> str:
 def enabled(service: Mapping[str, Any]) -> bool:
     """Service enabled and not forced down (nova's disabled flag and forced_down)."""
     return not service.get("disabled") and not service.get("forced_down")
+
+
+def said_goodbye(doc: Mapping[str, Any] | None) -> bool:
+    """The source published its goodbye (``service.stopped``): not eligible until it is back."""
+    return service_of(doc).get(STOPPED) is True
 
 
 def endpoint_of(doc: Mapping[str, Any] | None) -> str | None:
@@ -176,8 +193,9 @@ def free_ram_mb(compute: Mapping[str, Any]) -> int:
 
 
 __all__ = [
-    "AGGREGATES", "COMPUTE", "ENDPOINT", "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "SERVICE",
-    "STATS", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
+    "AGGREGATES", "API_CATALOGUE", "API_NODES", "API_SERVICES", "COMPUTE", "ENDPOINT", "INSTANCES",
+    "LOCALITY", "METRICS", "NUMA", "PCI", "SERVICE",
+    "STATS", "STOPPED", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
     "endpoint_of", "free_disk_gb", "free_ram_mb", "host_name", "instances_of", "is_host", "namespace",
-    "node_name", "service_of", "supported_instances_of", "volume_hosts_of",
+    "node_name", "said_goodbye", "service_of", "supported_instances_of", "volume_hosts_of",
 ]

@@ -67,6 +67,7 @@ from typing import TypedDict
 
 from protocol.document import CanonicalCache, Document, apply_ops, copy_document
 from protocol.errors import LocalProtocolError
+from protocol.hostdoc import said_goodbye
 from protocol.messages import (
     NO_EPOCH,
     Batch,
@@ -213,7 +214,7 @@ class ReceiverObserver:
 STAT_KEYS = (
     "applied", "duplicates", "stale", "gaps", "buffered", "buffer_overflows", "snapshots",
     "resyncs_requested", "heartbeat_resyncs", "divergences", "epochs_changed", "went_down",
-    "came_up", "claims_added", "claims_included", "claims_rejected", "claims_expired",
+    "came_up", "goodbyes", "claims_added", "claims_included", "claims_rejected", "claims_expired",
     "claims_epoch_retired", "claims_cancelled", "claim_results_late", "claim_results_foreign",
 )
 
@@ -332,9 +333,10 @@ class ReceiverMachine:
         return view
 
     def _heard(self, view: SourceView, now: float) -> None:
-        """Any message from a source is proof of life (a delta as much as a heartbeat)."""
+        """Any message from a source is proof of life (a delta as much as a heartbeat),
+        unless the document it holds is the source's goodbye (design §4.2)."""
         view.last_heard = now
-        if view.down:
+        if view.down and not said_goodbye(view.doc):
             view.down = False
             self.stats["came_up"] += 1
             self._changed.add(view.source)
@@ -348,6 +350,22 @@ class ReceiverMachine:
             self._snapshot(view, item, now, out)
         else:
             self._heartbeat(view, item, now, out)
+            return
+        self._goodbye(view)
+
+    def _goodbye(self, view: SourceView) -> None:
+        """A source that stopped cleanly says so in its last version (``service.stopped``):
+        its view goes DOWN at once instead of after ``down_interval``; a later version
+        without it (the source's next epoch) brings it up (design §4.2)."""
+        gone = said_goodbye(view.doc)
+        if gone and not view.down:
+            view.down = True
+            self.stats["goodbyes"] += 1
+            self._changed.add(view.source)
+        elif not gone and view.down and view.doc is not None:
+            view.down = False
+            self.stats["came_up"] += 1
+            self._changed.add(view.source)
 
     def _delta(self, view: SourceView, delta: Delta, now: float, out: list[Send]) -> None:
         if view.doc is None or delta.epoch > view.epoch:

@@ -12,11 +12,17 @@ Modules
 :mod:`.host_manager`  :class:`SharedHostManager`, the ``HostManager``
                       subclass that serves nova's SchedulerManager from the
                       shared cache, and its per-request :class:`SharedHostState`.
-:mod:`.compute_hook`  the nova-compute side: ResourceTracker ``_update`` hook
-                      that turns ComputeNodes into document ops.
+:mod:`.compute_hook`  the nova-compute side: ResourceTracker hook that turns
+                      ComputeNodes into document ops once a tracker change is
+                      complete; one hook per compute host in a process.
+:mod:`.api_source`    the nova-api / nova-conductor side: service state,
+                      service and node deletions and aggregates as a source
+                      of their own (design §2), and its merge for schedulers.
 :mod:`.conf`          the ``[shared_host_manager]`` options in nova's config.
 :mod:`.cmd`           ``nova-scheduler-shared`` / ``nova-compute-shared``.
 :mod:`.bench`         ``shm bench nova``: nova's DB-fed HostManager vs ours.
 :mod:`.fixtures`      nova objects, a cache fed from documents, a fake placement
-                      and a nova database in SQLite, for the tests and the bench.
+                      and a nova database in SQLite, for the tests and the bench;
+                      :class:`~.fixtures.SharedHostManagerFixture`, the drop-in
+                      wired into an in-process nova (nova's functional tests).
 """

@@ -35,8 +35,13 @@ nova-compute-shared::
     ComputeManager.graceful_shutdown += stop it (last changes flushed)
     nova.cmd.compute.main()
 
-Deployment (both)
------------------
+nova-api and nova-conductor (:func:`install_api`, called in each process)::
+
+    Service.create/save/destroy, ComputeNode.create/destroy, Aggregate changes
+        -> the API-side source (shared_host_manager.nova.api_source) on the stream
+
+Deployment (all)
+----------------
 nova.conf::
 
     [shared_host_manager]
@@ -301,6 +306,41 @@ def install_compute() -> Any:
     cls.pre_start_hook = pre_start_hook
     cls.graceful_shutdown = graceful_shutdown
     return hook
+
+
+# -- API and conductor ------------------------------------------------------------------------
+
+_api_reporter: Any = None
+
+
+def install_api() -> Any:
+    """Publish what this nova-api or nova-conductor process changes and no compute owns:
+    service state, service and compute-node deletions, aggregates (the API-side source,
+    design §2).  Call once per process after nova's configuration is parsed (in nova-api's
+    WSGI script, in a wrapper of nova-conductor); the reporter's ``[reporter] name`` gets
+    ``-api-<pid>`` appended (one source per process: a source has a single writer) and no
+    ``state_dir``.  Returns the running reporter (idempotent); it says goodbye at exit.
+    """
+    global _api_reporter
+    if _api_reporter is not None:
+        return _api_reporter
+    _register_nova_opts()
+    import atexit
+
+    from compute_reporter import service as reporter_service
+    from shared_host_manager.nova import api_source
+
+    ours = _stream_conf(reporter_service.register_service_opts)
+    name = f"{ours.reporter.name}-api-{os.getpid()}"
+    ours.set_override("name", name, group="reporter")
+    ours.set_override("state_dir", None, group="reporter")
+    source = api_source.ApiStateSource(name)
+    reporter = reporter_service.service_from_conf(ours, source)
+    reporter.start()
+    api_source.install(source)
+    atexit.register(reporter.stop)
+    _api_reporter = reporter
+    return reporter
 
 
 def compute_main() -> None:

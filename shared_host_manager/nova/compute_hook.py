@@ -8,13 +8,23 @@ PCI pools into ``compute_node.pci_device_pools`` and calls
 ``compute_node.save()`` when something changed.  Every path that changes
 usage ends there (instance claims, move claims, aborts, deletions through
 ``update_usage``, and the ``update_available_resource`` periodic task), always
-under the tracker's ``COMPUTE_RESOURCE_SEMAPHORE``.  :func:`install` wraps it:
-after the original returns, :meth:`ComputeHook.report` builds the node's
-document (:func:`~shared_host_manager.nova.document.document_from_compute_node`)
-from the ComputeNode, the tracker's ``tracked_instances`` and the service
-state, diffs it against the last one it built and hands the ops to the sink.
-If the original raises (placement or DB failure), nothing is published: nova's
-scheduler would not see that state either.
+under the tracker's ``COMPUTE_RESOURCE_SEMAPHORE`` -- but not always last:
+``_drop_move_claim`` persists the node, then forgets the moved instance.  So
+:func:`install` wraps ``_update`` to *mark* the node, and every public method of
+the tracker to publish the marked nodes when the outermost one returns, i.e.
+once the tracker's change is complete (design §2, §5.5); an ``_update`` called
+outside any public method publishes at once.  Publishing is
+:meth:`ComputeHook.report`: it builds the node's document
+(:func:`~shared_host_manager.nova.document.document_from_compute_node`) from the
+ComputeNode, the tracker's ``tracked_instances`` and the service state, diffs it
+against the last one it built and hands the ops to the sink.  If the original
+raises (placement or DB failure), nothing is published: nova's scheduler would
+not see that state either.
+
+Several computes in one process (nova's functional tests, an ironic-like compute
+with many nodes): each compute host registers its own hook
+(:func:`register`); a tracker feeds the hook of its host, else the one given to
+:func:`install`.
 
 :func:`install` also wraps ``ComputeManager.set_host_enabled``, which the API
 calls when an operator disables or enables the service (nova 34 syncs the
@@ -62,6 +72,7 @@ The contract: docs/design.md §5.5.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -162,11 +173,24 @@ class ComputeHook:
                     doc.pop(hostdoc.AGGREGATES, None)
                 self._publish(source, self._docs[source], doc)
 
+    def set_cell(self, cell_uuid: str) -> None:
+        """The cell of this compute's nodes, learnt after they were first published."""
+        with self._lock:
+            self.cell_uuid = cell_uuid
+            for source, old in list(self._docs.items()):
+                doc = copy_document(old)
+                doc[hostdoc.COMPUTE] = dict(doc.get(hostdoc.COMPUTE) or {}, cell_uuid=cell_uuid)
+                self._publish(source, old, doc)
+
     def forget(self, source: str) -> None:
         """A node the tracker no longer reports (deleted); its document stays as last published."""
         with self._lock:
             self._docs.pop(source, None)
             self._host_of.pop(source, None)
+
+    def knows_service(self, host: str) -> bool:
+        with self._lock:
+            return host in self._service
 
     def _sources_of(self, host: str) -> list[str]:
         return [s for s, h in self._host_of.items() if h == host]
@@ -232,70 +256,151 @@ class NovaTracker:
 
 
 # -- wiring into nova-compute -------------------------------------------------------------
+#
+# Which hook a tracker feeds: the one registered for its host (a process may run several
+# nova-computes, each with its own hook and reporter: nova's functional tests do, and so
+# does :class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture`), else the one
+# given to install() (nova-compute-shared: one compute per process).
 
 _installed: dict[str, Any] = {}
+_hooks: dict[str, ComputeHook] = {}
+_default: list[ComputeHook] = []
+_local = threading.local()
 
 
-def install(hook: ComputeHook, *, resource_tracker_cls: Any = None,
-            compute_manager_cls: Any = None) -> None:
-    """Wrap ``ResourceTracker._update`` and ``ComputeManager.set_host_enabled`` to feed ``hook``.
+def register(host: str, hook: ComputeHook) -> None:
+    """Route the trackers of nova-compute ``host`` to ``hook``."""
+    _hooks[host] = hook
 
-    Idempotent per class; :func:`uninstall` restores the originals.
-    """
-    if resource_tracker_cls is None:
-        from nova.compute.resource_tracker import ResourceTracker as resource_tracker_cls
-    if compute_manager_cls is None:
-        from nova.compute.manager import ComputeManager as compute_manager_cls
+
+def unregister(host: str) -> ComputeHook | None:
+    return _hooks.pop(host, None)
+
+
+def hook_for(host: str) -> ComputeHook | None:
+    """The hook the tracker of ``host`` feeds (None: no hook; nothing is published)."""
+    hook = _hooks.get(host)
+    if hook is None and _default:
+        hook = _default[0]
+    return hook
+
+
+def _publish(rt: Any, context: Any, dirty: dict[str, Any]) -> None:
+    """Publish the nodes a finished tracker call persisted, as the tracker now holds them."""
     from nova import objects
 
-    uninstall()
-    original_update = resource_tracker_cls._update
-    original_enabled = compute_manager_cls.set_host_enabled
-
-    def _update(rt: Any, context: Any, compute_node: Any, startup: bool = False) -> Any:
-        result = original_update(rt, context, compute_node, startup=startup)
+    hook = hook_for(getattr(rt, "host", None) or "")
+    if hook is None:
+        return
+    for compute_node in dirty.values():
         try:
             service = None
             aggregates = None
-            if hook.refresh_due(compute_node.host):
+            host = compute_node.host
+            if hook.refresh_due(host):
                 try:
-                    service = objects.Service.get_by_compute_host(context, compute_node.host)
-                    aggregates = objects.AggregateList.get_by_host(context, compute_node.host)
+                    service = objects.Service.get_by_compute_host(context, host)
+                    aggregates = objects.AggregateList.get_by_host(context, host)
                 except Exception as exc:  # the conductor is down: publish what we have
-                    LOG.debug("cannot refresh service/aggregates of %s: %s", compute_node.host, exc)
-            if service is None and compute_node.host not in hook._service:
+                    LOG.debug("cannot refresh service/aggregates of %s: %s", host, exc)
+            if service is None and not hook.knows_service(host):
                 service = getattr(rt, "service_ref", None)
             hook.report(compute_node, instances=set(rt.tracked_instances), service=service,
                         aggregates=aggregates)
         except Exception:  # never break the resource tracker
             LOG.exception("shared host manager hook failed for compute node %s",
                           getattr(compute_node, "uuid", "?"))
+
+
+def install(hook: ComputeHook | None = None, *, resource_tracker_cls: Any = None,
+            compute_manager_cls: Any = None) -> None:
+    """Feed the registered hooks (and ``hook``, for any host) from nova-compute.
+
+    Publishes when a tracker's change is *complete*: ``ResourceTracker._update``
+    only marks the node it persisted, and the outermost public tracker method
+    publishing it when it returns (so ``_drop_move_claim``, which persists
+    before it discards the instance, publishes the instance gone, design §2).
+    A ``_update`` outside any public method publishes at once.  Also wraps
+    ``ComputeManager.set_host_enabled``.  Idempotent; :func:`uninstall`
+    restores the originals.
+    """
+    if resource_tracker_cls is None:
+        from nova.compute.resource_tracker import ResourceTracker as resource_tracker_cls
+    if compute_manager_cls is None:
+        from nova.compute.manager import ComputeManager as compute_manager_cls
+
+    uninstall()
+    _default[:] = [hook] if hook is not None else []
+    original_update = resource_tracker_cls._update
+    original_enabled = compute_manager_cls.set_host_enabled
+
+    def _update(rt: Any, context: Any, compute_node: Any, startup: bool = False) -> Any:
+        result = original_update(rt, context, compute_node, startup=startup)
+        calls = getattr(_local, "calls", None)
+        if calls:
+            # inside a public tracker method: published when it returns, complete
+            calls[-1][1][compute_node.uuid] = compute_node
+            calls[-1][2].append(context)
+        else:
+            _publish(rt, context, {compute_node.uuid: compute_node})
         return result
+
+    def complete(name: str, method: Any) -> Any:
+        def wrapper(rt: Any, *args: Any, **kwargs: Any) -> Any:
+            calls = getattr(_local, "calls", None)
+            if calls is None:
+                calls = _local.calls = []
+            outermost = not calls
+            calls.append((rt, {}, []))
+            try:
+                return method(rt, *args, **kwargs)
+            finally:
+                _, dirty, contexts = calls.pop()
+                if dirty:
+                    if outermost:
+                        _publish(rt, contexts[-1], dirty)
+                    else:
+                        calls[-1][1].update(dirty)
+                        calls[-1][2].extend(contexts)
+        wrapper.__name__ = name
+        wrapper.__doc__ = method.__doc__
+        wrapper.__wrapped__ = method  # type: ignore[attr-defined]
+        return wrapper
 
     def set_host_enabled(manager: Any, context: Any, enabled: bool) -> Any:
         result = original_enabled(manager, context, enabled)
         try:
-            hook.set_service(manager.host, disabled=not enabled,
-                             disabled_reason=None if enabled else "disabled through the API")
+            target = hook_for(manager.host)
+            if target is not None:
+                target.set_service(manager.host, disabled=not enabled,
+                                   disabled_reason=None if enabled else "disabled through the API")
         except Exception:
             LOG.exception("shared host manager hook failed on set_host_enabled")
         return result
 
     _update.__wrapped__ = original_update  # type: ignore[attr-defined]
     set_host_enabled.__wrapped__ = original_enabled  # type: ignore[attr-defined]
+    publics = {name: value for name, value in vars(resource_tracker_cls).items()
+               if not name.startswith("_") and inspect.isfunction(value)}
+    for name, value in publics.items():
+        setattr(resource_tracker_cls, name, complete(name, value))
     resource_tracker_cls._update = _update
     compute_manager_cls.set_host_enabled = set_host_enabled
-    _installed["rt"] = (resource_tracker_cls, original_update)
+    _installed["rt"] = (resource_tracker_cls, original_update, publics)
     _installed["cm"] = (compute_manager_cls, original_enabled)
 
 
 def uninstall() -> None:
     if "rt" in _installed:
-        cls, original = _installed.pop("rt")
+        cls, original, publics = _installed.pop("rt")
         cls._update = original
+        for name, value in publics.items():
+            setattr(cls, name, value)
     if "cm" in _installed:
         cls, original = _installed.pop("cm")
         cls.set_host_enabled = original
+    _default[:] = []
 
 
-__all__ = ["ComputeHook", "NovaTracker", "install", "uninstall"]
+__all__ = ["ComputeHook", "NovaTracker", "hook_for", "install", "register", "uninstall",
+           "unregister"]

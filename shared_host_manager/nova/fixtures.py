@@ -458,3 +458,222 @@ def admin_context() -> Any:
     from nova import context as nova_context
 
     return nova_context.get_admin_context()
+
+
+# -- the drop-in inside an in-process nova (nova's functional tests) ----------------------------
+
+try:
+    import fixtures as _fixtures
+    _FixtureBase: Any = _fixtures.Fixture
+except ImportError:  # the fixtures library comes with nova's test requirements
+    _FixtureBase = object
+
+
+class SharedHostManagerFixture(_FixtureBase):
+    """nova's scheduler on the shared host state, inside one in-process nova.
+
+    Used like nova's own fixtures (``self.useFixture(SharedHostManagerFixture())``
+    before the services start; nova's ``nova/tests/fixtures`` are the model),
+    it wires every piece a deployment has, on one in-process bus:
+
+    * each scheduler service nova starts gets its own cache
+      (:class:`~shared_host_manager.service.SchedulerService`), built when its
+      SharedHostManager first needs it;
+    * each nova-compute that starts (``ComputeManager.pre_start_hook``) gets its own
+      :class:`~shared_host_manager.nova.compute_hook.ComputeHook` and reporter,
+      which says goodbye when the compute stops (``graceful_shutdown``);
+    * one API-side source (:mod:`.api_source`) publishes what nova-api and
+      nova-conductor change: service state, service and node deletions, aggregates;
+    * before each ``select_destinations`` every reporter's pending changes are
+      published and the bus delivered, so a decision sees every change nova made
+      before it asked (as nova's own scheduler does through its database).
+
+    Nothing of nova's private state is touched: public methods of nova's classes
+    are wrapped and restored at cleanup, which also stops every service started.
+    ``figures()`` tells what the drop-in served (decisions, host-state requests).
+    """
+
+    def __init__(self, *, heartbeat_interval: float = 5.0, down_interval: float = 30.0) -> None:
+        if _FixtureBase is object:
+            raise RuntimeError("SharedHostManagerFixture needs the 'fixtures' library "
+                               "(pip install fixtures)")
+        super().__init__()
+        self.heartbeat_interval = heartbeat_interval
+        self.down_interval = down_interval
+
+    def _setUp(self) -> None:
+        from nova.compute import manager as compute_manager
+        from nova.scheduler import manager as scheduler_manager
+
+        from shared_host_manager.nova import api_source, compute_hook, host_manager
+        from transport.inprocess import InProcessBus
+
+        self._lock = threading.RLock()
+        self.bus = InProcessBus(threaded=False)
+        self.topics = ("shm-reporter", "shm-scheduler")
+        self.schedulers: list[Any] = []
+        self.reporters: dict[str, Any] = {}  # compute host -> its reporter
+        self.hooks: dict[str, Any] = {}
+        self.decisions = 0
+        self._names = itertools.count(1)
+        self.addCleanup(self._stop_all)
+
+        host_manager.install()
+        self.addCleanup(host_manager.uninstall)
+        host_manager.set_cache_provider(self._new_cache)
+        self.addCleanup(host_manager.set_cache_provider, None)
+        compute_hook.install()
+        self.addCleanup(compute_hook.uninstall)
+        self.api = api_source.ApiStateSource("nova-api")
+        self.api_reporter = self._reporter("nova-api", self.api)
+        api_source.install(self.api)
+        self.addCleanup(api_source.uninstall)
+
+        fixture = self
+        cm = compute_manager.ComputeManager
+        sm = scheduler_manager.SchedulerManager
+        originals = [(cm, "pre_start_hook", cm.pre_start_hook),
+                     (cm, "graceful_shutdown", cm.graceful_shutdown),
+                     (sm, "select_destinations", sm.select_destinations)]
+        for cls, name, original in originals:
+            self.addCleanup(setattr, cls, name, original)
+        pre_start, shutdown, select = (o[2] for o in originals)
+
+        def pre_start_hook(manager: Any, service_ref: Any) -> Any:
+            hook = fixture._compute_started(manager.host)
+            result = pre_start(manager, service_ref)  # nova's first update_available_resource
+            fixture._serve(manager.host, hook)
+            return result
+
+        def graceful_shutdown(manager: Any, timeout: Any) -> Any:
+            try:
+                return shutdown(manager, timeout)
+            finally:
+                fixture._compute_stopped(manager.host)
+
+        def select_destinations(manager: Any, *args: Any, **kwargs: Any) -> Any:
+            fixture.sync()
+            with fixture._lock:
+                fixture.decisions += 1
+            return select(manager, *args, **kwargs)
+
+        cm.pre_start_hook = pre_start_hook
+        cm.graceful_shutdown = graceful_shutdown
+        sm.select_destinations = select_destinations
+
+    # -- parties -----------------------------------------------------------------------
+    def _reporter(self, name: str, tracker: Any) -> Any:
+        from compute_reporter.service import ReporterService
+
+        reporter = ReporterService(
+            f"{name}-{next(self._names)}", tracker, self.bus, self.bus,
+            reporter_topic=self.topics[0], scheduler_topic=self.topics[1],
+            coalesce_window=0.0, heartbeat_interval=self.heartbeat_interval)
+        reporter.start()
+        return reporter
+
+    def _new_cache(self) -> Any:
+        """One cache per scheduler service (called by each SharedHostManager on first use)."""
+        from shared_host_manager.service import SchedulerService
+
+        service = SchedulerService(
+            f"scheduler-{next(self._names)}", self.bus, self.bus, reporter_topic=self.topics[0],
+            scheduler_topic=self.topics[1], down_interval=self.down_interval)
+        service.start()
+        with self._lock:
+            self.schedulers.append(service)
+        self.sync()
+        return service.cache
+
+    def _compute_started(self, host: str) -> Any:
+        from shared_host_manager.nova import compute_hook
+
+        hook = compute_hook.ComputeHook(aggregate_refresh_interval=0)
+        compute_hook.register(host, hook)
+        with self._lock:
+            self.hooks[host] = hook
+        return hook
+
+    def _serve(self, host: str, hook: Any) -> None:
+        from shared_host_manager.nova import compute_hook
+
+        reporter = self._reporter(f"compute-{host}", compute_hook.NovaTracker(hook))
+        with self._lock:
+            old = self.reporters.pop(host, None)
+            self.reporters[host] = reporter
+        if old is not None:
+            old.stop()
+
+    def _compute_stopped(self, host: str) -> None:
+        from shared_host_manager.nova import compute_hook
+
+        with self._lock:
+            reporter = self.reporters.pop(host, None)
+            if self.hooks.get(host) is compute_hook.hook_for(host):
+                compute_hook.unregister(host)
+            self.hooks.pop(host, None)
+        if reporter is not None:
+            reporter.stop()  # a clean stop: the goodbye takes the host out at once
+            self.bus.pump()
+
+    # -- synchronisation -----------------------------------------------------------------
+    def sync(self) -> None:
+        """Publish every pending change and deliver the bus: decisions see all that happened."""
+        with self._lock:
+            self._resolve_cells()
+            for reporter in [self.api_reporter, *self.reporters.values()]:
+                reporter.flush()
+            self.bus.pump()
+
+    def _resolve_cells(self) -> None:
+        """Tell each compute its cell (nova-compute-shared: ``[shared_host_manager] cell_uuid``):
+        the host mapping nova's test creates once the compute has started."""
+        from nova import context as nova_context
+        from nova import exception, objects
+
+        ctxt = None
+        for host, hook in self.hooks.items():
+            if hook.cell_uuid is not None:
+                continue
+            ctxt = ctxt or nova_context.get_admin_context()
+            try:
+                hook.set_cell(objects.HostMapping.get_by_host(ctxt, host).cell_mapping.uuid)
+                continue
+            except exception.HostMappingNotFound:
+                pass
+            # no mapping (a test deleted the service, then started the compute again):
+            # the cell whose database holds the compute's service record
+            for cell in objects.CellMappingList.get_all(ctxt):
+                with nova_context.target_cell(ctxt, cell) as cctxt:
+                    try:
+                        objects.Service.get_by_compute_host(cctxt, host)
+                    except exception.ComputeHostNotFound:
+                        continue
+                hook.set_cell(cell.uuid)
+                break
+
+    def figures(self) -> dict[str, int]:
+        """What the drop-in served: decisions, and host-state requests of its host managers."""
+        from shared_host_manager.nova import host_manager
+
+        current = host_manager.current()
+        requests = current.counters["requests"] if current is not None else 0
+        return {"decisions": self.decisions, "host_state_requests": requests,
+                "schedulers": len(self.schedulers)}
+
+    def _stop_all(self) -> None:
+        from shared_host_manager.nova import compute_hook
+
+        with self._lock:
+            reporters = list(self.reporters.values())
+            self.reporters.clear()
+            schedulers, self.schedulers = self.schedulers, []
+            for host, hook in self.hooks.items():  # computes the test left running
+                if compute_hook.hook_for(host) is hook:
+                    compute_hook.unregister(host)
+            self.hooks.clear()
+        for reporter in [*reporters, self.api_reporter]:
+            reporter.stop(goodbye=False)
+        for service in schedulers:
+            service.stop()
+        self.bus.close()

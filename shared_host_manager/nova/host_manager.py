@@ -54,10 +54,16 @@ nova gives builds up (``SchedulerManager._cleanup_allocations``: a multi-create
 that could not place every instance), :func:`install` has it cancel their
 pending claims too, so they stop holding the hosts at once.
 
-Aggregates: from each host's ``aggregates`` namespace, overridden by what
-nova's ``update_aggregates`` / ``delete_aggregate`` fanout said since this
-process started (that is newer than any document that may still lag).
-Instance info RPCs are accepted and ignored: the stream carries instances.
+State from its owners (design §2): each host's document from its compute;
+service state, service and compute-node deletions and the aggregate catalogue
+from the API-side sources (:mod:`.api_source`), whose newest word per host or
+aggregate wins over the compute's copy; a host whose service or node was
+deleted is not returned (as nova skips nodes without a service record).
+nova's own fanout hints are overlays newer than the documents until a
+document includes them: ``update_aggregates`` / ``delete_aggregate`` since
+this process started, and ``update_instance_info`` / ``delete_instance_info``
+/ ``sync_instance_info`` per host until the host's document lists the change
+(at most ``instance_hint_ttl`` seconds).
 
 Threads: views are built under ``cache.lock`` (so a request sees one version
 of each host); filtering and weighing run without it, on objects nobody else
@@ -86,6 +92,7 @@ from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
 from shared_host_manager.nova import document as ndoc
 from shared_host_manager.nova import vector
+from shared_host_manager.nova.api_source import ApiState, is_api_source
 
 LOG = logging.getLogger(__name__)
 
@@ -98,6 +105,9 @@ _cache_provider: Callable[[], Any] | None = None
 _current: SharedHostManager | None = None
 #: how many recorded claims cancel_claims can still find (nova cancels in the same request)
 _CLAIMED_MEMORY = 65536
+#: seconds an instance info hint overrides the documents at most (their next version
+#: normally includes it within a second)
+_INSTANCE_HINT_TTL = 60.0
 
 
 def set_cache_provider(provider: Callable[[], Any] | None) -> None:
@@ -309,7 +319,8 @@ class SharedHostState(nova_host_manager.HostState):
 
     @classmethod
     def _make(cls, tpl: _Template, view: Any, manager: SharedHostManager,
-              wall_offset: float) -> SharedHostState:
+              wall_offset: float, api_service: dict[str, Any] | None = None,
+              hints: dict[str, Any] | None = None) -> SharedHostState:
         self = cls.__new__(cls)
         d = self.__dict__
         d.update(tpl.attrs)
@@ -319,9 +330,20 @@ class SharedHostState(nova_host_manager.HostState):
         d["_tpl"] = tpl
         d["_instances"] = None
         d["_extra_instances"] = ()
+        d["_hidden_instances"] = ()
         d["_manager"] = manager
         d["_claim_id"] = None
         service = dict(tpl.service)
+        if api_service is not None:
+            # the API side owns service state: its newest word wins over the compute's copy
+            for key in ("disabled", "forced_down"):
+                service[key] = bool(api_service.get(key, False))
+            service["disabled_reason"] = api_service.get("disabled_reason")
+        if hints:
+            # nova's instance info fanout, newer than the document until it lists the change
+            listed = tpl.doc_instances
+            d["_extra_instances"] = tuple(u for u, added in hints.items() if added and u not in listed)
+            d["_hidden_instances"] = tuple(u for u, added in hints.items() if not added and u in listed)
         service["last_seen_up"] = datetime.datetime.fromtimestamp(wall_offset + view.last_heard, _UTC)
         service["updated_at"] = service["last_seen_up"]
         svc = nova_host_manager.ReadOnlyDict.__new__(nova_host_manager.ReadOnlyDict)
@@ -339,7 +361,7 @@ class SharedHostState(nova_host_manager.HostState):
                 d["vcpus_used"] += vcpus
                 d["num_instances"] += len(insts)
                 d["num_io_ops"] += claims
-                d["_extra_instances"] = tuple(insts)
+                d["_extra_instances"] = tuple(insts) + d["_extra_instances"]
         return self
 
     # ``instances``: copied on first access (the manager adds stubs to the selected
@@ -350,6 +372,8 @@ class SharedHostState(nova_host_manager.HostState):
         insts = d["_instances"]
         if insts is None:
             insts = dict(d["_tpl"].instances)
+            for uuid in d["_hidden_instances"]:
+                insts.pop(uuid, None)
             for uuid in d["_extra_instances"]:
                 if uuid not in insts:
                     insts[uuid] = objects.Instance(uuid=uuid)
@@ -425,8 +449,9 @@ class LazyHostState(SharedHostState):
         row = d["_row"]
         rows.touched.add(row)
         rows.manager.counters["hosts_materialized"] += 1  # statistics: a lost increment is harmless
+        api_service, hints = rows.overrides.get(row, (None, None))
         full = SharedHostState._make(rows.tpls[row], vector.snapshot(rows, row), rows.manager,
-                                     rows.wall_offset).__dict__
+                                     rows.wall_offset, api_service, hints).__dict__
         full["aggregates"] = list(rows.aggs[row])
         cands = vector.candidates(rows, full["uuid"])
         if cands is not None:
@@ -483,6 +508,14 @@ class SharedHostManager(nova_host_manager.HostManager):
         self._agg_overlay: dict[str, Any] = {}
         self._agg_deleted: set[str] = set()
         self._agg_gen = 0
+        #: what the API-side sources say (design §2), rebuilt when one of their versions changes
+        self._api = ApiState()
+        self._api_sources: list[str] = []
+        self._api_scanned = -1
+        self._deletion_epochs: dict[tuple[str, str], int | None] = {}
+        #: nova's instance info fanout per host: {uuid: (added, retire after)}; see _hints_for
+        self._inst_hints: dict[str, dict[str, tuple[bool, float]]] = {}
+        self.instance_hint_ttl = _INSTANCE_HINT_TTL
         self.counters: Counter[str] = Counter()
         #: seconds spent per phase ("host_states", "filter", "weigh"), for benchmarks and metrics
         self.phase_seconds: Counter[str] = Counter()
@@ -552,11 +585,14 @@ class SharedHostManager(nova_host_manager.HostManager):
             else:
                 get = sources.get
                 views = [get(u) for u in compute_uuids]
-            wall_offset = time.time() - cache.clock()
+            now = cache.clock()
+            wall_offset = time.time() - now
+            api = self._api_state(sources)
             templates = self._templates
             agg_gen = self._agg_gen
             out = vector.HostRows(self, self._vector_store, wall_offset, LazyHostState,
                                   _pending_effect)
+            hints_of = self._hints_for if self._inst_hints else None
             for view in views:
                 if view is None or view.doc is None or view.down:
                     continue
@@ -565,12 +601,21 @@ class SharedHostManager(nova_host_manager.HostManager):
                     tpl = self._rebuild(view, tpl)
                     if tpl is None:
                         continue
+                api_service = api.services.get(tpl.host)
+                if api_service is not None and api_service.get("deleted") \
+                        and self._still_deleted(("service", tpl.host), api_service, view, tpl):
+                    continue  # nova skips compute nodes without a service record
+                node = api.nodes.get(view.source)
+                if node is not None and node.get("deleted") \
+                        and self._still_deleted(("node", view.source), node, view, tpl):
+                    continue
                 if tpl.agg_gen != agg_gen:
                     tpl.aggregates = self._aggregates_for(tpl.host, view.doc)
                     tpl.agg_gen = agg_gen
                 if only_cell is not None and tpl.cell_uuid != only_cell:
                     continue
-                out.add(tpl, view, agg_gen)
+                hints = hints_of(tpl, now) if hints_of is not None else None
+                out.add(tpl, view, agg_gen, api_service, hints)
             if len(templates) > 2 * len(sources) + 64:
                 for source in [s for s in templates if s not in sources]:
                     del templates[source]
@@ -643,6 +688,106 @@ class SharedHostManager(nova_host_manager.HostManager):
         """Every eligible host (nova 34 has no such method any more; kept for callers that do)."""
         return self.get_host_states_by_uuids(context, None, None)
 
+    def _api_state(self, sources: Any) -> ApiState:
+        """The API-side sources' merged state (design §2), rebuilt when one of them changed.
+
+        Which sources are API-side is rescanned when the number of sources changes
+        or a source had no document yet at the last scan."""
+        if len(sources) != self._api_scanned:
+            found = []
+            unsettled = False
+            for source, view in sources.items():
+                if view.doc is None:
+                    unsettled = True
+                elif is_api_source(view.doc):
+                    found.append(source)
+            self._api_sources = found
+            self._api_scanned = -1 if unsettled else len(sources)
+        views = [sources[s] for s in self._api_sources if s in sources]
+        key = tuple((v.source, v.version) for v in views)
+        if key != self._api.key:
+            catalogue = self._api.catalogue
+            previous = self._api
+            self._api = ApiState.from_views(views)
+            self._note_deletions(sources, previous)
+            if self._api.catalogue != catalogue:
+                self._agg_gen += 1
+                self._retire_aggregate_hints()
+            self.counters["api_state_builds"] += 1
+        return self._api
+
+    def _note_deletions(self, sources: Any, previous: ApiState) -> None:
+        """Remember, per deleted service or node, the newest epoch its hosts had when the
+        deletion was learnt: nova revives a deleted compute node (and creates a service again)
+        when the compute starts again, which the compute publishes in a newer epoch."""
+        marks: dict[tuple[str, str], int | None] = {}
+        host_epochs: dict[str, int] | None = None
+        for kind, entries, old in (("service", self._api.services, previous.services),
+                                   ("node", self._api.nodes, previous.nodes)):
+            for key, entry in entries.items():
+                if not entry.get("deleted"):
+                    continue
+                mark_key = (kind, key)
+                held = old.get(key)
+                if held is not None and held.get("changed") == entry.get("changed") \
+                        and mark_key in self._deletion_epochs:
+                    marks[mark_key] = self._deletion_epochs[mark_key]
+                elif kind == "node":
+                    view = sources.get(key)
+                    marks[mark_key] = view.epoch if view is not None and view.doc is not None else None
+                else:
+                    if host_epochs is None:
+                        host_epochs = {}
+                        for view in sources.values():
+                            c = (view.doc or _EMPTY).get(hostdoc.COMPUTE)
+                            if c and c.get("host"):
+                                host = c["host"]
+                                host_epochs[host] = max(host_epochs.get(host, view.epoch), view.epoch)
+                    marks[mark_key] = host_epochs.get(key)
+        self._deletion_epochs = marks
+
+    def _still_deleted(self, mark_key: tuple[str, str], entry: dict[str, Any], view: Any,
+                       tpl: _Template) -> bool:
+        """A deletion holds until the host publishes a newer epoch than it had when the
+        deletion was learnt, or a node record updated after the deletion."""
+        epoch = self._deletion_epochs.get(mark_key)
+        if epoch is not None and view.epoch > epoch:
+            return False
+        updated = tpl.attrs.get("_updated")
+        changed = entry.get("changed")
+        return not (updated is not None and type(changed) in (int, float) and updated.timestamp() > changed)
+
+    def _retire_aggregate_hints(self) -> None:
+        """The fanout's aggregates the catalogue now includes stop overriding it."""
+        catalogue = self._api.catalogue
+        for agg_uuid, agg in list(self._agg_overlay.items()):
+            entry = catalogue.get(agg_uuid)
+            if entry is not None and not entry.get("deleted") and entry.get("name") == agg.name \
+                    and entry.get("metadata") == dict(agg.metadata or {}) \
+                    and sorted(entry.get("hosts") or ()) == sorted(agg.hosts or ()):
+                del self._agg_overlay[agg_uuid]
+        for agg_uuid in list(self._agg_deleted):
+            entry = catalogue.get(agg_uuid)
+            if entry is not None and entry.get("deleted"):
+                self._agg_deleted.discard(agg_uuid)
+
+    def _hints_for(self, tpl: _Template, now: float) -> dict[str, bool] | None:
+        """The host's live instance hints, retiring those the document now includes
+        (an added instance it lists) or that outlived ``instance_hint_ttl``."""
+        hints = self._inst_hints.get(tpl.host)
+        if not hints:
+            return None
+        listed = tpl.doc_instances
+        live: dict[str, bool] = {}
+        for uuid, (added, until) in list(hints.items()):
+            if until <= now or (added and uuid in listed):
+                del hints[uuid]
+            else:
+                live[uuid] = added
+        if not hints:
+            del self._inst_hints[tpl.host]
+        return live
+
     def _rebuild(self, view: Any, previous: _Template | None) -> _Template | None:
         try:
             tpl = _build_template(view.source, view, self.default_cell_uuid, previous)
@@ -662,17 +807,20 @@ class SharedHostManager(nova_host_manager.HostManager):
         """The host's aggregates: its document's, overridden by the RPC fanout seen since start."""
         overlay = self._agg_overlay
         deleted = self._agg_deleted
+        catalogue = self._api.catalogue
         out: dict[str, Any] = {}
         for agg_uuid, entry in (doc.get(hostdoc.AGGREGATES) or _EMPTY).items():
-            if agg_uuid in overlay or agg_uuid in deleted or type(entry) is not dict:
+            if agg_uuid in overlay or agg_uuid in deleted or agg_uuid in catalogue \
+                    or type(entry) is not dict:
                 continue
-            meta = entry.get("metadata")
-            agg = objects.Aggregate(uuid=agg_uuid, name=str(entry.get("name") or ""),
-                                    metadata={str(k): str(v) for k, v in (meta or {}).items()},
-                                    hosts=[host])
-            if type(entry.get("id")) is int:
-                agg.id = entry["id"]
-            out[agg_uuid] = agg
+            out[agg_uuid] = _aggregate(agg_uuid, entry, [host])
+        # the API side's catalogue (design §2) is newer than the compute's periodic re-read
+        for agg_uuid, entry in catalogue.items():
+            if agg_uuid in overlay or agg_uuid in deleted or entry.get("deleted"):
+                continue
+            hosts = entry.get("hosts") or []
+            if host in hosts:
+                out[agg_uuid] = _aggregate(agg_uuid, entry, list(hosts))
         for agg_uuid, agg in overlay.items():
             if host in (agg.hosts or ()):
                 out[agg_uuid] = agg
@@ -762,20 +910,45 @@ class SharedHostManager(nova_host_manager.HostManager):
             self._agg_gen += 1
             self.counters["aggregate_deletes"] += 1
 
-    # nova-compute casts these (rpcapi 4.2) to every scheduler; the host's ``instances``
-    # namespace carries the same information, versioned, so they are counted and dropped.
+    # nova-compute casts these (rpcapi 4.2) to every scheduler.  The host's ``instances``
+    # namespace carries the same information, versioned, but may come later (a move is
+    # confirmed before the source's tracker publishes it): each one is an overlay on the
+    # host's documents until a document includes it, at most ``instance_hint_ttl`` seconds.
     def update_instance_info(self, context: Any, host_name: str, instance_info: Any) -> None:
-        self._ignored()
+        objs = instance_info.objects if hasattr(instance_info, "objects") else (
+            instance_info if isinstance(instance_info, list) else [instance_info])
+        self._hint(host_name, {inst.uuid: True for inst in objs})
 
     def delete_instance_info(self, context: Any, host_name: str, instance_uuid: str) -> None:
-        self._ignored()
+        self._hint(host_name, {instance_uuid: False})
 
     def sync_instance_info(self, context: Any, host_name: str, instance_uuids: list[str]) -> None:
-        self._ignored()
+        """The compute's full list: what the documents of the host list beyond it is hidden,
+        what they miss is added, each until a document agrees."""
+        wanted = set(instance_uuids)
+        cache = self.cache
+        with cache.lock:
+            listed: set[str] = set()
+            for view in cache.receiver.sources.values():
+                c = (view.doc or _EMPTY).get(hostdoc.COMPUTE)
+                if c and c.get("host") == host_name:
+                    listed.update(view.doc.get(hostdoc.INSTANCES) or _EMPTY)
+        hints = {u: True for u in wanted - listed}
+        hints.update({u: False for u in listed - wanted})
+        self._hint(host_name, hints, replace=True)
 
-    def _ignored(self) -> None:
-        with self.cache.lock:
-            self.counters["instance_info_ignored"] += 1
+    def _hint(self, host: str, hints: dict[str, bool], replace: bool = False) -> None:
+        cache = self.cache
+        with cache.lock:
+            until = cache.clock() + self.instance_hint_ttl
+            held = self._inst_hints.setdefault(host, {})
+            if replace:
+                held.clear()
+            for uuid, added in hints.items():
+                held[uuid] = (added, until)
+            if not held:
+                del self._inst_hints[host]
+            self.counters["instance_info_hints"] += 1
 
     # -- request filter support -----------------------------------------------------------
     def minimum_compute_version(self) -> int | None:
@@ -791,6 +964,16 @@ class SharedHostManager(nova_host_manager.HostManager):
                     return None
                 versions.append(version)
         return min(versions) if versions else None
+
+
+def _aggregate(agg_uuid: str, entry: dict[str, Any], hosts: list[str]) -> Any:
+    meta = entry.get("metadata")
+    agg = objects.Aggregate(uuid=agg_uuid, name=str(entry.get("name") or ""),
+                            metadata={str(k): str(v) for k, v in (meta or {}).items()},
+                            hosts=hosts)
+    if type(entry.get("id")) is int:
+        agg.id = entry["id"]
+    return agg
 
 
 def _our_conf() -> Any:

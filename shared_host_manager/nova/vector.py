@@ -213,6 +213,10 @@ class HostRows:
         self.agg_keys: list[Any] = []
         #: row -> (pending claims copy, (resources, claims, instances)) for rows with pending claims
         self.pending: dict[int, tuple[dict[str, Any], tuple[dict[str, int], int, list[str]]]] = {}
+        #: row -> (the API side's service record, nova's instance hints) for rows that have
+        #: either: both are newer than the document (design §2), and SharedHostState._make
+        #: applies them the same way
+        self.overrides: dict[int, tuple[dict[str, Any] | None, dict[str, bool] | None]] = {}
         #: nova's alloc_reqs_by_rp_uuid when we took it over from nova's generator
         self.alloc_reqs: Any = None
         self._recs: list[tuple[Any, int, list[Any], Any]] = []
@@ -236,12 +240,15 @@ class HostRows:
         self._pos = pos + 1
         return self.shells[pos]
 
-    def add(self, tpl: Any, view: Any, agg_gen: int) -> None:
+    def add(self, tpl: Any, view: Any, agg_gen: int, api_service: dict[str, Any] | None = None,
+            hints: dict[str, bool] | None = None) -> None:
         """One host (under the cache lock)."""
         rec = tpl.vec.get("rec")
         if rec is None or rec[2] is not tpl.aggregates:
             rec = tpl.vec["rec"] = self._record(tpl)
         self._recs.append(rec)
+        if api_service is not None or hints:
+            self.overrides[len(self._recs) - 1] = (api_service, hints or None)
         self.last_heard.append(view.last_heard)
         if view.pending:
             pending = dict(view.pending)
@@ -280,6 +287,10 @@ class HostRows:
                                      ("disk_mb_used", disk * 1024), ("vcpus_used", vcpus),
                                      ("num_instances", len(insts)), ("num_io_ops", claims)):
                     table[row, _COLUMN[name_]] += delta
+        for row, (api_service, _) in self.overrides.items():
+            if api_service is not None:  # the API side owns service state (ComputeFilter's column)
+                down = api_service.get("disabled", False) or api_service.get("forced_down", False)
+                table[row, _COLUMN["down"]] = 1.0 if down else 0.0
 
     def col(self, name: str) -> FloatArray:
         """A number of every row as float64, as the (unconsumed) SharedHostState would have it."""
@@ -319,9 +330,18 @@ class HostRows:
         """The keys of the row's ``instances`` as the unconsumed SharedHostState has them."""
         base = self.tpls[row].instances
         p = self.pending.get(row)
-        if p is None or not p[1][2]:
+        o = self.overrides.get(row)
+        hints = o[1] if o is not None else None
+        if (p is None or not p[1][2]) and not hints:
             return base
-        return set(base).union(p[1][2])
+        keys = set(base)
+        if hints:  # as SharedHostState.instances: hidden ones go, added ones come
+            listed = self.tpls[row].doc_instances
+            keys.difference_update(u for u, added in hints.items() if not added and u in listed)
+            keys.update(u for u, added in hints.items() if added and u not in listed)
+        if p is not None:
+            keys.update(p[1][2])
+        return keys
 
     def name(self, row: int) -> str:
         return self.tpls[row].host

@@ -121,3 +121,35 @@ def test_compute_entry_point_hooks_the_tracker_and_starts_a_reporter(tmp_path):
                             timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+def test_api_side_source_publishes_what_the_api_changes(tmp_path):
+    """install_api(): nova's Service/Aggregate writes in this process reach the stream."""
+    shm_conf = tmp_path / "shared-host-manager.conf"
+    shm_conf.write_text("[reporter]\nname = api-host\n[data_plane]\nbackend = inprocess\n"
+                        "[control_plane]\nbackend = inprocess\n")
+    nova_conf = tmp_path / "nova.conf"
+    nova_conf.write_text(f"[DEFAULT]\ntransport_url = fake:/\n"
+                         f"[shared_host_manager]\nconfig_files = {shm_conf}\n")
+    code = textwrap.dedent(f"""
+        import os, sys, warnings
+        warnings.simplefilter("ignore")
+        from nova import config, objects
+        config.parse_args(["nova-api", "--config-file", {str(nova_conf)!r}])
+        objects.register_all()
+        from shared_host_manager.nova import cmd
+        original = objects.Service.save
+        objects.Service.save = lambda self: None  # no database here: nova's write "succeeds"
+        reporter = cmd.install_api()
+        assert cmd.install_api() is reporter and reporter.name == f"api-host-api-{{os.getpid()}}"
+        service = objects.Service(host="host1", binary="nova-compute", disabled=False, forced_down=True)
+        service.save()
+        doc = reporter.manager.machines[reporter.name].document
+        assert doc["services"]["host1"]["forced_down"] is True, doc
+        reporter.stop()
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], cwd=TOP, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")

@@ -10,7 +10,7 @@ pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a
 
 from nova import objects  # noqa: E402
 
-from protocol.document import SET  # noqa: E402
+from protocol.document import DEL, SET  # noqa: E402
 from protocol.messages import Delta, Heartbeat  # noqa: E402
 from shared_host_manager.nova import document as ndoc  # noqa: E402
 from shared_host_manager.nova import fixtures as fx  # noqa: E402
@@ -120,12 +120,36 @@ def test_aggregates_from_documents_overridden_by_the_rpc_fanout(world):
     assert all(h.aggregates == [] for h in _hosts(manager).values())
 
 
-def test_instance_info_rpcs_are_accepted_and_ignored(world):
+def test_instance_info_fanout_is_an_overlay_until_the_document_includes_it(world):
+    """Defect 1 of issue 13: nova's tracker publishes the source host of a confirmed move
+    before it forgets the instance; delete_instance_info (sent by confirm_resize) must hide
+    it at once, as it does for nova's own HostManager."""
     nodes, docs, cache, clock, manager = world
-    manager.update_instance_info(None, "host0", objects.InstanceList(objects=[]))
-    manager.delete_instance_info(None, "host0", fx.uuid_for("i", 1))
-    manager.sync_instance_info(None, "host0", [])
-    assert manager.counters["instance_info_ignored"] == 3
+    moved, built = fx.uuid_for("i", 1), fx.uuid_for("i", 2)
+    with cache.lock:  # host0 lists the moved instance (its tracker has not published yet)
+        cache.receiver.receive(Delta(nodes[0].uuid, 1, 1, [[SET, "instances", moved, {}]]), clock())
+    assert moved in _hosts(manager)["host0"].instances
+    manager.delete_instance_info(None, "host0", moved)
+    manager.update_instance_info(None, "host1", objects.InstanceList(objects=[objects.Instance(uuid=built)]))
+    hosts = _hosts(manager)
+    assert moved not in hosts["host0"].instances  # hidden although the document still lists it
+    assert built in hosts["host1"].instances  # added before host1's document lists it
+    with cache.lock:  # the owners' next versions include both changes: the hints retire
+        cache.receiver.receive(Delta(nodes[0].uuid, 1, 2, [[DEL, "instances", moved]]), clock())
+        cache.receiver.receive(Delta(nodes[1].uuid, 1, 1, [[SET, "instances", built, {}]]), clock())
+    hosts = _hosts(manager)
+    assert moved not in hosts["host0"].instances and built in hosts["host1"].instances
+    assert "host1" not in manager._inst_hints
+
+    # a hint never outlives instance_hint_ttl: a document that still disagrees wins after it
+    manager.sync_instance_info(None, "host2", [fx.uuid_for("i", 3)])
+    assert list(_hosts(manager)["host2"].instances) == [fx.uuid_for("i", 3)]
+    clock.now += manager.instance_hint_ttl + 1
+    with cache.lock:
+        for cn in nodes:
+            cache.receiver.receive(Heartbeat(cn.uuid, 1, cache.receiver.sources[cn.uuid].seq,
+                                             cache.receiver.sources[cn.uuid].digest()), clock())
+    assert list(_hosts(manager)["host2"].instances) == []
 
 
 def test_compute_nodes_by_host_or_node(world):

@@ -288,6 +288,21 @@ def test_source_goes_down_after_the_down_interval_and_comes_back() -> None:
     assert r.stats["came_up"] == 1
 
 
+def test_a_goodbye_takes_the_source_down_at_once_until_its_next_epoch() -> None:
+    """Defect 2 of issue 13: a source that stops cleanly leaves the eligible set with its last
+    delta, not down_interval later; heartbeats do not bring it back, its next epoch does."""
+    r = established(down_interval=30.0)
+    r.drain_changed()
+    r.receive(Delta(A, E, 1, [[SET, "service", "stopped", True]]), 1.0)
+    view = r.view(A)
+    assert view.status is Status.DOWN and view.seq == 1
+    assert r.stats["goodbyes"] == 1 and A in r.drain_changed()
+    r.receive(Heartbeat(A, E, 1, digest(view.doc)), 2.0)  # a late heartbeat of the same version
+    assert view.status is Status.DOWN
+    r.receive(snap(0, epoch=E + 1), 3.0)  # the source starts again: a new epoch, no goodbye
+    assert view.status is Status.ACTIVE and r.stats["came_up"] == 1
+
+
 def test_any_message_is_proof_of_life() -> None:
     r = established(down_interval=4.0)
     r.receive(delta(1), 3.0)

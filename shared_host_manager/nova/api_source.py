@@ -1,0 +1,230 @@
+"""The API/conductor side as a source: service state, deletions and aggregates, versioned.
+
+Why a source of its own
+-----------------------
+Part of what nova's scheduler reads is not owned by any compute: an operator
+disables or forces down a service, deletes a service or a compute node, and
+creates or changes aggregates through nova-api, which writes the database (and
+for aggregates casts ``update_aggregates`` to the schedulers).  A compute that
+is stopped never learns any of it.  So the processes that make those changes
+publish them, as one more source on the same stream (design §2): its document
+is versioned, resynced and replayed like a host's, and every scheduler applies
+it on top of the hosts' own documents.
+
+What it publishes (namespaces named in :mod:`protocol.hostdoc`)::
+
+    services     {host: {"disabled", "disabled_reason", "forced_down", "deleted", "changed"}}
+    nodes        {compute node uuid: {"deleted", "changed"}}
+    catalogue    {aggregate uuid: {"name", "metadata", "hosts", "id"?, "deleted"?, "changed"}}
+
+``changed`` is the wall time of the change (``time.time()``): several API and
+conductor processes may each run a source (one per process, since a source
+has a single writer), and a scheduler takes, per key, the entry changed last.
+
+Where it hooks (:func:`install`): after nova's ``Service.create/save/destroy``,
+``ComputeNode.create/destroy`` and the Aggregate operations succeed, i.e. in the
+process that wrote the database (nova-api; nova-conductor for the remotable
+ones a compute asks it to run).  Entries are only ever set, never removed, so
+a late scheduler learns every deletion from the source's snapshot.
+
+Life cycle: :class:`ApiStateSource` is a tracker for a
+:class:`compute_reporter.service.ReporterService` (``hosts()``,
+``document()``, ``start(sink)``, ``stop()``): the reporter publishes its changes,
+heartbeats, answers resyncs, and says goodbye when it stops cleanly; its
+document stays valid after that (the changes it records stay made), so
+schedulers keep applying it (``SharedHostManager``, design §2).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from protocol import hostdoc
+from protocol.document import SET, Document, Op, copy_document
+
+LOG = logging.getLogger(__name__)
+
+
+class ApiStateSource:
+    """One process's API-side source (see the module docstring).  Thread-safe."""
+
+    def __init__(self, source: str, *, wall: Callable[[], float] = time.time) -> None:
+        self.source = source
+        self.wall = wall
+        self._lock = threading.Lock()
+        self._doc: Document = {}
+        self._sink: Any = None
+        self.changes = 0
+
+    # -- the reporter's tracker interface ---------------------------------------------
+    def hosts(self) -> list[str]:
+        return [self.source]
+
+    def document(self, source: str) -> Document:
+        with self._lock:
+            return copy_document(self._doc)
+
+    def start(self, sink: Any) -> None:
+        self._sink = sink
+
+    def stop(self) -> None:
+        self._sink = None
+
+    # -- changes -----------------------------------------------------------------------
+    def _set(self, ns: str, key: str, entry: dict[str, Any]) -> None:
+        with self._lock:
+            held = self._doc.get(ns, {}).get(key)
+            if held is not None and {k: v for k, v in held.items() if k != "changed"} == entry:
+                return  # a heartbeat's Service.save: nothing the schedulers read changed
+            entry = dict(entry, changed=self.wall())
+            self._doc.setdefault(ns, {})[key] = entry
+            ops: list[Op] = [[SET, ns, key, entry]]
+            sink = self._sink
+            self.changes += 1
+            if sink is None:
+                return
+            try:
+                sink.change(self.source, ops)
+            except Exception:  # publishing must never fail nova's API call
+                LOG.exception("publishing %s %s failed", ns, key)
+
+    def service_changed(self, service: Any, *, deleted: bool = False) -> None:
+        """A compute service was created, saved (enabled, disabled, forced down) or deleted."""
+        if getattr(service, "binary", "nova-compute") != "nova-compute":
+            return
+
+        def get(name: str, default: Any = None) -> Any:
+            return getattr(service, name) if service.obj_attr_is_set(name) else default
+
+        host = get("host")
+        if not host:
+            return
+        entry: dict[str, Any] = {"disabled": bool(get("disabled", False)),
+                                 "forced_down": bool(get("forced_down", False)),
+                                 "deleted": deleted}
+        reason = get("disabled_reason")
+        if reason:
+            entry["disabled_reason"] = str(reason)
+        self._set(hostdoc.API_SERVICES, host, entry)
+
+    def node_changed(self, node_uuid: str, *, deleted: bool) -> None:
+        """A compute node was created (again) or deleted."""
+        self._set(hostdoc.API_NODES, node_uuid, {"deleted": deleted})
+
+    def aggregate_changed(self, aggregate: Any, *, deleted: bool = False) -> None:
+        """An aggregate was created, renamed, changed its metadata or hosts, or deleted."""
+        entry: dict[str, Any] = {"name": aggregate.name or "",
+                                 "metadata": {str(k): str(v) for k, v in (aggregate.metadata or {}).items()},
+                                 "hosts": sorted(aggregate.hosts or ()), "deleted": deleted}
+        if aggregate.obj_attr_is_set("id"):
+            entry["id"] = aggregate.id
+        self._set(hostdoc.API_CATALOGUE, aggregate.uuid, entry)
+
+
+# -- the scheduler side: every API source's document merged ------------------------------
+
+class ApiState:
+    """What the API sources say, merged: per key, the entry changed last (any source).
+
+    Built by the SharedHostManager from the cache's views of API sources (a
+    source whose document has an ``services``, ``nodes`` or ``catalogue``
+    namespace) and rebuilt only when one of their versions changes.
+    """
+
+    __slots__ = ("key", "services", "nodes", "catalogue")
+
+    def __init__(self, key: tuple[Any, ...] = ()) -> None:
+        self.key = key
+        self.services: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.catalogue: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    def from_views(cls, views: list[Any]) -> ApiState:
+        state = cls(tuple((v.source, v.version) for v in views))
+        for view in views:
+            doc = view.doc or {}
+            for ns, into in ((hostdoc.API_SERVICES, state.services), (hostdoc.API_NODES, state.nodes),
+                             (hostdoc.API_CATALOGUE, state.catalogue)):
+                for key, entry in (doc.get(ns) or {}).items():
+                    if type(entry) is not dict:
+                        continue
+                    held = into.get(key)
+                    if held is None or _stamp(entry) >= _stamp(held):
+                        into[key] = entry
+        return state
+
+
+def _stamp(entry: dict[str, Any]) -> float:
+    """An entry's ``changed``; a malformed one counts as oldest instead of failing requests."""
+    changed = entry.get("changed")
+    return float(changed) if type(changed) in (int, float) else 0.0
+
+
+def is_api_source(doc: Any) -> bool:
+    return bool(doc) and not doc.get(hostdoc.COMPUTE) and any(
+        doc.get(ns) for ns in (hostdoc.API_SERVICES, hostdoc.API_NODES, hostdoc.API_CATALOGUE))
+
+
+# -- wiring into nova's API and conductor --------------------------------------------------
+
+_installed: dict[str, tuple[Any, str, Any]] = {}
+_sources: list[ApiStateSource] = []
+
+
+def install(source: ApiStateSource) -> None:
+    """Publish every service, compute node and aggregate change this process makes to ``source``.
+
+    Wraps the nova object methods that write them (after the original
+    succeeded); idempotent; :func:`uninstall` restores them.
+    """
+    from nova import objects
+
+    _sources[:] = [source]
+    if _installed:
+        return
+
+    def after(cls: Any, name: str, publish: Callable[[Any, tuple[Any, ...]], None]) -> None:
+        original = getattr(cls, name)
+
+        def wrapper(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(obj, *args, **kwargs)
+            try:
+                publish(obj, args)
+            except Exception:  # never fail nova's own call
+                LOG.exception("API-side source: %s.%s not published", cls.__name__, name)
+            return result
+
+        wrapper.__name__ = name
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        setattr(cls, name, wrapper)
+        _installed[f"{cls.__name__}.{name}"] = (cls, name, original)
+
+    def each(fn: Callable[[ApiStateSource], None]) -> None:
+        for s in list(_sources):
+            fn(s)
+
+    after(objects.Service, "create", lambda svc, a: each(lambda s: s.service_changed(svc)))
+    after(objects.Service, "save", lambda svc, a: each(lambda s: s.service_changed(svc)))
+    after(objects.Service, "destroy", lambda svc, a: each(lambda s: s.service_changed(svc, deleted=True)))
+    after(objects.ComputeNode, "create",
+          lambda cn, a: each(lambda s: s.node_changed(cn.uuid, deleted=False)))
+    after(objects.ComputeNode, "destroy",
+          lambda cn, a: each(lambda s: s.node_changed(cn.uuid, deleted=True)))
+    for name in ("create", "save", "update_metadata", "add_host", "delete_host"):
+        after(objects.Aggregate, name, lambda agg, a: each(lambda s: s.aggregate_changed(agg)))
+    after(objects.Aggregate, "destroy", lambda agg, a: each(lambda s: s.aggregate_changed(agg, deleted=True)))
+
+
+def uninstall() -> None:
+    for cls, name, original in _installed.values():
+        setattr(cls, name, original)
+    _installed.clear()
+    _sources[:] = []
+
+
+__all__ = ["ApiState", "ApiStateSource", "install", "is_api_source", "uninstall"]

@@ -1,0 +1,158 @@
+"""Issue 13's three defects, each with its own test: every state nova's scheduler reads
+reaches the cache from its owner when it changes (design §2).
+
+1. a move's source host publishes the instance gone (the tracker's change complete);
+2. a stopped compute says goodbye, a deleted service or node is not eligible;
+3. forced_down, written by the API only, reaches ComputeFilter.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
+
+from nova import objects  # noqa: E402
+from nova.scheduler.filters import compute_filter  # noqa: E402
+
+from compute_reporter.manager import ReporterManager  # noqa: E402
+from protocol.messages import Snapshot  # noqa: E402
+from shared_host_manager.nova import api_source, compute_hook  # noqa: E402
+from shared_host_manager.nova import document as ndoc  # noqa: E402
+from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from shared_host_manager.nova import host_manager as shm  # noqa: E402
+
+fx.setup_nova()
+
+
+class MoveRT:
+    """nova's ResourceTracker as far as a confirmed move goes: ``drop_move_claim_at_source``
+    persists the node (``_update``) *before* it forgets the instance, as nova 34 does."""
+
+    def __init__(self, host: str, cn) -> None:
+        self.host = host
+        self.cn = cn
+        self.tracked_instances: set[str] = set()
+        self.service_ref = objects.Service(host=host, binary="nova-compute", disabled=False,
+                                           forced_down=False)
+
+    def _update(self, context, compute_node, startup=False):
+        pass  # nova: placement and compute_node.save()
+
+    def instance_claim(self, instance: str) -> None:
+        self.tracked_instances.add(instance)
+        self._update(None, self.cn)
+
+    def drop_move_claim_at_source(self, instance: str) -> None:
+        self._update(None, self.cn)  # nova's _drop_move_claim: persisted first...
+        self.tracked_instances.discard(instance)  # ...the instance forgotten after
+
+
+class NoManager:
+    def set_host_enabled(self, context, enabled):
+        return enabled
+
+
+@pytest.fixture
+def two_computes():
+    """Two nova-computes in one process, each with its own hook (as nova's functional tests run)."""
+    compute_hook.install(resource_tracker_cls=MoveRT, compute_manager_cls=NoManager)
+    hooks = {}
+    for host in ("host0", "host1"):
+        hooks[host] = compute_hook.ComputeHook(aggregate_refresh_interval=0)
+        compute_hook.register(host, hooks[host])
+    yield hooks
+    for host in hooks:
+        compute_hook.unregister(host)
+    compute_hook.uninstall()
+
+
+def test_a_confirmed_move_publishes_the_source_host_without_the_instance(two_computes):
+    source_cn, dest_cn = fx.compute_node(0), fx.compute_node(1)
+    source, dest = MoveRT("host0", source_cn), MoveRT("host1", dest_cn)
+    moved = fx.uuid_for("i", 1)
+    source.instance_claim(moved)
+    assert list(two_computes["host0"].document(source_cn.uuid)["instances"]) == [moved]
+    dest.instance_claim(moved)
+    assert two_computes["host1"].document(dest_cn.uuid)["instances"] == {moved: {}}
+    source.drop_move_claim_at_source(moved)
+    # published once the tracker's call is complete: the instance is gone from the source
+    assert "instances" not in two_computes["host0"].document(source_cn.uuid)
+    assert compute_hook.hook_for("host1") is two_computes["host1"]
+    assert compute_hook.hook_for("host9") is None  # a compute nobody registered publishes nothing
+
+
+def _world():
+    nodes = [fx.compute_node(i) for i in range(3)]
+    docs = {cn.uuid: ndoc.document_from_compute_node(cn, service=fx.service_dict(cn.host), cell_uuid=fx.CELL1)
+            for cn in nodes}
+    cache = fx.cache_from_documents(docs)
+    return nodes, cache, shm.SharedHostManager(cache)
+
+
+def _hosts(manager):
+    return {h.host: h for h in manager.get_host_states_by_uuids(None, None, None)}
+
+
+def _publish(cache, api: api_source.ApiStateSource, seq: int) -> None:
+    with cache.lock:
+        cache.receiver.receive(Snapshot(api.source, 1, seq, api.document(api.source)), cache.clock())
+
+
+def test_a_stopped_compute_says_goodbye_and_leaves_at_once():
+    nodes, cache, manager = _world()
+    source = nodes[0].uuid
+    reporter = ReporterManager("compute-host0", {source: dict(cache.receiver.sources[source].doc)},
+                               {source: 2}, coalesce_window=0.0)
+    with cache.lock:  # the reporter's first epoch replaces the document the cache held
+        for batch in reporter.poll(cache.clock())[0]:
+            cache.receiver.receive(batch, cache.clock())
+    assert "host0" in _hosts(manager)
+    batches, _ = reporter.goodbye(cache.clock())
+    with cache.lock:
+        for batch in batches:
+            cache.receiver.receive(batch, cache.clock())
+    assert "host0" not in _hosts(manager)  # not down_interval later: now
+    assert set(_hosts(manager)) == {"host1", "host2"}
+
+
+def test_a_deleted_service_or_node_is_not_eligible_until_created_again():
+    nodes, cache, manager = _world()
+    api = api_source.ApiStateSource("nova-api-1")
+    api.service_changed(objects.Service(host="host1", binary="nova-compute", disabled=False,
+                                        forced_down=False), deleted=True)
+    api.node_changed(nodes[2].uuid, deleted=True)
+    _publish(cache, api, 0)
+    assert set(_hosts(manager)) == {"host0"}  # nova skips nodes without a service record
+    api.service_changed(objects.Service(host="host1", binary="nova-compute", disabled=False,
+                                        forced_down=False))
+    api.node_changed(nodes[2].uuid, deleted=False)
+    _publish(cache, api, 1)
+    assert set(_hosts(manager)) == {"host0", "host1", "host2"}
+
+
+def test_forced_down_written_by_the_api_reaches_compute_filter():
+    nodes, cache, manager = _world()
+    assert compute_filter.ComputeFilter().host_passes(_hosts(manager)["host1"], None)
+    api = api_source.ApiStateSource("nova-api-1")
+    api.service_changed(objects.Service(host="host1", binary="nova-compute", disabled=False,
+                                        forced_down=True))
+    _publish(cache, api, 0)
+    host1 = _hosts(manager)["host1"]
+    assert host1.service["forced_down"] is True  # the compute's own document still says False
+    assert not compute_filter.ComputeFilter().host_passes(host1, None)
+    assert compute_filter.ComputeFilter().host_passes(_hosts(manager)["host0"], None)
+
+
+def test_api_sources_merge_by_the_time_of_the_change():
+    nodes, cache, manager = _world()
+    clock = iter([10.0, 20.0])
+    older = api_source.ApiStateSource("nova-api-1", wall=lambda: next(clock))
+    newer = api_source.ApiStateSource("nova-conductor-1", wall=lambda: next(clock))
+    older.service_changed(objects.Service(host="host0", binary="nova-compute", disabled=True,
+                                          forced_down=False, disabled_reason="maintenance"))
+    newer.service_changed(objects.Service(host="host0", binary="nova-compute", disabled=False,
+                                          forced_down=False))
+    _publish(cache, newer, 0)
+    _publish(cache, older, 0)  # arrives last, but changed first
+    assert _hosts(manager)["host0"].service["disabled"] is False

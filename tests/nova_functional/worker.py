@@ -1,0 +1,199 @@
+"""Run a list of nova's own functional tests in this process and write each outcome as JSON.
+
+Used by :mod:`tests.nova_functional.test_nova_functional` (one process per
+worker and per side): ``python worker.py --side nova|shared --ids IDS --out OUT``.
+``nova``: nova's tests as shipped (the baseline); ``shared``: the same tests
+with :class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture` used
+by every nova ``TestCase`` (added in front of nova's own ``setUp``), the tests
+themselves unmodified.  Each outcome line records, with the drop-in, how many
+host-state requests the drop-in served and whether nova's own HostManager
+read hosts from the database (it must not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import traceback
+import unittest
+
+os.environ.setdefault("OS_NOVA_DISABLE_EVENTLET_PATCHING", "1")
+# nova's functional package first: it sets nova up before any other nova module is imported
+import nova.tests.functional  # noqa: E402,F401
+
+
+def _load(ids: list[str]) -> list[unittest.TestCase]:
+    """The tests named by ``ids`` (module.Class.test), loaded as nova's loader would
+    (``load_tests`` and scenarios included)."""
+    loader = unittest.TestLoader()
+    wanted = set(ids)
+    modules = sorted({i.rsplit(".", 2)[0] for i in ids})
+    found: dict[str, unittest.TestCase] = {}
+    for module in modules:
+        suite = loader.loadTestsFromName(module)
+        stack: list = [suite]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, unittest.TestSuite):
+                stack.extend(item)
+            elif item.id() in wanted:
+                found[item.id()] = item
+    return [found[i] for i in ids if i in found]
+
+
+class _Result(unittest.TestResult):
+    def __init__(self, out, probe) -> None:
+        super().__init__()
+        self.out = out
+        self.probe = probe
+        self.started = 0.0
+
+    def startTest(self, test) -> None:
+        super().startTest(test)
+        self.started = time.monotonic()
+        self.outcome = "pass"
+        self.detail = ""
+        if self.probe is not None:
+            self.probe.reset()
+
+    def _set(self, outcome: str, err=None) -> None:
+        self.outcome = outcome
+        if isinstance(err, tuple) and err[0] is not None:
+            self.detail = "".join(traceback.format_exception(err[0], err[1], err[2]))[-4000:]
+        elif err is not None:
+            self.detail = str(err)[-4000:]
+
+    def addError(self, test, err) -> None:
+        self._set("fail", err)
+
+    def addFailure(self, test, err) -> None:
+        self._set("fail", err)
+
+    def addSkip(self, test, reason) -> None:
+        self.outcome, self.detail = "skip", str(reason)
+
+    def addExpectedFailure(self, test, err) -> None:
+        self.outcome = "xfail"
+
+    def addUnexpectedSuccess(self, test) -> None:
+        self.outcome = "fail"
+        self.detail = "unexpected success"
+
+    def stopTest(self, test) -> None:
+        row = {"id": test.id(), "outcome": self.outcome,
+               "seconds": round(time.monotonic() - self.started, 2), "detail": self.detail}
+        if self.probe is not None:
+            row.update(self.probe.figures())
+        self.out.write(json.dumps(row) + "\n")
+        self.out.flush()
+        super().stopTest(test)
+
+
+class _Probe:
+    """Per test: what the drop-in served, and any host read of nova's own HostManager.
+
+    Every nova TestCase uses :class:`SharedHostManagerFixture` before its own
+    ``setUp`` runs; nova's ``HostManager._get_computes_for_cells`` (where nova
+    reads the hosts from the cell databases) is counted: with the drop-in
+    active it is never called.
+    """
+
+    def __init__(self) -> None:
+        from nova import test as nova_test
+        from nova.scheduler import host_manager as nova_host_manager
+
+        from shared_host_manager.nova.fixtures import SharedHostManagerFixture
+
+        self.fixture = None
+        self.nova_reads = 0
+        probe = self
+        original_reads = nova_host_manager.HostManager._get_computes_for_cells
+
+        def counting(*args, **kwargs):
+            probe.nova_reads += 1
+            return original_reads(*args, **kwargs)
+
+        nova_host_manager.HostManager._get_computes_for_cells = counting
+        original_setup = nova_test.TestCase.setUp
+
+        def setUp(test, *args, **kwargs):
+            probe.fixture = test.useFixture(SharedHostManagerFixture())
+            return original_setup(test, *args, **kwargs)
+
+        nova_test.TestCase.setUp = setUp
+
+    def reset(self) -> None:
+        self.nova_reads = 0
+        self.fixture = None
+
+    def figures(self) -> dict:
+        out = {"nova_host_reads": self.nova_reads, "fixture": self.fixture is not None}
+        if self.fixture is not None:
+            out.update(self.fixture.figures())
+        return out
+
+
+def select(path: str) -> list[str]:
+    """The test ids a selection file names (see selection.txt for its format)."""
+    modules: list[str] = []
+    include: list[re.Pattern[str]] = []
+    exclude: list[re.Pattern[str]] = []
+    with open(path) as f:
+        for raw in f:
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            kind, _, value = line.partition(" ")
+            value = value.strip()
+            if kind == "module":
+                modules.append(value)
+            elif kind == "include":
+                include.append(re.compile(value))
+            elif kind == "exclude":
+                exclude.append(re.compile(value))
+            else:
+                raise SystemExit(f"{path}: unknown line {raw.strip()!r} (module/include/exclude)")
+    loader = unittest.TestLoader()
+    ids: list[str] = []
+    for module in modules:
+        stack: list = [loader.loadTestsFromName(module)]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, unittest.TestSuite):
+                stack.extend(item)
+            elif isinstance(item, unittest.TestCase):
+                tid = item.id()
+                if any(p.search(tid) for p in include) and not any(p.search(tid) for p in exclude):
+                    ids.append(tid)
+    return sorted(set(ids))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--list", help="print the test ids of this selection file and exit")
+    parser.add_argument("--side", choices=("nova", "shared"))
+    parser.add_argument("--ids", help="file with one test id per line")
+    parser.add_argument("--out", help="JSON lines, one per test")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(select(args.list)))
+        return 0
+    with open(args.ids) as f:
+        ids = [line.strip() for line in f if line.strip()]
+    probe = None
+    if args.side == "shared":
+        probe = _Probe()
+    tests = _load(ids)
+    with open(args.out, "w") as out:
+        result = _Result(out, probe)
+        for test in tests:
+            test(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
