@@ -31,6 +31,10 @@ Namespaces
 ``metrics``     ``{name: value or {name, value, timestamp, source}}``.
 ``locality``    (a volume backend's document) ``{"hosts": [host names]}``.
 ``volumes``     (a volume backend's document) ``{volume_id: {...}}``.
+``scheduler``   (a scheduler's own document, source ``scheduler/<name>``) ``name``,
+                ``started_at``, ``state`` ("running" or "leaving"), ``interval`` (seconds
+                between publications), ``published`` (a counter), ``load`` (a map):
+                how schedulers know their live peers (shared_host_manager.membership).
 
 Another project may publish a namespace of its own; readers ignore what they
 do not know.  A source is a schedulable host iff its document has a non-empty
@@ -57,6 +61,8 @@ METRICS = "metrics"
 #: namespaces of a volume backend source (cross-project affinity)
 LOCALITY = "locality"
 VOLUMES = "volumes"
+#: namespace of a scheduler's own document (membership)
+SCHEDULER = "scheduler"
 
 #: ``service.endpoint``: the control-plane name of the reporter serving the host
 ENDPOINT = "endpoint"
@@ -176,8 +182,8 @@ def free_ram_mb(compute: Mapping[str, Any]) -> int:
 
 
 __all__ = [
-    "AGGREGATES", "COMPUTE", "ENDPOINT", "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "SERVICE",
-    "STATS", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
+    "AGGREGATES", "COMPUTE", "ENDPOINT", "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "SCHEDULER",
+    "SERVICE", "STATS", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
     "endpoint_of", "free_disk_gb", "free_ram_mb", "host_name", "instances_of", "is_host", "namespace",
     "node_name", "service_of", "supported_instances_of", "volume_hosts_of",
 ]
