@@ -373,6 +373,11 @@ class DecisionEngine:
         self.stats["claims_sent"] += len(claims)
         return out
 
+    @property
+    def peers(self) -> list[str]:
+        """The live schedulers host ownership is computed among (this one included); [] alone."""
+        return list(self._ownership.peers) if self._ownership is not None else []
+
     def set_peers(self, peers: Sequence[str]) -> None:
         """The live schedulers (this one included): each claims first the best host it owns.
 
