@@ -440,16 +440,22 @@ class DecisionEngine:
                 continue
             m = mult if isinstance(mult, float) else mult[ix.gid[AGGREGATE_GROUPS][:n]]
             score += (x - lo) / (hi - lo) * m
-        owner_of = [ownership.owner(src) if src is not None else "" for src in ix.sources[:n]]
-        owners = np.asarray(owner_of, dtype=object)
+        number = {p: i for i, p in enumerate(ownership.peers)}
+        owner = ownership.owner
+        owners = np.fromiter((number[owner(src)] if src is not None else -1
+                              for src in ix.sources[:n]), dtype=np.int32, count=n)
+        scores_of: dict[int, FloatArray] = {}  # the live hosts' scores, per owner
         out = []
         for source in sources:
             row = ix.row_of.get(source)
             if row is None:
                 out.append(0)
                 continue
-            same = live & (owners == owner_of[row])
-            out.append(int(np.count_nonzero(score[same] > score[row])))
+            o = int(owners[row])
+            theirs = scores_of.get(o)
+            if theirs is None:
+                theirs = scores_of[o] = score[live & (owners == o)]
+            out.append(int(np.count_nonzero(theirs > score[row])))
         return out
 
     def ordered_hosts(self, spec: RequestSpec, *, path: str | None = None) -> list[tuple[str, float]]:
