@@ -236,7 +236,7 @@ class SchedulerService:
 
     def _membership_tick(self) -> None:
         now = self.clock()
-        if self.membership is not None and self.membership.due(now):
+        if self.membership is not None and self.running and self.membership.due(now):
             self._publish_membership()
         if now >= self._next_peer_scan:
             # a scan of every view: a few times per publication interval, not per decision
@@ -257,7 +257,8 @@ class SchedulerService:
         try:
             self._publisher.publish(self._encoder.encode(snapshot))
         except Exception as exc:
-            LOG.warning("scheduler %s could not publish its membership entry: %s", self.name, exc)
+            if self.running or leaving:  # (a timer tick racing stop() finds the publisher closed)
+                LOG.warning("scheduler %s could not publish its membership entry: %s", self.name, exc)
 
     def _save(self) -> None:
         """Write the local snapshot; a failure is logged once (and again on recovery)."""
