@@ -27,6 +27,7 @@ import msgpack
 
 from protocol import errors
 from protocol.document import MAX_NAME_LEN, check_document, check_ops, check_value
+from protocol.groups import MAX_GROUP_MEMBERS, ClaimGroup
 from protocol.messages import (
     NO_EPOCH,
     PROTOCOL_VERSION,
@@ -73,8 +74,35 @@ def _item_map(msg: Message) -> dict[str, Any]:
     if isinstance(msg, Claim):
         return {"t": "claim", "i": msg.claim_id, "r": msg.scheduler, "s": msg.source,
                 "e": msg.epoch, "q": msg.seq, "x": msg.resources, "n": msg.instance,
-                "b": msg.request}
+                "b": msg.request, **({"g": _group_map(msg.group)} if msg.group else {})}
     raise errors.LocalProtocolError(f"cannot encode {type(msg).__name__} as a single item")
+
+
+def _group_map(group: ClaimGroup) -> dict[str, Any]:
+    return {"u": group.uuid, "p": group.policy, "k": group.max_per_host, "m": list(group.members)}
+
+
+def _claim_group(value: Any) -> ClaimGroup | None:
+    """A claim's server group (field 'g', optional), validated."""
+    if value is None:
+        return None
+    if type(value) is not dict:
+        raise errors.FieldError("claim: field 'g' (server group) must be a map")
+    uuid, policy, limit = value.get("u"), value.get("p"), value.get("k", 1)
+    members = value.get("m", [])
+    if type(uuid) is not str or not uuid or len(uuid) > MAX_NAME_LEN:
+        raise errors.FieldError(f"claim: server group uuid must be 1..{MAX_NAME_LEN} characters")
+    if type(policy) is not str or len(policy) > MAX_NAME_LEN:
+        raise errors.FieldError("claim: server group policy must be a short string")
+    if type(limit) is not int or not 1 <= limit <= MAX_SEQ:
+        raise errors.FieldError("claim: server group max_server_per_host must be a positive integer")
+    if type(members) is not list or len(members) > MAX_GROUP_MEMBERS:
+        raise errors.FieldError(f"claim: server group members must be a list of at most "
+                                f"{MAX_GROUP_MEMBERS}")
+    for m in members:
+        if type(m) is not str or not m or len(m) > MAX_NAME_LEN:
+            raise errors.FieldError("claim: a server group member must be a short non-empty string")
+    return ClaimGroup(uuid, policy, limit, tuple(members))
 
 
 class Encoder:
@@ -376,7 +404,8 @@ class Decoder:
         if type(request) is not dict:
             raise errors.FieldError("claim: field 'b' (build request) must be a map")
         check_value(request, "claim.request")
-        return Claim(claim_id, scheduler, source, epoch, seq, resources, instance, request)
+        return Claim(claim_id, scheduler, source, epoch, seq, resources, instance, request,
+                     _claim_group(m.get("g")))
 
     def _claim_result(self, m: dict) -> ClaimResult:
         t = "claim_result"

@@ -37,6 +37,10 @@ Namespaces
 ``catalogue``   (an API-side source) ``{aggregate uuid: {name, metadata, hosts,
                 id, deleted, changed}}``; ``changed`` is the wall time of the change.
 ``volumes``     (a volume backend's document) ``{volume_id: {...}}``.
+``scheduler``   (a scheduler's own document, source ``scheduler/<name>``) ``name``,
+                ``started_at``, ``state`` ("running" or "leaving"), ``interval`` (seconds
+                between publications), ``published`` (a counter), ``load`` (a map):
+                how schedulers know their live peers (shared_host_manager.membership).
 
 Another project may publish a namespace of its own; readers ignore what they
 do not know.  A source is a schedulable host iff its document has a non-empty
@@ -67,6 +71,8 @@ VOLUMES = "volumes"
 API_SERVICES = "services"
 API_NODES = "nodes"
 API_CATALOGUE = "catalogue"
+#: namespace of a scheduler's own document (membership)
+SCHEDULER = "scheduler"
 
 #: ``service.endpoint``: the control-plane name of the reporter serving the host
 ENDPOINT = "endpoint"
@@ -194,7 +200,7 @@ def free_ram_mb(compute: Mapping[str, Any]) -> int:
 
 __all__ = [
     "AGGREGATES", "API_CATALOGUE", "API_NODES", "API_SERVICES", "COMPUTE", "ENDPOINT", "INSTANCES",
-    "LOCALITY", "METRICS", "NUMA", "PCI", "SERVICE",
+    "LOCALITY", "METRICS", "NUMA", "PCI", "SCHEDULER", "SERVICE",
     "STATS", "STOPPED", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
     "endpoint_of", "free_disk_gb", "free_ram_mb", "host_name", "instances_of", "is_host", "namespace",
     "node_name", "said_goodbye", "service_of", "supported_instances_of", "volume_hosts_of",

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, final
 
 from protocol.document import Document, Op
+from protocol.groups import ClaimGroup
 
 PROTOCOL_VERSION = 1
 NO_EPOCH = -1
@@ -127,6 +128,8 @@ class Claim:
     instance: str = ""
     #: the build request travelling with the claim (JSON-like, opaque to the arbiter)
     request: dict[str, Any] = field(default_factory=dict)
+    #: the instance's server group, whose policy the arbiter checks (protocol.groups)
+    group: ClaimGroup | None = None
 
     TYPE = "claim"
 

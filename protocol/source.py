@@ -25,7 +25,8 @@ The first :meth:`poll` of a machine announces it with a :class:`Snapshot`, so a
 restart (a new epoch) is established at every scheduler without being asked.
 
 Claims: :meth:`handle_claim` accepts a claim iff it fits the authoritative
-document *now* (:func:`protocol.resources.check_fit`), applies its consumption,
+document *now* (:func:`protocol.resources.check_fit`) and keeps its server
+group's policy on this host (:func:`protocol.groups.group_conflict`), applies its consumption,
 and publishes at once a delta that lists the claim id.  Otherwise it answers
 the claiming scheduler with a rejection and a correction (the deltas it
 missed since the version it decided on, or a snapshot).  Answers are
@@ -62,6 +63,7 @@ from protocol.document import (
     same_value,
 )
 from protocol.errors import LocalProtocolError
+from protocol.groups import GROUP_KEY, group_conflict
 from protocol.hostdoc import COMPUTE, INSTANCES, SERVICE
 from protocol.messages import (
     Claim,
@@ -398,9 +400,11 @@ class SourceMachine:
             return "compute service is disabled"
         if service.get("forced_down"):
             return "compute service is forced down"
-        if claim.instance and claim.instance in self._doc.get(INSTANCES, {}):
+        instances = self._doc.get(INSTANCES, {})
+        if claim.instance and claim.instance in instances:
             return f"instance {claim.instance} is already on this host"
-        return check_fit(self._doc.get(COMPUTE, {}), claim.resources)
+        return (check_fit(self._doc.get(COMPUTE, {}), claim.resources)
+                or group_conflict(instances, claim.group, claim.instance))
 
     def _accept(self, claim: Claim, now: float) -> None:
         compute = self._doc.get(COMPUTE, {})
@@ -411,8 +415,11 @@ class SourceMachine:
                 ops.append([SET, COMPUTE, key, compute.get(key, 0) + amount])
         if claim.instance:
             ops.append([SET, COMPUTE, "num_instances", compute.get("num_instances", 0) + 1])
-            ops.append([SET, INSTANCES, claim.instance,
-                        {"claim": claim.claim_id, "resources": dict(claim.resources)}])
+            record: dict[str, Any] = {"claim": claim.claim_id, "resources": dict(claim.resources)}
+            if claim.group is not None:
+                # members placed by other schedulers count against the policy (protocol.groups)
+                record[GROUP_KEY] = claim.group.uuid
+            ops.append([SET, INSTANCES, claim.instance, record])
         self.change(ops, now)
         self._pending_claims.append(claim.claim_id)
 

@@ -10,11 +10,15 @@ Life cycle::
       running: stream thread  --> cache.ingest_stream  (deltas, snapshots, heartbeats)
                control thread --> cache.ingest_control (resync answers, claim results)
                timer thread   --> cache.tick every tick_interval (gaps, resync
-                                  retries, claim deadlines, down detection) and
-                                  cache.save every snapshot_interval
+                                  retries, claim deadlines, down detection),
+                                  cache.save every snapshot_interval, this
+                                  scheduler's own entry on the stream every
+                                  membership_interval and the live peers
+                                  (shared_host_manager.membership)
                decisions      --> under cache.lock, from any thread
-      stop():  stop the stream consumer, the control server and the timers,
-               write a last snapshot, close the client.
+      stop():  publish "leaving" (peers take this scheduler's hosts over), stop
+               the stream consumer, the control server and the timers, write a
+               last snapshot, close the client.
 
 Cold start has two modes: read the stream from its retained start (the
 default: every announcement snapshot and delta still retained), or, given
@@ -52,6 +56,7 @@ from protocol.messages import Claim, Message, ResyncRequest
 from protocol.receiver import ReceiverMachine, ReceiverParams
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.conf import cache as cache_conf
+from shared_host_manager.membership import MembershipPublisher, live_peers
 from transport import factory, signing_opts
 from transport import opts as transport_opts
 from transport.base import (
@@ -61,6 +66,7 @@ from transport.base import (
     DataPlane,
     StreamConsumer,
     StreamConsumerStats,
+    StreamPublisher,
 )
 from transport.metrics import Histogram
 from transport.rpcapi import ReporterAPI
@@ -74,6 +80,7 @@ class SchedulerService:
     _client: ControlClient
     _server: ControlServer
     _consumer: StreamConsumer
+    _publisher: StreamPublisher
     reporter_api: ReporterAPI
 
     def __init__(
@@ -92,6 +99,7 @@ class SchedulerService:
         clock: Callable[[], float] = time.monotonic,
         known_sources: Mapping[str, str] | None = None,
         recorder: CacheObserver | None = None,
+        membership_interval: float | None = None,
         **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
@@ -122,6 +130,14 @@ class SchedulerService:
         self.save_failures = 0
         self.last_save_error: str | None = None
         self.last_saved_at: float | None = None
+        #: seconds between this scheduler's publications of its own entry (None: it does not
+        #: publish one, and peers do not count it); see shared_host_manager.membership
+        self.membership_interval = membership_interval
+        self.membership: MembershipPublisher | None = None
+        #: the live schedulers, this one included once its own entry came back from the
+        #: stream, sorted; refreshed by the timer thread
+        self.peers: tuple[str, ...] = ()
+        self._next_peer_scan = 0.0
 
     def set_recorder(self, recorder: CacheObserver) -> None:
         """Observe this scheduler's cache (before :meth:`start`); see :class:`CacheObserver`."""
@@ -147,6 +163,11 @@ class SchedulerService:
         else:
             self._consumer.start(self.cache.ingest_stream, "first" if offset is None else offset + 1,
                                  on_batch=self.cache.ingest_stream_batch)
+        if self.membership_interval is not None:
+            self._publisher = self._data_plane.stream_publisher()
+            self.membership = MembershipPublisher(self.name, time.time_ns(), time.time(),
+                                                  interval=self.membership_interval)
+            self._publish_membership()
         self._stop.clear()
         self._timer = threading.Thread(target=self._timers, name=f"scheduler-{self.name}-timers",
                                        daemon=True)
@@ -160,6 +181,9 @@ class SchedulerService:
         if not self.running:
             return
         self.running = False
+        if self.membership is not None:
+            self._publish_membership(leaving=True)
+            self._publisher.close()
         self._consumer.stop()
         self._server.stop()
         self._stop.set()
@@ -203,11 +227,38 @@ class SchedulerService:
         while not self._stop.wait(self.tick_interval):
             try:
                 self.cache.tick()
+                self._membership_tick()
                 if self._state_path and self.clock() >= next_save:
                     next_save = self.clock() + self.snapshot_interval
                     self._save()
             except Exception:  # timers must outlive any single failure
                 LOG.exception("scheduler timer iteration failed")
+
+    def _membership_tick(self) -> None:
+        now = self.clock()
+        if self.membership is not None and self.running and self.membership.due(now):
+            self._publish_membership()
+        if now >= self._next_peer_scan:
+            # a scan of every view: a few times per publication interval, not per decision
+            self._next_peer_scan = now + min(0.5, (self.membership_interval or 2.0) / 4)
+            with self.cache.lock:
+                self.peers = tuple(live_peers(self.receiver, now))
+
+    def _publish_membership(self, leaving: bool = False) -> None:
+        """Put this scheduler's own entry on the stream (design §2; a failure is retried at
+        the next interval: peers drop a silent scheduler, they do not fail)."""
+        membership = self.membership
+        assert membership is not None
+        now = self.clock()
+        with self.cache.lock:
+            load = {"pending_claims": self.receiver.pending_claims(),
+                    "decisions": sum(self.decisions.values())}
+        snapshot = membership.leave(now, load) if leaving else membership.publish(now, load)
+        try:
+            self._publisher.publish(self._encoder.encode(snapshot))
+        except Exception as exc:
+            if self.running or leaving:  # (a timer tick racing stop() finds the publisher closed)
+                LOG.warning("scheduler %s could not publish its membership entry: %s", self.name, exc)
 
     def _save(self) -> None:
         """Write the local snapshot; a failure is logged once (and again on recovery)."""
@@ -258,6 +309,7 @@ class SchedulerService:
                 "offset": cache.offset,
                 "retention_gaps": self.retention_gaps,
                 "decisions": dict(self.decisions),
+                "peers": list(self.peers),
                 "save_failures": self.save_failures,
                 "last_save_error": self.last_save_error,
                 "last_saved_at": self.last_saved_at,
@@ -295,4 +347,5 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         tick_interval=group.tick_interval, reorder_window=group.reorder_window,
         reorder_timeout=group.reorder_timeout, resync_timeout=group.resync_timeout,
         resync_backoff_max=group.resync_backoff_max, down_interval=group.down_interval,
-        claim_deadline=group.claim_deadline, recorder=recorder)
+        claim_deadline=group.claim_deadline, recorder=recorder,
+        membership_interval=group.membership_interval or None)

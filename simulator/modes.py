@@ -49,6 +49,8 @@ from transport.rpcapi import ReporterAPI
 
 #: seconds a client waits for a request before counting it lost
 REQUEST_TIMEOUT = 60.0
+#: seconds between a scheduler's entries on the stream ([cache] membership_interval)
+MEMBERSHIP_INTERVAL = 2.0
 
 
 Outcome = RequestResult
@@ -81,7 +83,8 @@ class SharedScheduler(SchedulerManager):
         service = SchedulerService(
             s.name, data, control, reporter_topic=s.reporter_topic,
             scheduler_topic=s.scheduler_topic, down_interval=s.down_interval,
-            claim_deadline=s.claim_deadline, reorder_timeout=0.1, resync_timeout=1.0)
+            claim_deadline=s.claim_deadline, reorder_timeout=0.1, resync_timeout=1.0,
+            membership_interval=MEMBERSHIP_INTERVAL)
         super().__init__(service, config=s.config, rng=random.Random(f"{s.seed}-{s.name}"),
                          request_timeout=REQUEST_TIMEOUT)
         self.engine.live_schedulers = s.live_schedulers

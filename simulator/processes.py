@@ -132,13 +132,15 @@ class _Child:
             self.schedulers = [SharedScheduler(s, transport.data, transport.control)
                                for s in self.settings]
             for sched in self.schedulers:
-                if run["peers"]:
-                    sched.engine.set_peers(run["peers"])
+                sched.follow_membership = run["ownership"]
             for sched in self.schedulers:
                 sched.start()
             n = len(run["sources"])
-            wait_until(lambda: all(len(s.versions()) == n for s in self.schedulers), 120,
+            wait_until(lambda: all(len(s.versions()) >= n for s in self.schedulers), 120,
                              f"scheduler process {self.index} to see every host")
+            wait_until(lambda: all(len(s.service.peers) == run["schedulers"]
+                                   for s in self.schedulers), 30,
+                       f"scheduler process {self.index} to see its peers")
             self.ctl.send(("ready",))
             while True:
                 try:
@@ -151,6 +153,8 @@ class _Child:
                     self.ctl.send(("samples", self._end()))
                 elif kind == "views":
                     self.ctl.send(("views", [view_digests(s) for s in self.schedulers]))
+                elif kind == "quality":
+                    self.ctl.send(("quality", [dict(s.engine.quality) for s in self.schedulers]))
                 elif kind == "versions":
                     self.ctl.send(("versions", [s.versions() for s in self.schedulers]))
                 elif kind == "stop":
@@ -346,7 +350,7 @@ class ProcessSimulation(Simulation):
         m, p = len(settings), cfg.processes
         run = {"transport": cfg.transport, "suffix": self.transport.suffix, "seed": cfg.seed,
                "sources": sorted(self.cloud.documents),
-               "peers": [s.name for s in settings] if cfg.peer_ownership else []}
+               "ownership": cfg.peer_ownership, "schedulers": len(settings)}
         for j in range(p):
             # scheduler i runs in process i % p, as its (i // p)-th; client c uses scheduler c % m
             clients = {}
@@ -423,6 +427,14 @@ class ProcessSimulation(Simulation):
 
     def _views(self) -> list[dict[str, tuple[tuple[int, int], bytes | None]]]:
         return [views for proc in self.schedulers for views in proc.request(("views",), "views")[1]]
+
+    def quality_sums(self) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        for proc in self.schedulers:
+            for quality in proc.request(("quality",), "quality")[1]:
+                for key, value in quality.items():
+                    sums[key] = sums.get(key, 0.0) + value
+        return sums
 
     def stop(self) -> None:
         for proc in self.schedulers:  # they stop side by side; Simulation.stop waits for each

@@ -59,7 +59,9 @@ def summary_table(report: dict[str, Any]) -> str:
         ("decision ms p99", "decision_ms_p99"),
         ("end-to-end ms p50", "e2e_ms_p50"),
         ("end-to-end ms p99", "e2e_ms_p99"),
+        ("claims", "claims"),
         ("claims rejected", "claims_rejected"),
+        ("claims rejected %", "claims_rejected_pct"),
         ("retries per request", "retries_per_request"),
         ("retries per scheduled", "retries_per_scheduled"),
         ("NoValidHost (wrong)", None),
@@ -69,6 +71,11 @@ def summary_table(report: dict[str, Any]) -> str:
         ("broker messages/s", "broker_messages_per_s"),
         ("database statements/s", "db_statements_per_s"),
         ("overcommitted hosts", "overcommitted_hosts"),
+        ("server-group violations", "server_group_violations"),
+        ("weight gap to best (mean)", "weight_gap_mean"),
+        ("chosen host rank (mean)", "chosen_rank_mean"),
+        ("free RAM stdev %", "free_ram_stdev_pct"),
+        ("free disk stdev %", "free_disk_stdev_pct"),
         ("converged at the end", "converged"),
     ]
     results = report["results"]

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import os
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -43,7 +44,7 @@ from compute_reporter.tracker import SimulatedTracker
 from protocol.document import Op, copy_document
 from protocol.messages import Snapshot
 from protocol.receiver import ReceiverMachine
-from protocol.resources import overcommitted
+from protocol.resources import capacity, free, overcommitted
 from protocol.source import SourceMachine
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
@@ -343,10 +344,9 @@ class Simulation:
                 assert self.db is not None
                 sched = DatabaseScheduler(s, self.transport.control, self.db, refresh, endpoints)
             self.schedulers.append(sched)
-        if self.mode == "shared" and cfg.peer_ownership:
-            names = [s.name for s in self.schedulers]
+        if self.mode == "shared" and not cfg.peer_ownership:
             for sched in self.schedulers:
-                sched.engine.set_peers(names)
+                sched.follow_membership = False  # each picks by host_subset_choice alone
         if self.recording is not None and self.mode == "shared":
             # the database modes keep no cache: only their reporters are recorded
             for sched in self.schedulers:
@@ -355,8 +355,11 @@ class Simulation:
         for sched in self.schedulers:
             sched.start()
         if self.mode == "shared":
-            wait_until(lambda: all(len(s.versions()) == len(sources) for s in self.schedulers),
+            wait_until(lambda: all(len(s.versions()) >= len(sources) for s in self.schedulers),
                        120, "schedulers to see every host")
+            # each learns its peers from their entries on the stream (design §2), as deployed
+            wait_until(lambda: all(len(s.service.peers) == len(self.schedulers)
+                                   for s in self.schedulers), 30, "schedulers to see each other")
             # and to have applied what was published until now (at 10 000 hosts the start-up
             # left a backlog of seconds, which the measured run then counted as staleness)
             published = self._published_versions()
@@ -534,7 +537,19 @@ class Simulation:
         converged = self._converged(timeout=2 * cfg.heartbeat_interval + 2)
         truth = self._truth()
         over = sum(1 for _, _, doc in truth.values() if overcommitted(doc.get("compute", {})))
-        return self._figures(elapsed, converged, over, bus_before, bus_after, db_statements)
+        out = self._figures(elapsed, converged, over, bus_before, bus_after, db_statements)
+        out.update(placement_quality([doc for _, _, doc in truth.values()], self.quality_sums()))
+        return out
+
+    def quality_sums(self) -> dict[str, float]:
+        """The schedulers' placement-quality sums (DecisionEngine.quality), added up."""
+        sums: dict[str, float] = {}
+        if self.mode != "shared":
+            return sums  # the database modes' engines do not outlive a request or a refresh
+        for sched in self.schedulers:
+            for key, value in sched.engine.quality.items():
+                sums[key] = sums.get(key, 0.0) + value
+        return sums
 
     def _converged(self, timeout: float) -> bool:
         if self.mode == "shared":
@@ -594,6 +609,7 @@ class Simulation:
             "e2e_ms_p99": ms(m.e2e_s, 0.99),
             "claims": m.claims,
             "claims_rejected": m.rejected,
+            "claims_rejected_pct": round(100.0 * m.rejected / m.claims, 3) if m.claims else 0.0,
             "retries_per_request": round(m.rejected / m.requests, 4) if m.requests else 0.0,
             # a mode that refuses most requests at once (NoValidHost) has few retries per
             # request but many per server it places: this one does not flatter it
@@ -609,6 +625,7 @@ class Simulation:
             "staleness_ms_max": round(1000 * max(m.staleness_s), 3) if m.staleness_s else None,
             "staleness_samples": len(m.staleness_s),
             "overcommitted_hosts": over,
+            "server_group_violations": len(self.workload.violations),
             "converged": converged,
             "prefilled_instances": self.prefilled,
             "db_statements_per_s": round(db_statements / elapsed, 1) if self.db else 0.0,
@@ -640,6 +657,30 @@ class Simulation:
         if self.db is not None:
             self.db.close()
         self.transport.close()
+
+
+def placement_quality(documents: list[dict], sums: dict[str, float]) -> dict[str, Any]:
+    """How good the placements were, beside how many claims were rejected.
+
+    ``free_ram_stdev_pct`` and ``free_disk_stdev_pct``: the standard deviation across hosts
+    of the free fraction of usable RAM and disk at the end, in percentage points (the
+    default weighers spread, so lower is better); ``weight_gap_mean``: per instance placed,
+    how much less the chosen host weighed than the best one (0: always the best);
+    ``chosen_rank_mean``: the chosen host's mean position in the ranking (0: the best).
+    """
+    out: dict[str, Any] = {}
+    for resource, key in (("memory_mb", "free_ram_stdev_pct"), ("disk_gb", "free_disk_stdev_pct")):
+        fractions = []
+        for doc in documents:
+            compute = doc.get("compute") or {}
+            cap = capacity(compute, resource)
+            if cap:
+                fractions.append(100.0 * free(compute, resource) / cap)
+        out[key] = round(statistics.pstdev(fractions), 3) if fractions else None
+    picks = sums.get("picks", 0.0)
+    out["weight_gap_mean"] = round(sums.get("weight_gap", 0.0) / picks, 4) if picks else None
+    out["chosen_rank_mean"] = round(sums.get("rank", 0.0) / picks, 3) if picks else None
+    return out
 
 
 def _at_least(held: dict[str, tuple[int, int]], wanted: dict[str, tuple[int, int]]) -> bool:

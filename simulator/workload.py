@@ -58,6 +58,10 @@ class Workload:
         self._position: dict[str, int] = {}
         self._group_of: dict[str, Group] = {}
         self.issued = 0
+        #: (group uuid, host source) for every anti-affinity group that ever had more members
+        #: on one host than allowed, (group uuid, "split") for every affinity group that ever
+        #: ran on two hosts at once
+        self.violations: set[tuple[str, str]] = set()
 
     def _uuid(self, rng: random.Random | None = None) -> str:
         return str(uuid.UUID(int=(rng or self._rng).getrandbits(128), version=4))
@@ -122,6 +126,22 @@ class Workload:
             if group is not None:
                 group.members.append(instance)
                 self._group_of[instance] = group
+        if group is not None:
+            self._check_policy(group)
+
+    def _check_policy(self, group: Group) -> None:
+        """Record a violation of ``group``'s policy by its running members (nova's rules:
+        anti-affinity, at most one member per host; affinity, every member on one host)."""
+        hosts = [self.running[m] for m in group.members]
+        if group.policy == "affinity":
+            if len(set(hosts)) > 1:
+                self.violations.add((group.uuid, "split"))
+            return
+        seen: set[str] = set()
+        for host in hosts:
+            if host in seen:
+                self.violations.add((group.uuid, host))
+            seen.add(host)
 
     def _add(self, instance: str, source: str) -> None:
         self.running[instance] = source

@@ -68,6 +68,19 @@ start is a cold start (stream from its retained start, then resyncs).
                  help="Seconds between local snapshots written to state_dir."),
     cfg.IntOpt("max_message_bytes", default=8 * 1024 * 1024, min=1024,
                help="Largest message accepted from the bus; larger ones are dropped and counted."),
+    cfg.FloatOpt("membership_interval", default=0.0, min=0.0,
+                 help="""
+Seconds between publications of this scheduler's own entry on the stream
+(source ``scheduler/<name>``: its name, start time and load). Schedulers that
+decide with the project's engine read them to know their live peers, without
+configuration, and claim first the hosts they own among them (rendezvous
+hashing), which keeps concurrent decisions apart. A scheduler that stops says
+so at once; one that crashes is dropped by its peers 1.5 intervals after they
+last heard of it. 0 (the default): publish nothing. Set it (e.g. 2) only where
+this process decides: a cache that only watches (``shm scheduler``) or decides
+with nova's own weighers (``nova-scheduler-shared``) must not take a share of
+the hosts.
+"""),
 ]
 
 

@@ -62,11 +62,13 @@ from typing import Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from protocol.groups import AFFINITY, ANTI_AFFINITY, ClaimGroup
 from protocol.hostdoc import compute_of, enabled, host_name, is_host, node_name
 from protocol.messages import Claim
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.filters.server_group_anti_affinity_filter import max_server_per_host
 from shared_host_manager.decision.hostview import HostView
 from shared_host_manager.decision.index import (
     AGGREGATE_GROUPS,
@@ -87,6 +89,13 @@ from shared_host_manager.decision.world import IndexWorld, ReceiverWorld
 
 FAST = "fast"
 SLOW = "slow"
+
+#: the first member of an affinity group goes to one of this many best hosts, the same for
+#: every scheduler holding (about) the same view
+ANCHOR_DEPTH = 32
+#: a peer claims its own hosts best first: a host with fewer than this many of its owner's
+#: hosts weighing more is at the owner's "front", which another scheduler avoids if it can
+FRONT_DEPTH = 4
 
 #: positions or rows of the index (np.flatnonzero's result)
 RowArray: TypeAlias = npt.NDArray[np.intp]
@@ -246,7 +255,11 @@ class DecisionEngine:
         self._nonce = f"{self.rng.getrandbits(32):08x}"
         self._claims = 0
         self.stats = {"requests": 0, "instances": 0, "no_valid_host": 0, "claims_sent": 0,
-                      "alternates_claimed": 0, "owned_choices": 0}
+                      "alternates_claimed": 0, "owned_choices": 0, "peer_choices": 0,
+                      "affinity_anchors": 0}
+        #: sums over every instance placed: weight of the best host minus the chosen one's,
+        #: and the chosen host's rank (0: the best), for the simulator's quality figures
+        self.quality = {"weight_gap": 0.0, "rank": 0.0, "picks": 0.0}
         self.observer: DecisionObserver | None = None
 
     def set_observer(self, observer: DecisionObserver) -> None:
@@ -305,11 +318,27 @@ class DecisionEngine:
         for i, uuid in enumerate(uuids):
             req.begin(i, uuid)
             ranking = rank(req)
-            top = list(islice(ranking, depth))
+            group = req.instance_group
+            anchor = group is not None and group.policy == AFFINITY and not group.hosts
+            top = list(islice(ranking, max(depth, ANCHOR_DEPTH) if anchor else depth))
             if not top:
                 self.stats["no_valid_host"] += 1
                 raise NoValidHost(self._explain(req, fast, i, len(uuids)))
-            source, weight = top[self._choose(top, k)]
+            if anchor:
+                assert group is not None
+                # the first member of an affinity group: the arbiter cannot see the other
+                # hosts, so schedulers racing with first members must agree on the host
+                # without talking: rendezvous over the group (design §5.3)
+                pick = RendezvousChoice(group.uuid).index([s for s, _ in top])
+                self.stats["affinity_anchors"] += 1
+            else:
+                pick = self._choose(top, k)
+            source, weight = top[pick]
+            if not dry_run:
+                # placement quality: how far below the best host the chosen one weighs
+                self.quality["weight_gap"] += top[0][1] - weight
+                self.quality["rank"] += pick
+                self.quality["picks"] += 1
             req.consume(source, self._host_of(source), uuid)
             picks.append((uuid, source, weight))
 
@@ -324,8 +353,9 @@ class DecisionEngine:
         out: list[list[Selection]] = []
         claims: list[Claim] = []
         payload = self.claim_payload(spec)
+        group_of_claims = self._claim_group(req)
         for uuid, source, weight in picks:
-            claim = self._new_claim(source, uuid, req.resources, payload)
+            claim = self._new_claim(source, uuid, req.resources, payload, group_of_claims)
             if not dry_run:
                 self.receiver.add_claim(claim, now)
                 claims.append(claim)
@@ -343,6 +373,11 @@ class DecisionEngine:
         self.stats["claims_sent"] += len(claims)
         return out
 
+    @property
+    def peers(self) -> list[str]:
+        """The live schedulers host ownership is computed among (this one included); [] alone."""
+        return list(self._ownership.peers) if self._ownership is not None else []
+
     def set_peers(self, peers: Sequence[str]) -> None:
         """The live schedulers (this one included): each claims first the best host it owns.
 
@@ -355,21 +390,73 @@ class DecisionEngine:
     def _choose(self, top: list[tuple[str, float]], k: int) -> int:
         """Which host of the ranked ``top`` to claim.
 
-        The best host this scheduler owns among its peers, if any is in ``top``;
-        otherwise one of the best ``k`` (see [filter_scheduler] host_subset_choice).
+        With peers: the best host this scheduler owns, if any is in ``top``; otherwise
+        the peer's host its owner is least likely to be claiming now (design §5.4).
+        Alone: one of the best ``k`` (see [filter_scheduler] host_subset_choice).
         """
         if self._ownership is not None:
-            owns = self._ownership.owns
-            for i, (source, _) in enumerate(top):
-                if owns(source):
-                    self.stats["owned_choices"] += 1
-                    return i
-            top = top[:k]
+            ownership = self._ownership
+            places = [ownership.place(source) for source, _ in top]
+            if 0 in places:
+                self.stats["owned_choices"] += 1
+                return places.index(0)
+            # Every candidate is a peer's.  Each peer claims its own hosts best first, so a
+            # claim on one of a peer's best hosts races that peer's whole request stream:
+            # take a candidate at least FRONT_DEPTH behind its owner's best ones; among
+            # those, one where this scheduler is next in line after the owner (so that the
+            # other schedulers falling back spread over other hosts), then the deeper, then
+            # the better weighed.
+            depths = self._owner_depths([source for source, _ in top])
+            best = min(range(len(top)),
+                       key=lambda i: (depths[i] < FRONT_DEPTH, places[i], -depths[i], i))
+            self.stats["peer_choices"] += 1
+            return best
         if len(top) == 1:
             return 0
         if self._rendezvous is not None:
             return self._rendezvous.index([s for s, _ in top])
         return self.rng.randrange(len(top))
+
+    def _owner_depths(self, sources: list[str]) -> list[int]:
+        """For each of ``sources``: how many hosts its owner weighs better, by the weighers
+        alone (no request).  A peer claims its hosts best first, so a host deep behind its
+        owner's best ones is one that peer is unlikely to claim at the same moment."""
+        ownership = self._ownership
+        ix = self.index
+        n = ix.size
+        if ownership is None or n == 0:
+            return [0] * len(sources)
+        live = ix.live[:n]
+        score = np.zeros(n, dtype=np.float64)
+        for wg, mult in self._multipliers():
+            if wg.index_column is None or (isinstance(mult, float) and mult == 0.0):
+                continue
+            x = ix.weigher_cols[wg.index_column][:n]
+            xs = x[live]
+            if not len(xs):
+                continue
+            lo, hi = float(xs.min()), float(xs.max())
+            if lo == hi:
+                continue
+            m = mult if isinstance(mult, float) else mult[ix.gid[AGGREGATE_GROUPS][:n]]
+            score += (x - lo) / (hi - lo) * m
+        number = {p: i for i, p in enumerate(ownership.peers)}
+        owner = ownership.owner
+        owners = np.fromiter((number[owner(src)] if src is not None else -1
+                              for src in ix.sources[:n]), dtype=np.int32, count=n)
+        scores_of: dict[int, FloatArray] = {}  # the live hosts' scores, per owner
+        out = []
+        for source in sources:
+            row = ix.row_of.get(source)
+            if row is None:
+                out.append(0)
+                continue
+            o = int(owners[row])
+            theirs = scores_of.get(o)
+            if theirs is None:
+                theirs = scores_of[o] = score[live & (owners == o)]
+            out.append(int(np.count_nonzero(theirs > score[row])))
+        return out
 
     def ordered_hosts(self, spec: RequestSpec, *, path: str | None = None) -> list[tuple[str, float]]:
         """Every host passing the filters for the first instance, best first (a dry run)."""
@@ -428,7 +515,9 @@ class DecisionEngine:
         if reason is not None:
             return None, reason
         claim = self._new_claim(selection.source, selection.instance_uuid, spec.resources,
-                                self.claim_payload(spec))
+                                self.claim_payload(spec),
+                                self._claim_group(self.request_view(
+                                    spec, True, [selection.instance_uuid, *siblings])))
         self.receiver.add_claim(claim, now)
         self.index.sync()
         self.send_claim(claim)
@@ -448,14 +537,26 @@ class DecisionEngine:
 
     # -- claims and selections ------------------------------------------------------------
 
+    def _claim_group(self, req: RequestView) -> ClaimGroup | None:
+        """The server group the arbiter checks (protocol.groups): anti-affinity lists every
+        member we know of; affinity only those located on a host in our view."""
+        group = req.instance_group
+        if group is None or group.policy not in (AFFINITY, ANTI_AFFINITY) or not group.uuid:
+            return None
+        members = group.members
+        if group.policy == AFFINITY:
+            rows = self.index.rows_of_instance
+            members = [m for m in members if next(rows(m), None) is not None]
+        return ClaimGroup(group.uuid, group.policy, max(1, max_server_per_host(group)), tuple(members))
+
     def _new_claim(self, source: str, instance_uuid: str, resources: Mapping[str, int],
-                   payload: Mapping[str, Any]) -> Claim:
+                   payload: Mapping[str, Any], group: ClaimGroup | None = None) -> Claim:
         view = self.receiver.sources[source]
         self._claims += 1
         claim_id = f"{self.receiver.name}:{self._nonce}:{self._claims}@{view.epoch}.{view.seq}"
         amounts = {r: a for r, a in resources.items() if a}
         return Claim(claim_id, self.receiver.name, source, view.epoch, view.seq, amounts,
-                     instance_uuid, dict(payload))
+                     instance_uuid, dict(payload), group)
 
     def _compute(self, source: str) -> Mapping[str, Any]:
         view = self.receiver.sources.get(source)
@@ -475,21 +576,32 @@ class DecisionEngine:
 
     def _alternates(self, ranking: Iterable[tuple[str, float]], chosen: set[str], num_alts: int
                     ) -> dict[str | None, list[tuple[str, float]]]:
-        """Per cell of a chosen host: the best ``num_alts`` unclaimed hosts of that cell."""
+        """Per cell of a chosen host: the best ``num_alts`` unclaimed hosts of that cell.
+
+        With peers, among the best ``num_alts`` × peers, the hosts this scheduler owns
+        (or is next in line for) come first: an alternate is claimed after a collision,
+        and a peer's host is where the next one is likeliest.
+        """
         cells = {self._cell_of(s) for s in chosen}
         out: dict[str | None, list[tuple[str, float]]] = {c: [] for c in cells}
+        ownership = self._ownership
+        wanted = num_alts * len(ownership.peers) if ownership is not None else num_alts
         missing = len(cells)
         for source, weight in ranking:
             if source in chosen:
                 continue
             bucket = out.get(self._cell_of(source))
-            if bucket is None or len(bucket) >= num_alts:
+            if bucket is None or len(bucket) >= wanted:
                 continue
             bucket.append((source, weight))
-            if len(bucket) == num_alts:
+            if len(bucket) == wanted:
                 missing -= 1
                 if missing == 0:
                     break
+        if ownership is not None:
+            for cell, bucket in out.items():
+                order = sorted(range(len(bucket)), key=lambda i: (ownership.place(bucket[i][0]), i))
+                out[cell] = [bucket[i] for i in order[:num_alts]]
         return out
 
     # -- filtering and weighing: common -----------------------------------------------------

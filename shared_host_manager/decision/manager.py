@@ -97,6 +97,10 @@ class SchedulerManager:
         self._sender = ClaimSender(service.send_claim)
         self.engine = DecisionEngine(service.receiver, self._sender.put, config=config,
                                      rng=rng or random.Random())
+        #: follow the live peers the service reads from the stream (design §2), unless
+        #: given a fixed list
+        self.follow_membership = not peers
+        self._peers: tuple[str, ...] = ()
         if peers:
             self.engine.set_peers(peers)
         self.tracker = RequestTracker(self.engine, keep_finished=64)
@@ -137,6 +141,10 @@ class SchedulerManager:
         """Place every instance of ``spec``; blocks until each is placed or has failed."""
         waiter = _Waiter()
         with self.lock:
+            if self.follow_membership and self.service.peers != self._peers:
+                # a peer came or left: the hosts are shared out again among the live ones
+                self._peers = self.service.peers
+                self.engine.set_peers(self._peers)
             start = time.perf_counter()
             try:
                 tracked = self.tracker.submit(spec, self.service.clock())

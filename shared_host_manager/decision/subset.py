@@ -95,21 +95,34 @@ class PeerOwnership:
     hosts are reached through the fallback (the ordinary subset choice).
     """
 
-    __slots__ = ("me", "peers", "_prefixes", "_owned")
+    __slots__ = ("me", "peers", "_prefixes", "_order")
 
     def __init__(self, me: str, peers: list[str]) -> None:
         self.me = me
         self.peers = sorted(set(peers) | {me})
         self._prefixes = [(p, p.encode() + b"/") for p in self.peers]
-        self._owned: dict[str, bool] = {}
+        #: source -> (owner, this scheduler's place in the source's order of peers)
+        self._order: dict[str, tuple[str, int]] = {}
+
+    def _entry(self, source: str) -> tuple[str, int]:
+        entry = self._order.get(source)
+        if entry is None:
+            key = source.encode()
+            order = sorted(self._prefixes, key=lambda pp: (-zlib.crc32(pp[1] + key), pp[0]))
+            entry = self._order[source] = (order[0][0], [p for p, _ in order].index(self.me))
+        return entry
+
+    def owner(self, source: str) -> str:
+        """The peer owning ``source``."""
+        return self._entry(source)[0]
+
+    def place(self, source: str) -> int:
+        """This scheduler's place in ``source``'s order of peers: 0 owns it, 1 is next in
+        line (it falls back to ``source`` before the peers further down), and so on."""
+        return self._entry(source)[1]
 
     def owns(self, source: str) -> bool:
-        owned = self._owned.get(source)
-        if owned is None:
-            key = source.encode()
-            owner = max(self._prefixes, key=lambda pp: zlib.crc32(pp[1] + key))[0]
-            owned = self._owned[source] = owner == self.me
-        return owned
+        return self._entry(source)[1] == 0
 
 
 __all__ = ["AdaptiveSubset", "PeerOwnership", "RendezvousChoice"]

@@ -45,7 +45,10 @@ only (PCI pools are copied first: ``apply_requests`` mutates them).  What the
 next requests see comes from the cache: the compute's own report once it
 includes the instance, and meanwhile, with ``register_claims``, a *pending
 claim* (id = instance uuid) this manager records in the receiver's ledger right
-after nova's placement claim succeeded.  A pending claim is subtracted from the
+after nova's placement claim succeeded; it carries what nova's consumption took
+from the host's NUMA cells and PCI pools too (the difference of its before and
+after), which every view built meanwhile takes again on copies of the host's
+NUMA topology and PCI stats.  A pending claim is subtracted from the
 view only while the host's ``instances`` namespace does not list its instance
 (nova's ResourceTracker publishes usage and tracked instances in the same
 change), so it is never subtracted twice, even if the compute side cannot list
@@ -290,11 +293,14 @@ def _build_template(source: str, view: Any, default_cell: str | None,
     return tpl
 
 
-def _pending_effect(view: Any, doc_instances: Any) -> tuple[dict[str, int], int, list[str]]:
-    """(resources, claims, instance uuids) of the pending claims the document does not include yet."""
+def _pending_effect(view: Any, doc_instances: Any
+                    ) -> tuple[dict[str, int], int, list[str], list[dict[str, Any]]]:
+    """(resources, claims, instance uuids, NUMA/PCI usages) of the pending claims the
+    document does not include yet."""
     resources: dict[str, int] = {}
     claims = 0
     insts: list[str] = []
+    usages: list[dict[str, Any]] = []
     for pending in view.pending.values():
         claim = pending.claim
         if claim.instance and claim.instance in doc_instances:
@@ -304,7 +310,99 @@ def _pending_effect(view: Any, doc_instances: Any) -> tuple[dict[str, int], int,
             insts.append(claim.instance)
         for resource, amount in claim.resources.items():
             resources[resource] = resources.get(resource, 0) + amount
-    return resources, claims, insts
+        usage = claim.request.get(_USAGE_KEY)
+        if usage:
+            usages.append(usage)
+    return resources, claims, insts, usages
+
+
+#: where a pending claim keeps the NUMA and PCI consumption nova's arithmetic made
+_USAGE_KEY = "numa_pci_usage"
+
+
+def _pool_key(pool: Any) -> str:
+    """A PCI pool's identity: every key but what consumption changes."""
+    return repr(sorted((k, repr(v)) for k, v in pool.items() if k not in ("count", "devices")))
+
+
+def _pool_counts(pools: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for pool in pools:
+        key = _pool_key(pool)
+        counts[key] = counts.get(key, 0) + pool["count"]
+    return counts
+
+
+def _numa_pci_usage(numa_before: Any, numa_after: Any, pci_before: dict[str, int] | None,
+                    pci_after: Any) -> dict[str, Any]:
+    """What one consumption took from the host's NUMA cells and PCI pools (JSON-like).
+
+    Taken as the difference of nova's own before and after, so that the next
+    requests can be shown the same change again (:func:`_apply_numa_pci`) without
+    knowing the request: cpu and memory usage, pinned CPUs and used pages per cell,
+    devices per pool.
+    """
+    usage: dict[str, Any] = {}
+    if numa_before is not None and numa_after is not None and numa_after is not numa_before:
+        before = {c.id: c for c in numa_before.cells}
+        cells = {}
+        for cell in numa_after.cells:
+            old = before.get(cell.id)
+            if old is None:
+                continue
+            pages = {str(p.size_kb): p.used - q.used
+                     for p, q in zip(cell.mempages or (), old.mempages or (), strict=False)
+                     if p.size_kb == q.size_kb and p.used != q.used}
+            entry = {"cpu_usage": cell.cpu_usage - old.cpu_usage,
+                     "memory_usage": cell.memory_usage - old.memory_usage,
+                     "pinned_cpus": sorted(cell.pinned_cpus - old.pinned_cpus), "pages": pages}
+            if entry["cpu_usage"] or entry["memory_usage"] or entry["pinned_cpus"] or pages:
+                cells[str(cell.id)] = entry
+        if cells:
+            usage["numa"] = cells
+    if pci_before is not None and pci_after is not None:
+        counts = _pool_counts(pci_after)
+        pools = {key: n - counts.get(key, 0) for key, n in pci_before.items()}
+        pools = {k: n for k, n in pools.items() if n}
+        if pools:
+            usage["pci"] = pools
+    return usage
+
+
+def _apply_numa_pci(numa: Any, pci: Any, usages: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """The host's NUMA topology and PCI stats with the pending usages taken (copies; the
+    template's objects are shared and never written)."""
+    cloned = any("numa" in u for u in usages) and numa is not None
+    if cloned:
+        numa = numa.obj_clone()
+        cells = {str(c.id): c for c in numa.cells}
+        for usage in usages:
+            for cell_id, entry in usage.get("numa", {}).items():
+                cell = cells.get(cell_id)
+                if cell is None:
+                    continue
+                cell.cpu_usage += entry["cpu_usage"]
+                cell.memory_usage += entry["memory_usage"]
+                cell.pinned_cpus = cell.pinned_cpus | set(entry["pinned_cpus"])
+                for page in cell.mempages or ():
+                    page.used += entry["pages"].get(str(page.size_kb), 0)
+    take_pci = any("pci" in u for u in usages)
+    if pci is not None and (take_pci or cloned):
+        own = copy.copy(pci)
+        own.numa_topology = numa  # the PCI NUMA-affinity checks read the cells just changed
+        if take_pci:
+            own.pools = copy.deepcopy(pci.pools)
+            for usage in usages:
+                for key, n in usage.get("pci", {}).items():
+                    for pool in own.pools:  # the same key in two pools: take from the first first
+                        if n <= 0:
+                            break
+                        if _pool_key(pool) == key:
+                            took = min(n, pool["count"])
+                            pool["count"] -= took
+                            n -= took
+        pci = own
+    return numa, pci
 
 
 # -- the per-request view -------------------------------------------------------------------
@@ -350,7 +448,11 @@ class SharedHostState(nova_host_manager.HostState):
         svc.data = service
         d["service"] = svc
         if view.pending:
-            resources, claims, insts = _pending_effect(view, tpl.doc_instances)
+            resources, claims, insts, usages = _pending_effect(view, tpl.doc_instances)
+            if usages:
+                # pinned CPUs, NUMA memory and PCI devices held by our pending claims (design §5.5)
+                d["numa_topology"], d["pci_stats"] = _apply_numa_pci(
+                    d.get("numa_topology"), d.get("pci_stats"), usages)
             if claims:
                 vcpus = resources.get("vcpus", 0)
                 mem = resources.get("memory_mb", 0)
@@ -404,6 +506,8 @@ class SharedHostState(nova_host_manager.HostState):
         topology and the PCI pools, which nova's consumption changes in place,
         are copied from the shared template first.
         """
+        numa_before = self.numa_topology
+        pci_before = _pool_counts(self.pci_stats.pools) if self.pci_stats is not None else None
         try:
             if self.numa_topology is not None and spec_obj.numa_topology:
                 # numa_usage_from_instance_numa updates the host's mempages in place,
@@ -422,7 +526,9 @@ class SharedHostState(nova_host_manager.HostState):
                         {"host": self.host, "error": e})
             return None
         self._updated = datetime.datetime.now(_UTC)
-        self._manager._consumed(self, spec_obj)
+        usage = _numa_pci_usage(numa_before, self.numa_topology, pci_before,
+                                self.pci_stats.pools if self.pci_stats is not None else None)
+        self._manager._consumed(self, spec_obj, usage)
         return None
 
 
@@ -826,7 +932,8 @@ class SharedHostManager(nova_host_manager.HostManager):
                 out[agg_uuid] = agg
         return [out[u] for u in sorted(out)]
 
-    def _consumed(self, host_state: SharedHostState, spec_obj: Any) -> None:
+    def _consumed(self, host_state: SharedHostState, spec_obj: Any,
+                  usage: dict[str, Any] | None = None) -> None:
         """Record the placement-claimed instance as pending on the host (register_claims)."""
         if not self.register_claims:
             return
@@ -839,7 +946,7 @@ class SharedHostManager(nova_host_manager.HostManager):
             epoch=epoch, seq=seq,
             resources={"vcpus": spec_obj.vcpus, "memory_mb": spec_obj.memory_mb,
                        "disk_gb": spec_obj.root_gb + spec_obj.ephemeral_gb},
-            instance=instance)
+            instance=instance, request={_USAGE_KEY: usage} if usage else {})
         cache = self.cache
         with cache.lock:
             try:

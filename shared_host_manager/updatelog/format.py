@@ -42,7 +42,7 @@ CANCEL         11  now, source, claim id[, effects]   (receiver.cancel_claim)
 CHECKPOINT     12  now, combined hash (8 bytes), number of views, changed views
                    [[source, [epoch, seq, digest, down, [pending claim ids]] | None], ...]
                    (digest: 16 bytes, b"" = no document yet, None = not digested this time)
-DECISION       13  now, {id, spec, rng, subset, live, path, alts}   (before the decision runs)
+DECISION       13  now, {id, spec, rng, subset, live, peers, path, alts}   (before the decision runs)
 DECISION_END   14  now, {id, rows | None, error}                    (after; rows: per instance
                    [uuid, [[source, weight, claim_id, epoch, seq, digest], ...]])
 ENGINE         15  now, {config, filters, weighers, path, live}     (the decision engine attached)

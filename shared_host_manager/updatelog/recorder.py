@@ -479,6 +479,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
             "rng": rng_to_wire(engine.rng),
             "subset": [engine.subset.rate, engine.subset.observed],
             "live": engine.live_schedulers if live is None else live,
+            "peers": engine.peers,
             "path": path or engine.path, "alts": alts,
         }])
 

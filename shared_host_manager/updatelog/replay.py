@@ -770,6 +770,9 @@ class Replayer:
             spec = fmt.spec_from_wire(data["spec"])
             engine.rng.setstate(fmt.rng_from_wire(data["rng"]))
             engine.subset.rate, engine.subset.observed = data["subset"]
+            if engine.peers != (data.get("peers") or []):
+                # host ownership among the peers the scheduler knew then (membership, design §2)
+                engine.set_peers(data.get("peers") or [])
             try:
                 rows = engine.select_destinations(spec, rec.now, return_alternates=data.get("alts", True),
                                                   live_schedulers=data.get("live"), path=data.get("path"),

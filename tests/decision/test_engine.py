@@ -250,3 +250,30 @@ def test_peers_claim_hosts_they_own_so_concurrent_decisions_differ():
     # alone again: ownership off, plain subset choice
     engines[0].set_peers([])
     assert engines[0]._ownership is None and engines[0].live_schedulers == 1
+
+
+def test_a_scheduler_owning_no_candidate_avoids_the_owners_front_and_spreads():
+    # Every candidate belongs to one peer ("owner"); the two others fall back to its hosts.
+    from shared_host_manager.decision.engine import FRONT_DEPTH
+    from shared_host_manager.decision.subset import PeerOwnership
+
+    peers = ["owner", "x", "y"]
+    ownership = PeerOwnership("owner", peers)
+    owned = [f"cn{i}" for i in range(200) if ownership.owns(f"cn{i}")][:12]
+    docs = {s: host_doc(f"h{s}", memory_mb=8192 + 1024 * i) for i, s in enumerate(owned)}
+    spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512))
+    picks = {}
+    for name in peers:
+        rec = load_receiver(docs, down_interval=1e9)
+        rec.name = name
+        engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
+            weight_classes=("RAMWeigher",)))
+        engine.set_peers(peers)
+        picks[name] = engine.select_destinations(spec, 0.0)[0][0].source
+        assert engine.stats["peer_choices" if name != "owner" else "owned_choices"] == 1
+    best_first = sorted(owned, key=lambda s: -docs[s]["compute"]["memory_mb"])
+    assert picks["owner"] == best_first[0]  # the owner claims its best host
+    for name in ("x", "y"):  # the others stay behind its front, each where it is next in line
+        assert best_first.index(picks[name]) >= FRONT_DEPTH
+        assert PeerOwnership(name, peers).place(picks[name]) == 1
+    assert picks["x"] != picks["y"]

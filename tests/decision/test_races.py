@@ -218,3 +218,51 @@ def test_concurrent_schedulers_never_overcommit_and_resolve_every_claim(seed, n_
         for src in cluster.sources.values():
             view = s.receiver.sources[src.source]
             assert view.version == src.version and view.digest() == src.published_digest()
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_racing_schedulers_keep_server_group_policies(seed):
+    """Members of a few server groups, requested at once from four schedulers that each know
+    only the members already placed (nova's API view): no anti-affinity group ever has two
+    members on one host (the hosts arbitrate it), and no affinity group is split (its first
+    members go to one host by rendezvous over the group)."""
+    cluster = Cluster(seed, 8, 0.0, claim_deadline=20.0)
+    rng = random.Random(seed)
+    for _ in range(30):
+        cluster.step(0.01)
+    groups = [(f"anti-{i}", "anti-affinity") for i in range(3)] + [("aff-0", "affinity")]
+    members: dict[str, list[str]] = {g: [] for g, _ in groups}
+    done: set[str] = set()
+    n = 0
+    for _tick in range(150):
+        for _ in range(rng.choice((1, 2, 3))):
+            sched = cluster.schedulers[rng.choice(sorted(cluster.schedulers))]
+            uuid, policy = rng.choice(groups)
+            group = InstanceGroup(policy, members=list(members[uuid]), uuid=uuid)
+            spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512, root_gb=5), num_instances=1,
+                               instance_group=group, project_id="p", request_id=f"g{n}")
+            n += 1
+            try:
+                sched.tracker.submit(spec, cluster.now)
+            except NoValidHost:
+                pass
+        cluster.step(0.01)
+        for s in cluster.schedulers.values():  # a placed member joins its group's list
+            for e in s.events:
+                if isinstance(e, InstanceScheduled) and e.instance_uuid not in done:
+                    done.add(e.instance_uuid)
+                    spec = s.tracker.request(e.request_id).spec
+                    members[spec.instance_group.uuid].append(e.instance_uuid)
+    for _ in range(2000):
+        cluster.step(0.01)
+        if cluster.quiet():
+            break
+    where = {inst: src.source for src in cluster.sources.values()
+             for inst in src.document.get("instances", {})}
+    for uuid, policy in groups:
+        hosts = [where[m] for m in members[uuid] if m in where]
+        if policy == "anti-affinity":
+            assert len(hosts) == len(set(hosts)), f"{uuid}: two members on one host"
+        else:
+            assert len(set(hosts)) <= 1, f"{uuid}: split over {sorted(set(hosts))}"
+    assert len(done) > 8  # members were placed, concurrently

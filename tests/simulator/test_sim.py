@@ -94,6 +94,12 @@ def test_recorded_run_replays_with_matching_digests(tmp_path):
     for log in logs:
         base = str(log)[: -len(".0001")]
         assert replay_cmd.main([base]) == 0
+    # and the decisions come out the same, host ownership among the peers of then included
+    from shared_host_manager.updatelog.replay import replay
+
+    for log in logs:
+        result = replay([str(log)], decisions=True)
+        assert result.decisions_checked > 0 and not result.decision_diffs, result.decision_diffs[:1]
 
 
 _DATABASES = {
