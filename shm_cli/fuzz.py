@@ -7,7 +7,8 @@ starting from the corpus kept in ``tests/fuzz_corpus/``.  Any exception other th
 typed protocol error is a crash: atheris writes the input that caused it and exits 1.
 
 ``--write-corpus DIR`` writes the seed inputs (valid messages of every type, for every
-door) instead of fuzzing.
+door) instead of fuzzing.  The inputs a run found interesting stay in ``--work``; the small
+ones are worth copying into ``tests/fuzz_corpus/`` (the suite replays them).
 """
 
 from __future__ import annotations
@@ -38,8 +39,6 @@ def build_parser(prog: str = "shm fuzz") -> argparse.ArgumentParser:
                    help="where new interesting inputs and crash inputs go (default: a temporary dir)")
     p.add_argument("--max-len", type=int, default=4096, help="longest input (default: %(default)s)")
     p.add_argument("--write-corpus", metavar="DIR", help="write the seed inputs to DIR and exit")
-    p.add_argument("--merge-into", metavar="DIR",
-                   help="instead of fuzzing, add to DIR the inputs of --work that add coverage")
     return p
 
 
@@ -61,9 +60,6 @@ def main(argv: list[str] | None = None) -> int:
         print("shm fuzz: atheris is not installed; pip install 'shared-host-manager[fuzz]'",
               file=sys.stderr)
         return 2
-    if args.merge_into and not args.work:
-        print("shm fuzz: --merge-into needs --work DIR (the inputs to merge)", file=sys.stderr)
-        return 2
     work = args.work or tempfile.mkdtemp(prefix="shm-fuzz-corpus-")
     os.makedirs(work, exist_ok=True)
     # every door logs each input it drops: millions of lines, and most of the time spent
@@ -80,16 +76,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"({targets.inputs / max(elapsed, 1e-9):.0f}/s), 0 crashes; by door: "
                   f"{targets.by_target}", flush=True)
 
-    if args.merge_into:
-        # minimise: keep the inputs of ``work`` (and the corpus) that add coverage
-        os.makedirs(args.merge_into, exist_ok=True)
-        engine_args = [sys.argv[0], "-merge=1", args.merge_into, work]
-    else:
-        engine_args = [sys.argv[0], f"-runs={args.runs}", f"-seed={args.seed}",
-                       f"-max_len={args.max_len}", f"-artifact_prefix={work}/",
-                       "-print_final_stats=1", work]
-        if os.path.isdir(args.corpus):
-            engine_args.append(args.corpus)
+    engine_args = [sys.argv[0], f"-runs={args.runs}", f"-seed={args.seed}",
+                   f"-max_len={args.max_len}", f"-artifact_prefix={work}/",
+                   "-print_final_stats=1", work]
+    if os.path.isdir(args.corpus):
+        engine_args.append(args.corpus)
     atheris.instrument_all()
     atheris.Setup(engine_args, one)
     atheris.Fuzz()  # exits the process: 0 when the runs are done, non-zero on a crash
