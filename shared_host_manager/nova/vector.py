@@ -150,6 +150,11 @@ _ADJUSTED = frozenset({"free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_use
 
 # -- the per-request rows ---------------------------------------------------------------
 
+#: host_manager._pending_effect: (resources, claims, instances, NUMA/PCI usages) of the
+#: pending claims; the usages reach nova's classes through SharedHostState._make only
+PendingEffect = tuple[dict[str, int], int, list[str], list[dict[str, Any]]]
+
+
 class _Snap:
     """What SharedHostState._make reads from a SourceView, as it was under the lock."""
 
@@ -200,7 +205,7 @@ class HostRows:
     """The hosts of one request: templates, snapshots, lazily built columns, the shells."""
 
     def __init__(self, manager: Any, store: Store, wall_offset: float, shell_cls: type,
-                 pending_effect: Callable[[Any, Any], tuple[dict[str, int], int, list[str]]]) -> None:
+                 pending_effect: Callable[[Any, Any], PendingEffect]) -> None:
         self.manager = manager
         self.store = store
         self.shell_cls = shell_cls
@@ -212,7 +217,7 @@ class HostRows:
         self.aggs: list[list[Any]] = []
         self.agg_keys: list[Any] = []
         #: row -> (pending claims copy, (resources, claims, instances)) for rows with pending claims
-        self.pending: dict[int, tuple[dict[str, Any], tuple[dict[str, int], int, list[str]]]] = {}
+        self.pending: dict[int, tuple[dict[str, Any], PendingEffect]] = {}
         #: row -> (the API side's service record, nova's instance hints) for rows that have
         #: either: both are newer than the document (design §2), and SharedHostState._make
         #: applies them the same way
@@ -279,7 +284,7 @@ class HostRows:
             d["_row"] = row
         table = self._table = self.store.table[np.asarray(slots, dtype=np.int64)].reshape(
             -1, len(NUMBERS))
-        for row, (_, (res, claims, insts)) in self.pending.items():
+        for row, (_, (res, claims, insts, _usages)) in self.pending.items():
                 if not claims:
                     continue
                 vcpus, mem, disk = res.get("vcpus", 0), res.get("memory_mb", 0), res.get("disk_gb", 0)
