@@ -90,8 +90,6 @@ def main(argv: list[str] | None = None, prog: str = "shm bench nova") -> int:
 def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
     """get_host_states_by_uuids + get_filtered_hosts + get_weighed_hosts of one SharedHostManager,
     with the vector core and with nova's handlers, alternating, on the bench's hosts."""
-    from nova import context as nova_context
-
     from shared_host_manager.nova import document as ndoc
     from shared_host_manager.nova import fixtures as fx
     from shared_host_manager.nova import host_manager as shm
@@ -107,7 +105,7 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
         for cn in nodes}
     cache = fx.cache_from_documents(docs)
     manager = shm.SharedHostManager(cache, register_claims=False, default_cell_uuid=fx.CELL1)
-    ctx = nova_context.get_admin_context()
+    ctx = None  # SharedHostManager reads no request context
     uuids = [cn.uuid for cn in nodes]
     sides = {"vector": True, "per-host": False}
     times: dict[str, dict[str, list[float]]] = {s: {"host_states": [], "filter": [], "weigh": [],
