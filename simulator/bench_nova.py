@@ -105,7 +105,7 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
         for cn in nodes}
     cache = fx.cache_from_documents(docs)
     manager = shm.SharedHostManager(cache, register_claims=False, default_cell_uuid=fx.CELL1)
-    ctx = fx.admin_context()
+    ctx = None  # SharedHostManager reads no request context
     uuids = [cn.uuid for cn in nodes]
     sides = {"vector": True, "per-host": False}
     times: dict[str, dict[str, list[float]]] = {s: {"host_states": [], "filter": [], "weigh": [],

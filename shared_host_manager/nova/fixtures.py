@@ -453,13 +453,6 @@ class SchedulerPair:
         self._shm.set_cache_provider(None)
 
 
-def admin_context() -> Any:
-    """nova's admin RequestContext, for callers outside the nova package (benchmarks)."""
-    from nova import context as nova_context
-
-    return nova_context.get_admin_context()
-
-
 # -- the drop-in inside an in-process nova (nova's functional tests) ----------------------------
 
 try:

@@ -24,9 +24,10 @@ tests in tests/nova/test_nova_vector.py are the definition of "same"):
 Life cycle (one request)::
 
     get_host_states_by_uuids (under cache.lock)
-        LazyHostState.make per host: a shell (request rows + row number), no
-        HostState attributes yet; HostRows snapshots what the lock protects
-        (liveness, pending claims, aggregates)
+        HostRows.add per host, then HostRows.seal: per host a LazyHostState
+        shell (host_manager.py: request rows + row number, no HostState
+        attributes yet), and a copy of what the lock protects (liveness,
+        pending claims, aggregates, the numbers of NUMBERS from the Store)
     get_filtered_hosts -> nova's force/ignore/requested_destination rules on the
         rows' names, then the filters in nova's order -> a list of shells
     get_weighed_hosts -> weights per weigher, nova.weights.normalize's
