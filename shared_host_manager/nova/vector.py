@@ -475,13 +475,18 @@ def _all(idx: IntArray) -> BoolArray:
 def _grouped(f: Any, rows: HostRows, idx: IntArray, spec: Any, keys: list[Any],
              probe: Callable[[int], Any]) -> BoolArray:
     """nova's own ``f._filter_one`` once per distinct key, on one host of the group."""
+    return _once_per_key(idx, keys, lambda row: f._filter_one(probe(row), spec))
+
+
+def _once_per_key(idx: IntArray, keys: list[Any], decide: Callable[[int], Any]) -> BoolArray:
+    """``decide(row)`` for one row per distinct ``keys[row]``, spread to the rows sharing it."""
     answer: dict[Any, bool] = {}
     out = np.empty(len(idx), dtype=bool)
     for j, row in enumerate(idx.tolist()):
         k = keys[row]
         a = answer.get(k)
         if a is None:
-            a = answer[k] = bool(f._filter_one(probe(row), spec))
+            a = answer[k] = bool(decide(row))
         out[j] = a
     return out
 
@@ -672,15 +677,8 @@ def _numa(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
     image_props = spec.image.properties
     keys = rows.values("numa_policy", lambda t: (bool(t.attrs["numa_topology"]), bool(
         t.attrs["numa_topology"].has_threads) if t.attrs["numa_topology"] else None))
-    answer: dict[Any, bool] = {}
-    out = np.empty(len(idx), dtype=bool)
-    for j, row in enumerate(idx.tolist()):
-        k = keys[row]
-        a = answer.get(k)
-        if a is None:
-            a = answer[k] = bool(f._satisfies_cpu_policy(rows.shells[row], extra_specs, image_props))
-        out[j] = a
-    return out
+    return _once_per_key(idx, keys, lambda row: f._satisfies_cpu_policy(rows.shells[row], extra_specs,
+                                                                         image_props))
 
 
 def _pci(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
