@@ -79,6 +79,7 @@ def _run_side(side: str, ids: list[str], workers: int, out: Path) -> tuple[dict[
     return rows, time.monotonic() - started
 
 
+@pytest.mark.timeout(3600)  # both sides of the selection: minutes, not the suite's 300 s
 def test_nova_functional_selection_passes_with_the_drop_in():
     _paste_config()
     out = Path(os.environ.get("SHM_NOVA_FUNCTIONAL_OUT") or tempfile.mkdtemp(prefix="shm-nova-ft-"))
