@@ -726,8 +726,28 @@ VECTOR_FILTERS: dict[type, VectorFilter] = {
 }
 
 
+def _own_methods(cls: type) -> dict[str, Any]:
+    """The functions a class defines or inherits, as nova shipped them (captured at import)."""
+    # getattr_static: the stored function or descriptor itself (getattr would build a new
+    # bound method of a classmethod on every access, never identical)
+    return {name: inspect.getattr_static(cls, name) for name in dir(cls)
+            if not name.startswith("__") and callable(getattr(cls, name, None))}
+
+
+#: nova's methods of every class with a vector form: a vector form stands for *these*. A class
+#: whose method was replaced since (a test's mock.patch, a deployment's monkey patch) runs as
+#: itself, per host, like a filter without a vector form
+_SHIPPED: dict[type, dict[str, Any]] = {cls: _own_methods(cls) for cls in VECTOR_FILTERS}
+
+
+def _unchanged(cls: type) -> bool:
+    shipped = _SHIPPED.get(cls)
+    return shipped is not None and all(inspect.getattr_static(cls, name, None) is fn
+                                       for name, fn in shipped.items())
+
+
 def _is_base_filter_all(f: Any) -> bool:
-    return type(f).filter_all is nova_filters.BaseHostFilter.filter_all
+    return type(f).filter_all is nova_filters.BaseHostFilter.filter_all and _unchanged(type(f))
 
 
 def run_filters(filters_: Iterable[Any], rows: HostRows, idx_: list[int], spec: Any,
@@ -840,6 +860,9 @@ VECTOR_WEIGHERS: dict[type, VectorWeigher] = {
 }
 
 
+_SHIPPED.update({cls: _own_methods(cls) for cls in VECTOR_WEIGHERS})
+
+
 def _normalize(weights: FloatArray, minval: Any, maxval: Any) -> FloatArray:
     """nova.weights.normalize, element for element."""
     hi = float(weights.max()) if maxval is None else float(maxval)
@@ -866,7 +889,8 @@ def weigh(weighers: Iterable[Any], rows: HostRows, idx: list[int], spec: Any,
     for w in weighers:
         vw = VECTOR_WEIGHERS.get(type(w))
         raw = None
-        if vw is not None and type(w).weigh_objects is nova_weights.BaseHostWeigher.weigh_objects:
+        if vw is not None and type(w).weigh_objects is nova_weights.BaseHostWeigher.weigh_objects \
+                and _unchanged(type(w)):
             if lazy_pos is None:
                 raw = vw(w, rows, arr, spec)
             else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -404,6 +405,36 @@ def test_the_generated_worlds_exercise_the_vector_forms() -> None:
             passed = ours.get_filtered_hosts(rows, spec, 0)
             assert ours.counters["filter_fallback_runs"] == 0, name
             assert everyone - {h.host for h in passed} == rejected, name
+
+
+def test_a_patched_nova_filter_runs_as_itself() -> None:
+    """A vector form stands for nova's methods as shipped: with ``host_passes`` replaced (a
+    test's mock.patch, a deployment's monkey patch) the class decides, per host, as nova's
+    handler would call it (nova's functional tests patch the group filters this way)."""
+    params = [{"i": i, "free_ram_mb": 30000, "vcpus_used": 0, "num_instances": 0, "io_workload": 0,
+               "failed_builds": 0, "hypervisor_version": 8002000, "cpu_allocation_ratio": 4.0,
+               "numa": "free", "pci": 0, "metrics": "default", "stats": {}, "disabled": False,
+               "forced_down": False, "aggregates": [],
+               "instances": [INSTANCES[0]] if i == 1 else []} for i in range(3)]
+    world = _World(params)
+    base = {"extra": {}, "image": {}, "group": "anti-affinity", "members": [INSTANCES[0]],
+            "group_hosts": [], "max_per_host": None, "me": fx.uuid_for("req", 1), "hints": {},
+            "same": [], "numa": None, "pci": 0, "force_hosts": [], "ignore_hosts": [],
+            "force_nodes": [], "check_type": None, "destination": None, "project": "p",
+            "image_id": None, "index": 0}
+    everyone = {cn.host for cn in world.nodes}
+    with _conf({"filter_scheduler.enabled_filters": ["ServerGroupAntiAffinityFilter"]}):
+        spec = _spec(base)
+        ours = shm.SharedHostManager(world.cache, register_claims=False, default_cell_uuid=fx.CELL1)
+        rows = ours.get_host_states_by_uuids(nova_context.get_admin_context(), None, spec)
+        assert everyone - {h.host for h in ours.get_filtered_hosts(rows, spec, 0)} == {"host1"}
+        with mock.patch("nova.scheduler.filters.affinity_filter.ServerGroupAntiAffinityFilter."
+                        "host_passes", return_value=True):
+            ours = shm.SharedHostManager(world.cache, register_claims=False,
+                                         default_cell_uuid=fx.CELL1)
+            rows = ours.get_host_states_by_uuids(nova_context.get_admin_context(), None, spec)
+            assert {h.host for h in ours.get_filtered_hosts(rows, spec, 0)} == everyone
+            assert ours.counters["filter_fallback_runs"] == 1
 
 
 def test_only_the_hosts_novas_manager_uses_become_host_states(nova_conf) -> None:
