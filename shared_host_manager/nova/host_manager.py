@@ -320,19 +320,6 @@ def _pending_effect(view: Any, doc_instances: Any
 _USAGE_KEY = "numa_pci_usage"
 
 
-def _pool_key(pool: Any) -> str:
-    """A PCI pool's identity: every key but what consumption changes."""
-    return repr(sorted((k, repr(v)) for k, v in pool.items() if k not in ("count", "devices")))
-
-
-def _pool_counts(pools: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for pool in pools:
-        key = _pool_key(pool)
-        counts[key] = counts.get(key, 0) + pool["count"]
-    return counts
-
-
 def _numa_pci_usage(numa_before: Any, numa_after: Any, pci_before: dict[str, int] | None,
                     pci_after: Any) -> dict[str, Any]:
     """What one consumption took from the host's NUMA cells and PCI pools (JSON-like).
@@ -361,7 +348,7 @@ def _numa_pci_usage(numa_before: Any, numa_after: Any, pci_before: dict[str, int
         if cells:
             usage["numa"] = cells
     if pci_before is not None and pci_after is not None:
-        counts = _pool_counts(pci_after)
+        counts = vector.pool_counts(pci_after)
         pools = {key: n - counts.get(key, 0) for key, n in pci_before.items()}
         pools = {k: n for k, n in pools.items() if n}
         if pools:
@@ -397,7 +384,7 @@ def _apply_numa_pci(numa: Any, pci: Any, usages: list[dict[str, Any]]) -> tuple[
                     for pool in own.pools:  # the same key in two pools: take from the first first
                         if n <= 0:
                             break
-                        if _pool_key(pool) == key:
+                        if vector.pool_key(pool) == key:
                             took = min(n, pool["count"])
                             pool["count"] -= took
                             n -= took
@@ -507,7 +494,7 @@ class SharedHostState(nova_host_manager.HostState):
         are copied from the shared template first.
         """
         numa_before = self.numa_topology
-        pci_before = _pool_counts(self.pci_stats.pools) if self.pci_stats is not None else None
+        pci_before = vector.pool_counts(self.pci_stats.pools) if self.pci_stats is not None else None
         try:
             if self.numa_topology is not None and spec_obj.numa_topology:
                 # numa_usage_from_instance_numa updates the host's mempages in place,

@@ -126,7 +126,7 @@ IntArray = npt.NDArray[np.int64]
 #: the numbers the vector forms read, per template (see _numbers)
 NUMBERS = ("free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used", "num_instances",
            "num_io_ops", "vcpus_total", "cpu_allocation_ratio", "failed_builds",
-           "hypervisor_version", "pci_weight", "down")
+           "hypervisor_version", "pci_free", "down")
 _COLUMN = {name: i for i, name in enumerate(NUMBERS)}
 
 
@@ -138,15 +138,43 @@ def _numbers(tpl: Any) -> tuple[float, ...]:
     return (a["free_ram_mb"], a["free_disk_mb"], a["disk_mb_used"], a["vcpus_used"],
             a["num_instances"], a["num_io_ops"], a["vcpus_total"], a["cpu_allocation_ratio"],
             a["failed_builds"], a["hypervisor_version"] or 0,
-            # PCIWeigher's weight (nova.scheduler.weights.pci)
-            w_pci.MAX_DEVS - min(free, w_pci.MAX_DEVS - 1),
+            # PCIWeigher reads the free devices (net of pending claims, see HostRows.seal)
+            free,
             # ComputeFilter: service disabled or forced down
             1.0 if (s["disabled"] or s.get("forced_down")) else 0.0)
 
 
 #: the numbers this scheduler's pending claims change (host_manager._make does the same)
 _ADJUSTED = frozenset({"free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used",
-                       "num_instances", "num_io_ops"})
+                       "num_instances", "num_io_ops", "pci_free"})
+
+
+def pool_key(pool: Any) -> str:
+    """A PCI pool's identity: every key but what consumption changes."""
+    return repr(sorted((k, repr(v)) for k, v in pool.items() if k not in ("count", "devices")))
+
+
+def pool_counts(pools: Any) -> dict[str, int]:
+    """Free devices per pool identity (two pools may share one)."""
+    counts: dict[str, int] = {}
+    for pool in pools:
+        key = pool_key(pool)
+        counts[key] = counts.get(key, 0) + pool["count"]
+    return counts
+
+
+def _pci_taken(tpl: Any, usages: list[dict[str, Any]]) -> int:
+    """How many of the host's free devices the pending usages take: per pool identity, what
+    they ask for, at most what is there (host_manager._apply_numa_pci takes them the same way)."""
+    asked: dict[str, int] = {}
+    for usage in usages:
+        for key, n in usage.get("pci", {}).items():
+            asked[key] = asked.get(key, 0) + n
+    if not asked:
+        return 0
+    ps = tpl.attrs["pci_stats"]
+    have = pool_counts(ps.pools) if ps else {}
+    return sum(min(n, have.get(key, 0)) for key, n in asked.items() if n > 0)
 
 
 # -- the per-request rows ---------------------------------------------------------------
@@ -285,9 +313,11 @@ class HostRows:
             d["_row"] = row
         table = self._table = self.store.table[np.asarray(slots, dtype=np.int64)].reshape(
             -1, len(NUMBERS))
-        for row, (_, (res, claims, insts, _usages)) in self.pending.items():
+        for row, (_, (res, claims, insts, usages)) in self.pending.items():
                 if not claims:
                     continue
+                if usages:
+                    table[row, _COLUMN["pci_free"]] -= _pci_taken(self.tpls[row], usages)
                 vcpus, mem, disk = res.get("vcpus", 0), res.get("memory_mb", 0), res.get("disk_gb", 0)
                 for name_, delta in (("free_ram_mb", -mem), ("free_disk_mb", -disk * 1024),
                                      ("disk_mb_used", disk * 1024), ("vcpus_used", vcpus),
@@ -799,6 +829,12 @@ def _column(name: str) -> VectorWeigher:
     return lambda w, rows, idx, spec: rows.col(name)[idx]
 
 
+def _pci_weight(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
+    # nova.scheduler.weights.pci: MAX_DEVS - min(free, MAX_DEVS - 1)
+    free = rows.col("pci_free")[idx]
+    return w_pci.MAX_DEVS - np.minimum(free, w_pci.MAX_DEVS - 1)
+
+
 def _cpu(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
     return rows.col("vcpus_total")[idx] * rows.col("cpu_allocation_ratio")[idx] \
         - rows.col("vcpus_used")[idx]
@@ -851,7 +887,7 @@ VECTOR_WEIGHERS: dict[type, VectorWeigher] = {
     w_num_instances.NumInstancesWeigher: _column("num_instances"),
     w_compute.BuildFailureWeigher: _column("failed_builds"),
     w_hv.HypervisorVersionWeigher: _column("hypervisor_version"),
-    w_pci.PCIWeigher: _column("pci_weight"),
+    w_pci.PCIWeigher: _pci_weight,
     w_cross_cell.CrossCellWeigher: _cross_cell,
     w_affinity.ServerGroupSoftAffinityWeigher: _soft(1.0),
     w_affinity.ServerGroupSoftAntiAffinityWeigher: _soft(-1.0),

@@ -100,3 +100,24 @@ def test_pci_devices_are_held_and_given_back(world):
     assert not pci_filter.host_passes(full, fx.request_spec(instance_uuid=uuids[4], pci=_pci()))
     assert manager.cancel_claims(uuids[:2]) == 2
     assert _state(world, manager, "host5").pci_stats.pools[0]["count"] == 2
+
+
+def test_the_vector_core_weighs_held_pci_devices_as_novas_weigher(world):
+    """PCIWeigher prefers hosts with fewer free devices: the devices a pending claim holds
+    count as taken in the vector core's column as in the full HostState."""
+    manager = world.manager(register_claims=True)
+    for i in range(4):  # every device of host5 held by a pending claim
+        spec = fx.request_spec(instance_uuid=fx.uuid_for("pci-w", i), pci=_pci())
+        _state(world, manager, "host5").consume_from_request(spec)
+    decided = {}
+    for vector_on in (True, False):
+        manager.vector_decisions = vector_on
+        spec = fx.request_spec(instance_uuid=fx.uuid_for("pci-w", 9))
+        # straight from the rows, as nova's manager calls it: no shell touched, so the
+        # vector core weighs every host from its columns
+        hosts = manager.get_host_states_by_uuids(None, [cn.uuid for cn in world.nodes], spec)
+        passed = manager.get_filtered_hosts(hosts, spec, 0)
+        decided[vector_on] = [(w.obj.host, w.weight) for w in manager.get_weighed_hosts(passed, spec)]
+    assert manager.counters["vector_weighed"] == 1  # once by the vector core, once by nova's handler
+    assert "host5" in dict(decided[False])
+    assert decided[True] == decided[False]
