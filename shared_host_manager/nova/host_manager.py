@@ -595,6 +595,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         self.default_cell_uuid = default_cell_uuid or (conf.default_cell_uuid if conf is not None
                                                        else None)
         self._templates: dict[str, _Template] = {}
+        #: ((applied, snapshots, sources), answer) of the last minimum_compute_version
+        self._min_version: tuple[tuple[int, int, int], int | None] | None = None
         #: instance uuid -> host (source) of the pending claims this manager recorded, newest
         #: last; bounded: nova cancels within the request that claimed
         self._claimed: OrderedDict[str, str] = OrderedDict()
@@ -1047,17 +1049,29 @@ class SharedHostManager(nova_host_manager.HostManager):
     # -- request filter support -----------------------------------------------------------
     def minimum_compute_version(self) -> int | None:
         """Lowest nova-compute service version the held hosts publish (None: someone does not)."""
-        versions = []
         with self.cache.lock:
-            for view in self.cache.receiver.sources.values():
+            receiver = self.cache.receiver
+            sources = receiver.sources
+            # nova asks on every request; a document changes only by an applied delta or
+            # snapshot, and a source comes or goes only with the count or a snapshot
+            key = (receiver.stats["applied"], receiver.stats["snapshots"], len(sources))
+            memo = self._min_version
+            if memo is not None and memo[0] == key:
+                return memo[1]
+            versions: list[int] = []
+            lowest: int | None = None
+            for view in sources.values():
                 doc = view.doc
                 if not doc or not doc.get(hostdoc.COMPUTE):
                     continue
                 version = (doc.get(hostdoc.SERVICE) or _EMPTY).get("version")
                 if type(version) is not int:
-                    return None
+                    break
                 versions.append(version)
-        return min(versions) if versions else None
+            else:
+                lowest = min(versions) if versions else None
+            self._min_version = (key, lowest)
+            return lowest
 
 
 def _aggregate(agg_uuid: str, entry: dict[str, Any], hosts: list[str]) -> Any:

@@ -168,6 +168,10 @@ def test_minimum_compute_version_from_the_stream(world):
     with cache.lock:
         cache.receiver.receive(Delta(nodes[1].uuid, 1, 1, [[SET, "service", "version", 70]]), clock())
     assert manager.minimum_compute_version() == 70
+    assert manager.minimum_compute_version() == 70  # asked again, nothing applied: the same
+    with cache.lock:  # a compute that does not say its version: nova's own query decides
+        cache.receiver.receive(Delta(nodes[2].uuid, 1, 1, [[DEL, "service", "version"]]), clock())
+    assert manager.minimum_compute_version() is None
 
 
 def test_a_bad_document_costs_one_host_not_the_request(world):
