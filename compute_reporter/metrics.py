@@ -162,11 +162,6 @@ def serve(service: ReporterService, conf: cfg.ConfigOpts, role: str = "reporter"
           port: int | None = None) -> MetricsEndpoint | None:
     """Start the endpoint of ``service`` on ``[metrics]`` (None when disabled); an OSError
     (port in use) goes to the caller."""
-    transport_metrics.register_opts(conf)
-    group = conf.metrics
-    if not group.enabled:
-        return None
-    endpoint = MetricsEndpoint(ReporterCollector(service, role), lambda: health(service),
-                               lambda sources: status(service, sources, role),
-                               host=group.bind_host, port=group.bind_port if port is None else port)
-    return endpoint.start()
+    return transport_metrics.serve(conf, port, lambda group: (
+        ReporterCollector(service, role), lambda: health(service),
+        lambda sources: status(service, sources, role)))

@@ -212,13 +212,8 @@ def serve(service: SchedulerService, conf: cfg.ConfigOpts, role: str = "schedule
           port: int | None = None) -> MetricsEndpoint | None:
     """Start the endpoint of ``service`` on ``[metrics]`` (None when disabled); an OSError
     (port in use) goes to the caller."""
-    transport_metrics.register_opts(conf)
-    group = conf.metrics
-    if not group.enabled:
-        return None
-    max_lag = group.max_lag_seconds
-    endpoint = MetricsEndpoint(SchedulerCollector(service, role, max_lag),
-                               lambda: health(service, max_lag),
-                               lambda sources: status(service, sources, role, max_lag),
-                               host=group.bind_host, port=group.bind_port if port is None else port)
-    return endpoint.start()
+    def parts(group: Any) -> tuple[SchedulerCollector, Any, Any]:
+        max_lag = group.max_lag_seconds
+        return (SchedulerCollector(service, role, max_lag), lambda: health(service, max_lag),
+                lambda sources: status(service, sources, role, max_lag))
+    return transport_metrics.serve(conf, port, parts)

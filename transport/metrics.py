@@ -200,6 +200,20 @@ Health = Callable[[], tuple[bool, str]]
 Status = Callable[[bool], dict[str, Any]]
 
 
+def serve(conf: cfg.ConfigOpts, port: int | None,
+          parts: Callable[[Any], tuple[Collector, Health, Status]]) -> MetricsEndpoint | None:
+    """Start a process's endpoint on ``[metrics]`` (None when disabled); ``parts(group)`` builds
+    its collector, health and status from the group's options.  An OSError (port in use) goes
+    to the caller, which knows what the process is."""
+    register_opts(conf)
+    group = conf.metrics
+    if not group.enabled:
+        return None
+    collector, health, status = parts(group)
+    return MetricsEndpoint(collector, health, status, host=group.bind_host,
+                           port=group.bind_port if port is None else port).start()
+
+
 class MetricsEndpoint:
     """Serves /metrics, /healthz and /status for one process (see the module docstring)."""
 
