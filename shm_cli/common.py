@@ -34,7 +34,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -187,6 +187,13 @@ class Service(Protocol):
 
 class Endpoint(Protocol):
     def stop(self) -> None: ...
+
+
+def summary_tail(status: dict[str, Any]) -> str:
+    """The end of every service's periodic summary line: broker state, then health."""
+    broker = status["broker"]
+    return (f"broker {'connected' if broker is None or broker['connected'] else 'DISCONNECTED'}; "
+            f"{status['health']}")
 
 
 def serve_until_signalled(conf: cfg.ConfigOpts, service: Service,

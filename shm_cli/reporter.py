@@ -68,13 +68,11 @@ def build(conf: cfg.ConfigOpts) -> ReporterService:
 def summary(service: ReporterService) -> str:
     """The line logged every 10 s: the same figures as /status."""
     st = reporter_metrics.status(service)
-    pub, broker = st["published"], st["broker"]
+    pub = st["published"]
     return (f"{st['sources']['served']} hosts; {st['changes']} changes; published {pub['batches']} "
             f"batches ({pub['deltas']} deltas, {pub['heartbeats']} heartbeats), {pub['failures']} "
             f"failed, {pub['retries']} retries; resyncs answered {st['resyncs']['answered']}; claims "
-            f"{', '.join(f'{k} {v}' for k, v in st['claims'].items())}; broker "
-            f"{'connected' if broker is None or broker['connected'] else 'DISCONNECTED'}; "
-            f"{st['health']}")
+            f"{', '.join(f'{k} {v}' for k, v in st['claims'].items())}; {common.summary_tail(st)}")
 
 
 def _main(argv: list[str]) -> int:

@@ -40,16 +40,13 @@ def summary(service: SchedulerService, max_lag_seconds: float) -> str:
     """The line logged every 10 s: the same figures as /status."""
     status = scheduler_metrics.status(service, max_lag_seconds=max_lag_seconds)
     src, stream = status["sources"], status["stream"]
-    broker = status["broker"]
     lag = "unknown" if stream["lag_seconds"] is None else \
         f"{stream['lag_offsets']} offsets / {stream['lag_seconds']:.2f} s"
     stale = (stream.get("staleness") or {}).get("p99_le")
     return (f"sources: {src['held']} held, {src['active']} active, {src['down']} down, "
             f"{src['syncing']} syncing; stream offset {stream['applied_offset']} of "
             f"{stream['tail_offset']} (lag {lag}); staleness p99 <= "
-            f"{'-' if stale is None else f'{stale:g} s'}; broker "
-            f"{'connected' if broker is None or broker['connected'] else 'DISCONNECTED'}; "
-            f"{status['health']}")
+            f"{'-' if stale is None else f'{stale:g} s'}; {common.summary_tail(status)}")
 
 
 def _main(argv: list[str]) -> int:

@@ -101,6 +101,18 @@ def test_metrics_health_and_status_of_a_reporter_and_a_scheduler(cloud):
     assert _get(s_url + "/nothing")[0] == 404
 
 
+def test_the_periodic_summary_lines_say_what_status_says(cloud):
+    from shm_cli import reporter as reporter_cli
+    from shm_cli import scheduler as scheduler_cli
+
+    reporter, (s0, _), _ = cloud
+    line = reporter_cli.summary(reporter)
+    assert line.startswith("10 hosts;") and "; broker connected; ok" in line, line
+    line = scheduler_cli.summary(s0, 30.0)
+    assert line.startswith("sources: 10 held, 10 active, 0 down, 0 syncing;"), line
+    assert "; broker connected; ok" in line, line
+
+
 def test_claim_outcomes_are_counted_on_both_sides(cloud):
     reporter, (s0, _), (r_url, s_url, _) = cloud
     with s0.cache.lock:
