@@ -71,6 +71,7 @@ nova.conf::
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -156,8 +157,12 @@ def _start_scheduler_service(*_: Any) -> None:
     global _endpoint
     service = scheduler_service()
     if not service.running:
+        from shared_host_manager.nova import host_manager
+
+        host_manager.tune_gc(_register_nova_opts().shared_host_manager.gc_young_threshold)
         service.start()
-        LOG.info("shared host-state cache %s started", service.name)
+        LOG.info("shared host-state cache %s started (gc thresholds %s)", service.name,
+                 gc.get_threshold())
         from shared_host_manager import metrics
 
         _endpoint = _serve_metrics(lambda: metrics.serve(service, _serve[-1], role="nova-scheduler"))

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import gc
 import logging
 import time
 from collections import Counter, OrderedDict
@@ -1097,6 +1098,14 @@ def _our_conf() -> Any:
 # -- installing into nova -------------------------------------------------------------------
 
 _originals: dict[str, Any] = {}
+
+
+def tune_gc(young_threshold: int) -> None:
+    """Python's first garbage-collector threshold for this process (see [shared_host_manager]
+    gc_young_threshold; 0: leave it).  The older generations keep their thresholds."""
+    if young_threshold > 0:
+        _, g1, g2 = gc.get_threshold()
+        gc.set_threshold(young_threshold, g1, g2)
 
 
 def install(*, min_version_from_stream: bool = True) -> None:

@@ -186,3 +186,16 @@ def test_without_a_cache_the_error_says_what_to_do():
     manager = shm.SharedHostManager()
     with pytest.raises(RuntimeError, match="set_cache_provider"):
         list(manager.get_host_states_by_uuids(None, None, None))
+
+
+def test_the_scheduler_process_gc_threshold():
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        shm.tune_gc(0)  # 0: Python's own thresholds stay
+        assert gc.get_threshold() == before
+        shm.tune_gc(100000)
+        assert gc.get_threshold() == (100000, before[1], before[2])
+    finally:
+        gc.set_threshold(*before)
