@@ -543,3 +543,22 @@ def test_bench_decision_only_agrees_with_novas_handlers(capsys) -> None:
     assert result["hosts"] == 30 and result["vector"]["samples"] == 2
     assert result["per-host"]["samples"] == 1
     assert set(result["vector"]) >= {"host_states", "filter", "weigh", "total"}
+
+
+def test_bench_nova_runs_each_side_with_its_process_gc(capsys, tmp_path) -> None:
+    """``shm bench nova``: nova's database side with Python's GC, the drop-in with its own; the
+    benchmark leaves the caller's GC thresholds as they were."""
+    import gc
+    import json
+
+    from simulator import bench_nova
+
+    before = gc.get_threshold()
+    assert bench_nova.main(["--hosts", "12", "--rounds", "1", "--requests", "1", "--warmup", "1",
+                            "--dir", str(tmp_path), "--json"]) == 0
+    assert gc.get_threshold() == before
+    result = json.loads(capsys.readouterr().out)
+    assert result["gc_thresholds"] == {"nova": [700, before[1], before[2]],
+                                       "shared": [100000, before[1], before[2]]}
+    assert result["nova"]["sql_per_request"] > 0 and result["shared"]["sql_per_request"] == 0
+    assert result["shared"]["mean_ms"] > 0
