@@ -321,6 +321,8 @@ class DecisionEngine:
         k = self.subset.size(live_schedulers if live_schedulers is not None else self.live_schedulers)
         # with known peers, look deeper: about k of the top k*peers hosts are ours
         depth = k * len(self._ownership.peers) if self._ownership is not None else k
+        # a request at most this many hosts fit is scarce (0: alone, none is)
+        scarce = SCARCE_PER_PEER * len(self._ownership.peers) + 1 if self._ownership is not None else 0
         rank = self._rank_fast if fast else self._rank_slow
         picks: list[tuple[str, str, float]] = []
         ranking: Iterable[tuple[str, float]] = ()
@@ -329,7 +331,8 @@ class DecisionEngine:
             ranking = rank(req)
             group = req.instance_group
             anchor = group is not None and group.policy == AFFINITY and not group.hosts
-            top = list(islice(ranking, max(depth, ANCHOR_DEPTH) if anchor else depth))
+            # with peers, look far enough to tell a scarce request (few hosts fit) apart
+            top = list(islice(ranking, max(depth, ANCHOR_DEPTH) if anchor else max(depth, scarce)))
             if not top:
                 self.stats["no_valid_host"] += 1
                 raise NoValidHost(self._explain(req, fast, i, len(uuids)))
@@ -341,7 +344,9 @@ class DecisionEngine:
                 pick = RendezvousChoice(group.uuid).index([s for s, _ in top])
                 self.stats["affinity_anchors"] += 1
             else:
-                pick = self._choose(top, k, now, depth, req.resources)
+                if len(top) >= scarce:  # not scarce: choose among the best ``depth``
+                    top = top[:depth]
+                pick = self._choose(top, k, now, len(top) < scarce, req.resources)
             source, weight = top[pick]
             if not dry_run:
                 # placement quality: how far below the best host the chosen one weighs
@@ -397,11 +402,11 @@ class DecisionEngine:
         self.live_schedulers = len(names)
 
     def _choose(self, top: list[tuple[str, float]], k: int, now: float = 0.0,
-                depth: int | None = None, resources: Mapping[str, int] | None = None) -> int:
+                scarce: bool = False, resources: Mapping[str, int] | None = None) -> int:
         """Which host of the ranked ``top`` to claim.
 
-        With peers (design §5.4): a *scarce* request (``top`` is its whole candidate set,
-        at most SCARCE_PER_PEER per live scheduler) takes the host the schedulers'
+        With peers (design §5.4): a ``scarce`` request (``top`` is its whole candidate set,
+        at most SCARCE_PER_PEER hosts per live scheduler) takes the host the schedulers'
         shared matching gives this one (:meth:`_match`); any other takes the best host
         this scheduler owns, passing over the hosts kept for scarce requests
         (:meth:`_kept`) while it owns another; with none owned, the peer's host its owner
@@ -410,8 +415,7 @@ class DecisionEngine:
         """
         if self._ownership is not None:
             ownership = self._ownership
-            peers = len(ownership.peers)
-            if len(top) <= SCARCE_PER_PEER * peers and (depth is None or len(top) < depth):
+            if scarce:
                 if resources:
                     self._scarce[tuple(sorted((r, a) for r, a in resources.items() if a))] = now
                 self.stats["scarce_choices"] += 1
