@@ -452,6 +452,18 @@ class DecisionEngine:
             return self._rendezvous.index([s for s, _ in top])
         return self.rng.randrange(len(top))
 
+    @property
+    def scarce_memory(self) -> list[list[Any]]:
+        """The recent scarce requests' resources and when they were decided, as plain lists
+        (the update log records them with each decision, as it records the subset's rate:
+        a replay from a checkpoint then decides as the scheduler did)."""
+        return [[[list(pair) for pair in shape], seen] for shape, seen in self._scarce.items()]
+
+    @scarce_memory.setter
+    def scarce_memory(self, value: Iterable[Sequence[Any]]) -> None:
+        self._scarce = {tuple((str(r), int(a)) for r, a in shape): float(seen)
+                        for shape, seen in value}
+
     def _kept(self, sources: list[str], resources: Mapping[str, int], now: float) -> list[bool]:
         """For each of ``sources``: is it kept for scarce requests?
 
