@@ -30,8 +30,9 @@ may watch the cache.  It sees every ingested message as received, with the
 step's sends, under the lock, right after the receiver step, and it is the
 receiver's :class:`~protocol.receiver.ReceiverObserver` too, so it also sees
 the claims, cancellations and resync requests other code makes under the lock.
-One call comes without the lock: :meth:`CacheObserver.sent` (a claim cast from
-the sender thread), so an observer keeps its own lock for writing.
+One call comes without the lock: :meth:`CacheObserver.sent` (a claim cast by the
+thread that decided it, or by the manager's sender thread), so an observer keeps its
+own lock for writing.
 """
 
 from __future__ import annotations

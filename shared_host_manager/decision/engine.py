@@ -96,6 +96,13 @@ ANCHOR_DEPTH = 32
 #: a peer claims its own hosts best first: a host with fewer than this many of its owner's
 #: hosts weighing more is at the owner's "front", which another scheduler avoids if it can
 FRONT_DEPTH = 4
+#: a request whose filters leave at most this many hosts per live scheduler is *scarce*:
+#: schedulers racing with such requests share the few hosts out among themselves (§5.4)
+SCARCE_PER_PEER = 2
+#: seconds the resources of a scarce request are remembered: while few hosts fit them by
+#: size, those hosts are *kept for scarce requests*, and a request many hosts fit takes
+#: another host it owns
+SCARCE_MEMORY = 2.0
 
 #: positions or rows of the index (np.flatnonzero's result)
 RowArray: TypeAlias = npt.NDArray[np.intp]
@@ -256,11 +263,13 @@ class DecisionEngine:
         self._claims = 0
         self.stats = {"requests": 0, "instances": 0, "no_valid_host": 0, "claims_sent": 0,
                       "alternates_claimed": 0, "owned_choices": 0, "peer_choices": 0,
-                      "affinity_anchors": 0}
+                      "affinity_anchors": 0, "scarce_choices": 0, "scarce_skips": 0}
         #: sums over every instance placed: weight of the best host minus the chosen one's,
         #: and the chosen host's rank (0: the best), for the simulator's quality figures
         self.quality = {"weight_gap": 0.0, "rank": 0.0, "picks": 0.0}
         self.observer: DecisionObserver | None = None
+        #: the resources of recent scarce requests -> when last asked for
+        self._scarce: dict[tuple[tuple[str, int], ...], float] = {}
 
     def set_observer(self, observer: DecisionObserver) -> None:
         """Have ``observer`` told of every decision from now on (at most one)."""
@@ -312,6 +321,8 @@ class DecisionEngine:
         k = self.subset.size(live_schedulers if live_schedulers is not None else self.live_schedulers)
         # with known peers, look deeper: about k of the top k*peers hosts are ours
         depth = k * len(self._ownership.peers) if self._ownership is not None else k
+        # a request at most this many hosts fit is scarce (0: alone, none is)
+        scarce = SCARCE_PER_PEER * len(self._ownership.peers) + 1 if self._ownership is not None else 0
         rank = self._rank_fast if fast else self._rank_slow
         picks: list[tuple[str, str, float]] = []
         ranking: Iterable[tuple[str, float]] = ()
@@ -320,7 +331,8 @@ class DecisionEngine:
             ranking = rank(req)
             group = req.instance_group
             anchor = group is not None and group.policy == AFFINITY and not group.hosts
-            top = list(islice(ranking, max(depth, ANCHOR_DEPTH) if anchor else depth))
+            # with peers, look far enough to tell a scarce request (few hosts fit) apart
+            top = list(islice(ranking, max(depth, ANCHOR_DEPTH) if anchor else max(depth, scarce)))
             if not top:
                 self.stats["no_valid_host"] += 1
                 raise NoValidHost(self._explain(req, fast, i, len(uuids)))
@@ -332,7 +344,9 @@ class DecisionEngine:
                 pick = RendezvousChoice(group.uuid).index([s for s, _ in top])
                 self.stats["affinity_anchors"] += 1
             else:
-                pick = self._choose(top, k)
+                if len(top) >= scarce:  # not scarce: choose among the best ``depth``
+                    top = top[:depth]
+                pick = self._choose(top, k, now, len(top) < scarce, req.resources)
             source, weight = top[pick]
             if not dry_run:
                 # placement quality: how far below the best host the chosen one weighs
@@ -387,28 +401,49 @@ class DecisionEngine:
         self._ownership = PeerOwnership(self.receiver.name, list(names)) if len(names) > 1 else None
         self.live_schedulers = len(names)
 
-    def _choose(self, top: list[tuple[str, float]], k: int) -> int:
+    def _choose(self, top: list[tuple[str, float]], k: int, now: float = 0.0,
+                scarce: bool = False, resources: Mapping[str, int] | None = None) -> int:
         """Which host of the ranked ``top`` to claim.
 
-        With peers: the best host this scheduler owns, if any is in ``top``; otherwise
-        the peer's host its owner is least likely to be claiming now (design §5.4).
-        Alone: one of the best ``k`` (see [filter_scheduler] host_subset_choice).
+        With peers (design §5.4): a ``scarce`` request (``top`` is its whole candidate set,
+        at most SCARCE_PER_PEER hosts per live scheduler) takes the host the schedulers'
+        shared matching gives this one (:meth:`_match`); any other takes the best host
+        this scheduler owns, passing over the hosts kept for scarce requests
+        (:meth:`_kept`) while it owns another; with none owned, the peer's host its owner
+        is least likely to be claiming now.  Alone: one of the best ``k`` (see
+        [filter_scheduler] host_subset_choice).
         """
         if self._ownership is not None:
             ownership = self._ownership
+            if scarce:
+                if resources:
+                    self._scarce[tuple(sorted((r, a) for r, a in resources.items() if a))] = now
+                self.stats["scarce_choices"] += 1
+                return self._match(top)
+            reserved = self._kept([source for source, _ in top], resources or {}, now)
             places = [ownership.place(source) for source, _ in top]
             if 0 in places:
                 self.stats["owned_choices"] += 1
-                return places.index(0)
+                first = places.index(0)
+                if reserved[first]:
+                    # a request many hosts fit leaves the few hosts that scarce requests
+                    # (of any scheduler) are sharing out to them: it takes another it owns
+                    free = next((i for i, p in enumerate(places) if p == 0 and not reserved[i]),
+                                None)
+                    if free is not None:
+                        self.stats["scarce_skips"] += 1
+                        return free
+                return first
             # Every candidate is a peer's.  Each peer claims its own hosts best first, so a
             # claim on one of a peer's best hosts races that peer's whole request stream:
             # take a candidate at least FRONT_DEPTH behind its owner's best ones; among
             # those, one where this scheduler is next in line after the owner (so that the
             # other schedulers falling back spread over other hosts), then the deeper, then
-            # the better weighed.
+            # the better weighed; hosts reserved for scarce requests last.
             depths = self._owner_depths([source for source, _ in top])
             best = min(range(len(top)),
-                       key=lambda i: (depths[i] < FRONT_DEPTH, places[i], -depths[i], i))
+                       key=lambda i: (reserved[i], depths[i] < FRONT_DEPTH, places[i],
+                                      -depths[i], i))
             self.stats["peer_choices"] += 1
             return best
         if len(top) == 1:
@@ -416,6 +451,79 @@ class DecisionEngine:
         if self._rendezvous is not None:
             return self._rendezvous.index([s for s, _ in top])
         return self.rng.randrange(len(top))
+
+    @property
+    def scarce_memory(self) -> list[list[Any]]:
+        """The recent scarce requests' resources and when they were decided, as plain lists
+        (the update log records them with each decision, as it records the subset's rate:
+        a replay from a checkpoint then decides as the scheduler did)."""
+        return [[[list(pair) for pair in shape], seen] for shape, seen in self._scarce.items()]
+
+    @scarce_memory.setter
+    def scarce_memory(self, value: Iterable[Sequence[Any]]) -> None:
+        self._scarce = {tuple((str(r), int(a)) for r, a in shape): float(seen)
+                        for shape, seen in value}
+
+    def _kept(self, sources: list[str], resources: Mapping[str, int], now: float) -> list[bool]:
+        """For each of ``sources``: is it kept for scarce requests?
+
+        A host is kept while it is one of the few (at most SCARCE_PER_PEER per live
+        scheduler) that fit, by size alone, the resources of a scarce request seen in
+        the last SCARCE_MEMORY seconds that this request does not already need.  Every
+        scheduler sees about the same requests, so each keeps about the same hosts:
+        its own requests that many hosts fit then stay off the hosts where the
+        schedulers' scarce requests meet, and off the few holes large enough for them.
+        """
+        ix = self.index
+        n = ix.size
+        kept = np.zeros(n, dtype=bool)
+        ownership = self._ownership
+        limit = SCARCE_PER_PEER * (len(ownership.peers) if ownership is not None else 1)
+        for shape, seen in list(self._scarce.items()):
+            if now - seen >= SCARCE_MEMORY:
+                del self._scarce[shape]
+                continue
+            if all(resources.get(r, 0) >= a for r, a in shape):
+                continue  # this request is as large: the hosts are its own to take
+            fits = ix.live[:n].copy()
+            for r, a in shape:
+                cap = ix.cap.get(r)
+                if cap is None:
+                    fits[:] = False
+                    break
+                fits &= ix.used[r][:n] + a <= cap[:n]
+            if np.count_nonzero(fits) <= limit:
+                kept |= fits
+        row_of = ix.row_of
+        return [bool(kept[row_of[s]]) if s in row_of else False for s in sources]
+
+    def _match(self, top: list[tuple[str, float]]) -> int:
+        """A scarce request's host: the one the live schedulers' shared matching gives us.
+
+        Every scheduler computes the same matching from the same candidate set (``top``,
+        best first) and peer list, so concurrent scarce requests in different schedulers
+        land on different hosts while there are enough of them: each owner of candidates
+        takes its best one; the schedulers owning none (in name order) take the other
+        candidates in turn, best first, then the owners' best ones (design §5.4).
+        """
+        ownership = self._ownership
+        assert ownership is not None
+        owners = [ownership.owner(source) for source, _ in top]
+        me = ownership.me
+        if me in owners:
+            self.stats["owned_choices"] += 1
+            return owners.index(me)
+        taken: list[int] = []
+        seen: set[str] = set()
+        for i, owner in enumerate(owners):
+            if owner not in seen:
+                seen.add(owner)
+                taken.append(i)
+        others = [i for i in range(len(top)) if i not in set(taken)]
+        order = others + taken
+        turn = [p for p in ownership.peers if p not in seen].index(me)
+        self.stats["peer_choices"] += 1
+        return order[turn % len(order)]
 
     def _owner_depths(self, sources: list[str]) -> list[int]:
         """For each of ``sources``: how many hosts its owner weighs better, by the weighers

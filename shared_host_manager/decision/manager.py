@@ -10,9 +10,10 @@ Life cycle of a request::
 
     select_destinations(spec)
       under the cache lock: decide on the current view, register the claims as
-                            pending, queue them          (no database, no broker wait)
-      claim sender thread:  cast each claim with its build request to the
-                            reporter of its host
+                            pending                      (no database, no broker wait)
+      the caller's thread:  once the lock is released, cast each claim with its
+                            build request to the reporter of its host
+      claim sender thread:  the same for alternates, claimed on ingest
       ingest (any thread):  after every stream/control message the cache calls
                             back here, under its lock: claim outcomes go to the
                             tracker; a rejection claims the next alternate; when
@@ -21,7 +22,10 @@ Life cycle of a request::
 
 Threads: callers may decide concurrently from many threads; decisions and
 ingest serialise on the cache lock, and the engine only ever queues claims,
-so no cast happens under the lock.
+so no cast happens under the lock.  A decision's own claims go out from the
+caller's thread as soon as it releases the lock (not through the sender thread's
+queue): the sooner a claim reaches its host, the sooner its delta reaches the
+peers, and the shorter the window in which a peer decides on the same capacity.
 """
 
 from __future__ import annotations
@@ -95,7 +99,9 @@ class SchedulerManager:
         self.lock = service.cache.lock
         self.request_timeout = request_timeout
         self._sender = ClaimSender(service.send_claim)
-        self.engine = DecisionEngine(service.receiver, self._sender.put, config=config,
+        #: per thread: the claims of the decision it is making (None: not deciding)
+        self._deciding = threading.local()
+        self.engine = DecisionEngine(service.receiver, self._queue_claim, config=config,
                                      rng=rng or random.Random())
         #: follow the live peers the service reads from the stream (design §2), unless
         #: given a fixed list
@@ -117,6 +123,13 @@ class SchedulerManager:
     def stop(self) -> None:
         self.service.stop()
         self._sender.close()
+
+    def _queue_claim(self, claim: Claim) -> None:  # under the cache lock
+        mine = getattr(self._deciding, "claims", None)
+        if mine is not None:
+            mine.append(claim)  # cast by select_destinations once the lock is released
+        else:
+            self._sender.put(claim)
 
     def _on_ingest(self) -> None:  # under the cache lock
         outcomes = self.service.receiver.drain_outcomes()
@@ -140,6 +153,24 @@ class SchedulerManager:
     def select_destinations(self, spec: RequestSpec) -> RequestResult:
         """Place every instance of ``spec``; blocks until each is placed or has failed."""
         waiter = _Waiter()
+        mine: list[Claim] = []
+        self._deciding.claims = mine
+        try:
+            decided = self._decide(spec, waiter)
+        finally:
+            self._deciding.claims = None
+        for claim in mine:
+            try:
+                if not self.service.send_claim(claim):
+                    self._sender.failed += 1  # no route: the claim expires at its deadline
+            except Exception:  # a lost claim expires at its deadline and is counted there
+                self._sender.failed += 1
+        if decided and not waiter.event.wait(self.request_timeout):
+            waiter.result.timed_out = True
+        return waiter.result
+
+    def _decide(self, spec: RequestSpec, waiter: _Waiter) -> bool:
+        """Decide ``spec`` under the lock; False when it failed at once (NoValidHost)."""
         with self.lock:
             if self.follow_membership and self.service.peers != self._peers:
                 # a peer came or left: the hosts are shared out again among the live ones
@@ -151,12 +182,10 @@ class SchedulerManager:
             except NoValidHost as exc:
                 waiter.result.decision_s = time.perf_counter() - start
                 waiter.result.failed = {u: exc.reason for u in spec.instance_uuids}
-                return waiter.result
+                return False
             waiter.result.decision_s = time.perf_counter() - start
             self._waiters[tracked.request_id] = waiter
-        if not waiter.event.wait(self.request_timeout):
-            waiter.result.timed_out = True
-        return waiter.result
+        return True
 
     def versions(self, sources: Iterable[str] | None = None) -> dict[str, tuple[int, int]]:
         """(epoch, seq) of every view holding a document, or of those of ``sources``."""

@@ -478,6 +478,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
             "id": did, "spec": wire, "summary": _spec_summary(spec),
             "rng": rng_to_wire(engine.rng),
             "subset": [engine.subset.rate, engine.subset.observed],
+            "scarce": engine.scarce_memory,
             "live": engine.live_schedulers if live is None else live,
             "peers": engine.peers,
             "path": path or engine.path, "alts": alts,

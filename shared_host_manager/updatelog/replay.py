@@ -770,6 +770,8 @@ class Replayer:
             spec = fmt.spec_from_wire(data["spec"])
             engine.rng.setstate(fmt.rng_from_wire(data["rng"]))
             engine.subset.rate, engine.subset.observed = data["subset"]
+            if "scarce" in data:  # logs written before scarce requests were remembered lack it
+                engine.scarce_memory = data["scarce"]
             if engine.peers != (data.get("peers") or []):
                 # host ownership among the peers the scheduler knew then (membership, design §2)
                 engine.set_peers(data.get("peers") or [])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.resources import check_fit
 from shared_host_manager.conf.decision import SchedulerConfig
@@ -277,3 +279,94 @@ def test_a_scheduler_owning_no_candidate_avoids_the_owners_front_and_spreads():
         assert best_first.index(picks[name]) >= FRONT_DEPTH
         assert PeerOwnership(name, peers).place(picks[name]) == 1
     assert picks["x"] != picks["y"]
+
+
+def _racing_engines(docs, peers, **cfg):
+    """One engine per peer, each with its own copy of the same view and the same peer list."""
+    engines = {}
+    for name in peers:
+        rec = load_receiver(docs, down_interval=1e9)
+        rec.name = name
+        engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
+            weight_classes=("RAMWeigher",), **cfg))
+        engine.set_peers(peers)
+        engines[name] = engine
+    return engines
+
+
+def _scarce_cloud(fitting, small=20):
+    # ``fitting`` hosts fit a 16 GB request, ``small`` hosts fit only small ones
+    docs = {f"big{i}": host_doc(f"hb{i}", memory_mb=16384 + 512 * i) for i in range(fitting)}
+    docs.update({f"small{i}": host_doc(f"hs{i}", memory_mb=4096 + 64 * i) for i in range(small)})
+    return docs
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=2, max_value=5), st.integers(min_value=1, max_value=10),
+       st.integers(min_value=0, max_value=10_000))
+def test_racing_schedulers_share_a_scarce_requests_few_hosts_out(schedulers, fitting, salt):
+    # Every scheduler decides the same scarce request at once on the same view: the matching
+    # puts them on min(hosts, schedulers) different hosts, so with enough hosts no two race.
+    from shared_host_manager.decision.engine import SCARCE_PER_PEER
+
+    fitting = min(fitting, SCARCE_PER_PEER * schedulers)
+    peers = [f"sched-{salt}-{i}" for i in range(schedulers)]
+    engines = _racing_engines(_scarce_cloud(fitting), peers)
+    spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
+    picks = {name: e.select_destinations(spec, 0.0)[0][0].source for name, e in engines.items()}
+    assert all(p.startswith("big") for p in picks.values())
+    assert len(set(picks.values())) == min(fitting, schedulers)
+    for name, engine in engines.items():
+        assert engine.stats["scarce_choices"] == 1
+        owners = {engine._ownership.owner(f"big{i}") for i in range(fitting)}
+        if name in owners:  # an owner of candidates takes its best one
+            assert engine._ownership.owns(picks[name])
+
+
+@pytest.mark.parametrize("salt", range(8))
+def test_racing_schedulers_claims_on_scarce_hosts_are_all_accepted(salt):
+    # The same race with the hosts' own arbiters: every claim fits, none is rejected (each
+    # scheduler choosing by ownership, then behind the owners' front, lost some of these).
+    from protocol.messages import ClaimResult
+    from protocol.source import SourceMachine
+
+    docs = _scarce_cloud(4)
+    peers = [f"{name}-{salt}" for name in "abcd"]
+    engines = _racing_engines(docs, peers)
+    arbiters = {s: SourceMachine(s, 1, {ns: dict(v) for ns, v in doc.items()})
+                for s, doc in docs.items()}
+    spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
+    claims = []
+    for engine in engines.values():
+        engine.send_claim = claims.append
+        engine.select_destinations(spec, 0.0)
+    results = [m for c in claims for m in (s.message for s in arbiters[c.source].handle_claim(c, 0.0))
+               if type(m) is ClaimResult]
+    assert len(results) == 4 and all(r.accepted for r in results), [r.reason for r in results]
+    assert len({c.source for c in claims}) == 4
+
+
+def test_requests_many_hosts_fit_keep_off_the_few_hosts_a_scarce_request_needs():
+    from shared_host_manager.decision.engine import SCARCE_MEMORY
+
+    docs = _scarce_cloud(2, small=40)
+    peers = ["a", "b"]
+    # look deep enough that "a" owns small hosts among the candidates too
+    engine = _racing_engines(docs, peers, host_subset_size_min=8)["a"]
+    small = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512))
+    owned_big = [s for s in ("big0", "big1") if engine._ownership.owns(s)]
+    # before any scarce request: a small one goes to the best host it owns, a big host
+    first = engine.select_destinations(small, 0.0)[0][0].source
+    assert engine._ownership.owns(first)
+    # a scarce request is seen: from now on, small requests stay off big0 and big1
+    engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384)), 1.0)
+    for i in range(5):
+        source = engine.select_destinations(small, 1.0 + i * 0.1)[0][0].source
+        assert source.startswith("small") and engine._ownership.owns(source)
+    assert engine.stats["scarce_skips"] >= (1 if owned_big else 0)
+    # a request as large as the scarce one is not kept off them
+    big = engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384)), 1.5)
+    assert big[0][0].source.startswith("big")
+    # and the memory fades
+    later = 2.0 + SCARCE_MEMORY
+    assert engine._kept(["big0", "big1"], {"memory_mb": 512}, later) == [False, False]

@@ -76,3 +76,33 @@ def test_request_specs_survive_the_log():
     back = spec_from_wire(spec_to_wire(spec))
     assert back == spec
     assert back.resources == spec.resources
+
+
+def test_decisions_among_peers_replay_with_the_scarce_requests_remembered(mini_run):
+    # With peers, a request two hosts fit is scarce: the engine remembers it, keeps those
+    # hosts from the small requests that follow, and the log carries that memory.
+    run = mini_run(checkpoint_interval=0.2)
+    run.run(5)
+    cache = run.caches["s0"]
+    engine = DecisionEngine(cache.receiver, lambda claim: run._to_reporter("r0", claim),
+                            config=SchedulerConfig(), rng=random.Random(7))
+    engine.set_peers(["s0", "s1"])
+    engine.set_observer(run.recorders["s0"])
+    for i in range(9):
+        big = i % 3 == 0  # 13.5 GB: only the two largest hosts (14 and 15 GB) fit
+        spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=13_500 if big else 512),
+                           request_id=f"req-{i}", project_id="p1")
+        with cache.lock:
+            try:
+                engine.select_destinations(spec, run.clock())
+            except NoValidHost:
+                pass
+        run.run(2)
+    run.settle(10)
+    run.close()
+    assert engine.stats["scarce_choices"] >= 1
+    records = [r for r in LogReader(resolve_log(run.log("s0"))) if r.kind == DECISION]
+    assert any(r.fields[0]["scarce"] for r in records)
+    result = replay(resolve_log(run.log("s0")), decisions=True)
+    assert result.ok, result.decision_diffs
+    assert result.decisions == 9 and result.decisions_checked == 9

@@ -222,3 +222,42 @@ def test_scheduler_manager_places_retries_and_refuses(bus):
         reporter.stop()
         for m in managers:
             m.stop()
+
+
+def test_a_decisions_claims_leave_from_the_callers_thread_after_the_lock(bus):
+    # The first claim of a decision is cast by the thread that decided, once it released
+    # the cache lock (not queued behind the sender thread); alternates claimed on ingest
+    # still go through the sender thread.
+    import threading
+
+    from shared_host_manager.decision.manager import SchedulerManager
+    from shared_host_manager.decision.request import Flavor, RequestSpec
+
+    reporter = make_reporter(bus, bus, "r", hosts=3, seed=22, change_interval=0)
+    service = make_scheduler(bus, bus, "s0")
+    manager = SchedulerManager(service)
+    sent = []
+    send = service.send_claim
+
+    def spy(claim):
+        sent.append((claim.claim_id, threading.current_thread().name,
+                     manager.lock._is_owned()))
+        return send(claim)
+
+    service.send_claim = spy
+    manager._sender._send = spy
+    manager.start()
+    reporter.start()
+    try:
+        wait_for(lambda: len(manager.versions()) == 3, what="sources")
+        spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512),
+                           instance_uuids=[uuid.uuid4().hex for _ in range(2)])
+        result = manager.select_destinations(spec)
+        assert set(result.placed) == set(spec.instance_uuids)
+        assert len(sent) == 2
+        assert all(name == threading.current_thread().name and not locked
+                   for _, name, locked in sent)
+        assert manager._deciding.claims is None
+    finally:
+        reporter.stop()
+        manager.stop()
