@@ -268,10 +268,11 @@ class NovaDatabase:
     i.e. the rows nova-compute and nova-manage would write.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, api_url: str | None = None,
+                 cell_url: str | None = None) -> None:
         self.directory = directory
-        self.api_url = "sqlite:///" + os.path.join(directory, "nova_api.sqlite")
-        self.cell_url = "sqlite:///" + os.path.join(directory, "nova_cell1.sqlite")
+        self.api_url = api_url or "sqlite:///" + os.path.join(directory, "nova_api.sqlite")
+        self.cell_url = cell_url or "sqlite:///" + os.path.join(directory, "nova_cell1.sqlite")
 
     def configure(self) -> None:
         """Point nova's [database] and [api_database] at the files and create the schemas."""
@@ -285,6 +286,8 @@ class NovaDatabase:
         conf.set_override("connection", self.cell_url, group="database")
         for url, metadata in ((self.api_url, api_models.BASE.metadata),
                               (self.cell_url, main_models.BASE.metadata)):
+            if not url.startswith("sqlite"):
+                recreate_database(url)
             engine = sa.create_engine(url)
             metadata.create_all(engine)
             engine.dispose()
@@ -292,7 +295,8 @@ class NovaDatabase:
 
     def populate(self, compute_nodes: list[Any], *, instances_per_host: int = 0,
                  cell_uuid: str = CELL1, aggregates: Iterable[tuple[str, dict[str, str], list[str]]] = (),
-                 ) -> None:
+                 instances: Mapping[str, Iterable[str]] | None = None) -> None:
+        """``instances``: host -> instance uuids (default: ``instances_per_host`` made-up ones)."""
         import sqlalchemy as sa
         from nova import context as nova_context
         from nova import objects
@@ -322,9 +326,11 @@ class NovaDatabase:
                         version=74, last_seen_up=timeutils.utcnow(), created_at=timeutils.utcnow(),
                         updated_at=timeutils.utcnow(), deleted=0))
                     api.execute(host_mappings.insert().values(host=cn.host, cell_id=cell.id))
-                    for k in range(instances_per_host):
+                    uuids = list(instances.get(cn.host, ())) if instances is not None else [
+                        uuid_for(f"inst-{cn.host}", k) for k in range(instances_per_host)]
+                    for inst_uuid in uuids:
                         conn.execute(insts.insert().values(
-                            uuid=uuid_for(f"inst-{cn.host}", k), host=cn.host, node=cn.hypervisor_hostname,
+                            uuid=inst_uuid, host=cn.host, node=cn.hypervisor_hostname,
                             vm_state="active", deleted=0, project_id="p", user_id="u",
                             created_at=timeutils.utcnow()))
                 values = _compute_node_row(cn)
@@ -337,6 +343,23 @@ class NovaDatabase:
                 agg.add_host(host)
         engine.dispose()
         api_engine.dispose()
+
+
+def recreate_database(url: str) -> None:
+    """Drop and create the database ``url`` names on its server (MariaDB / PostgreSQL)."""
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    target = make_url(url)
+    name = target.database
+    assert name, url
+    admin_db = "postgres" if target.get_backend_name() == "postgresql" else None
+    engine = sa.create_engine(target.set(database=admin_db), isolation_level="AUTOCOMMIT")
+    quote = engine.dialect.identifier_preparer.quote
+    with engine.connect() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {quote(name)}"))
+        conn.execute(sa.text(f"CREATE DATABASE {quote(name)}"))
+    engine.dispose()
 
 
 def _compute_node_row(cn: Any) -> dict[str, Any]:
