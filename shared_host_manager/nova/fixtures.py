@@ -289,6 +289,11 @@ class NovaDatabase:
             if not url.startswith("sqlite"):
                 recreate_database(url)
             engine = sa.create_engine(url)
+            if url.startswith("sqlite:///"):
+                # concurrent readers beside one writer (the journal mode stays with the file),
+                # as a database server would allow; else writers fail with "database is locked"
+                with engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             metadata.create_all(engine)
             engine.dispose()
         _configure_context_managers()

@@ -46,6 +46,7 @@ process; the simulator runs each in a process of its own), then
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import threading
@@ -200,7 +201,20 @@ class InProcessPlacement:
         conf.set_override("auth_strategy", "noauth2", group="api")
         conf([], project="placement", default_config_files=[], default_config_dirs=[])
         db_api.configure(conf)
-        app = deploy.loadapp(conf)
+        inner = deploy.loadapp(conf)
+        if db_url.startswith("sqlite"):
+            # SQLite has one writer: a transaction that read before writing fails at once
+            # ("database is locked") if another wrote meanwhile, where a server would wait
+            # for the row lock.  Writes wait for each other here instead.
+            write_lock = threading.Lock()
+
+            def app(environ: dict[str, Any], start_response: Any) -> Any:
+                if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+                    return inner(environ, start_response)
+                with write_lock:
+                    return list(inner(environ, start_response))
+        else:
+            app = inner
         self.conf = conf
         self.url = f"http://placement-{uuid_mod.uuid4().hex}/placement"
         self._intercept = interceptor.RequestsInterceptor(lambda: app, url=self.url)
@@ -323,6 +337,8 @@ class NovaCloud:
         #: the resource tracker's ComputeNode of every host (what it saves)
         self.nodes: dict[str, Any] = {cn.uuid: cn for cn in loaded}
         self._locks = {s: threading.Lock() for s in self.nodes}
+        # SQLite: one writer at a time (see InProcessPlacement); a server waits on row locks
+        self._db_write_lock: Any = threading.Lock() if db_url is None else contextlib.nullcontext()
         #: instance -> (source, resources): what each compute tracks
         self.tracked: dict[str, dict[str, dict[str, int]]] = {
             h.source: {u: dict(r) for u, r in h.instances.items()} for h in hosts}
@@ -564,7 +580,8 @@ class NovaCloud:
         stats["num_vm_active"] = str(cn.running_vms)
         stats["num_task_None"] = str(cn.running_vms)
         cn.stats = stats
-        cn.save()
+        with self._db_write_lock:
+            cn.save()
         hook = self.hooks.get(source)
         if hook is not None:
             hook.report(cn, instances=sorted(self.tracked[source]))
@@ -576,7 +593,10 @@ class NovaCloud:
 
         group = None
         if req.group_uuid:
+            # as the conductor loads it from the API DB: policy, and the legacy policies list
+            # nova's affinity filter still reads
             group = objects.InstanceGroup(uuid=req.group_uuid, policy=req.group_policy,
+                                          policies=[req.group_policy],
                                           members=list(req.group_members),
                                           hosts=sorted(set(req.group_hosts)), rules={})
         spec = fx.request_spec(instance_uuid=req.instance_uuids[0], memory_mb=req.memory_mb,
@@ -674,7 +694,12 @@ def _db_url(db_url: str | None, name: str) -> str | None:
 
 def _placement_url(directory: str, db_url: str | None) -> str:
     if db_url is None:
-        return "sqlite:///" + os.path.join(directory, "placement.sqlite")
+        path = os.path.join(directory, "placement.sqlite")
+        import sqlite3
+
+        with sqlite3.connect(path) as conn:  # WAL, as nova's database (fixtures.NovaDatabase)
+            conn.execute("PRAGMA journal_mode=WAL")
+        return "sqlite:///" + path
     from shared_host_manager.nova import fixtures as fx
 
     url = _db_url(db_url, "placement")
