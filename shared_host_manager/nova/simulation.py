@@ -618,13 +618,16 @@ class NovaCloud:
         placement_over = 0
         mismatched = 0
         for source, h in self.hosts.items():
-            usages = self.placement.request("GET", f"/resource_providers/{source}/usages")["usages"]
+            allocs = self.placement.request("GET", f"/resource_providers/{source}/allocations")
+            usages: dict[str, int] = {}
+            for alloc in allocs["allocations"].values():
+                for rc, amount in alloc["resources"].items():
+                    usages[rc] = usages.get(rc, 0) + amount
             caps = {"VCPU": h.vcpus * h.cpu_allocation_ratio,
                     "MEMORY_MB": (h.memory_mb - h.reserved_memory_mb) * h.ram_allocation_ratio,
                     "DISK_GB": h.disk_gb * h.disk_allocation_ratio}
             if any(usages.get(rc, 0) > cap for rc, cap in caps.items()):
                 placement_over += 1
-            allocs = self.placement.request("GET", f"/resource_providers/{source}/allocations")
             consumers = set(allocs["allocations"])
             if consumers != set(self.tracked[source]):
                 mismatched += 1
