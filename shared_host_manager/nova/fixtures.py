@@ -284,10 +284,17 @@ class NovaDatabase:
         conf = nova.conf.CONF
         conf.set_override("connection", self.api_url, group="api_database")
         conf.set_override("connection", self.cell_url, group="database")
-        for url, metadata in ((self.api_url, api_models.BASE.metadata),
-                              (self.cell_url, main_models.BASE.metadata)):
+        _configure_context_managers()  # nova's migrations reach the databases through them
+        for url, metadata, database in ((self.api_url, api_models.BASE.metadata, "api"),
+                                        (self.cell_url, main_models.BASE.metadata, "main")):
             if not url.startswith("sqlite"):
+                # a server: a fresh database, and nova's own migrations (nova-manage db sync),
+                # which shorten the MySQL index keys the models alone would make too long
+                from nova.db import migration
+
                 recreate_database(url)
+                migration.db_sync(database=database)
+                continue
             engine = sa.create_engine(url)
             if url.startswith("sqlite:///"):
                 # concurrent readers beside one writer (the journal mode stays with the file),
@@ -358,12 +365,15 @@ def recreate_database(url: str) -> None:
     target = make_url(url)
     name = target.database
     assert name, url
-    admin_db = "postgres" if target.get_backend_name() == "postgresql" else None
+    admin_db = "postgres" if target.get_backend_name() == "postgresql" else "mysql"
     engine = sa.create_engine(target.set(database=admin_db), isolation_level="AUTOCOMMIT")
     quote = engine.dialect.identifier_preparer.quote
     with engine.connect() as conn:
         conn.execute(sa.text(f"DROP DATABASE IF EXISTS {quote(name)}"))
-        conn.execute(sa.text(f"CREATE DATABASE {quote(name)}"))
+        # MySQL: utf8 (3 bytes a character), as nova's and placement's migrations create their
+        # tables; with utf8mb4 some of nova's indexes exceed the 3 072-byte key limit
+        charset = " CHARACTER SET utf8" if admin_db == "mysql" else ""
+        conn.execute(sa.text(f"CREATE DATABASE {quote(name)}{charset}"))
     engine.dispose()
 
 
