@@ -29,7 +29,9 @@ latency, claims and refusals, NoValidHost, overcommitted hosts, server-group
 violations) plus the time per phase per request -- placement query, host
 states, filter + weigh, placement claim, other (the rest of
 ``select_destinations``: request filters, Selection objects), compute (the
-builds) -- as medians and as each phase's share of the mean end-to-end time.
+builds) -- as medians and as each phase's share of the mean end-to-end time; and per
+request the scheduler's own time (host states + filter + weigh + other: what the host manager
+changes) apart from placement's (query + claims).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ from simulator.workload import Workload
 MODES = ("shared", "legacy")
 #: the phases of a request, in the order they happen
 PHASES = ("placement_query", "host_states", "filter_weigh", "placement_claim", "other", "compute")
+#: the scheduler's own work (what the host manager changes) and placement's, per request
+OWN = ("host_states", "filter_weigh", "other")
+PLACEMENT = ("placement_query", "placement_claim")
 
 
 @dataclass
@@ -91,6 +96,8 @@ class _Metrics:
     decision_s: list[float] = field(default_factory=list)
     e2e_s: list[float] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    own_s: list[float] = field(default_factory=list)
+    placement_s: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -182,6 +189,8 @@ class NovaRun:
             m.compute_rejected += outcome.compute_rejected
             for phase in PHASES:
                 m.phases[phase].append(outcome.phases.get(phase, 0.0))
+            m.own_s.append(sum(outcome.phases.get(p, 0.0) for p in OWN))
+            m.placement_s.append(sum(outcome.phases.get(p, 0.0) for p in PLACEMENT))
             if outcome.failed:
                 m.no_valid_host += len(outcome.failed) - outcome.compute_rejected
             else:
@@ -241,6 +250,11 @@ class NovaRun:
             "e2e_ms_p50": ms(m.e2e_s, 0.50),
             "e2e_ms_p99": ms(m.e2e_s, 0.99),
             "e2e_ms_mean": round(1000 * mean_e2e, 3),
+            # select_destinations without placement: host states, filter + weigh, the rest
+            "scheduler_own_ms_p50": ms(m.own_s, 0.50),
+            "scheduler_own_ms_p99": ms(m.own_s, 0.99),
+            # placement's two calls (candidates, claims with nova's retries)
+            "placement_ms_p50": ms(m.placement_s, 0.50),
             "claims": m.claims,
             "claims_rejected": m.claims_refused,
             "claims_rejected_pct": round(100.0 * m.claims_refused / m.claims, 3) if m.claims else 0.0,
@@ -317,6 +331,9 @@ def run(cfg: NovaSimConfig) -> dict[str, Any]:
     if "shared" in results and "legacy" in results and results["legacy"]["scheduled_per_s"]:
         report["ratios"] = {"shared_vs_legacy_scheduled_per_s": round(
             results["shared"]["scheduled_per_s"] / results["legacy"]["scheduled_per_s"], 2)}
+        if results["shared"]["scheduler_own_ms_p50"]:
+            report["ratios"]["legacy_vs_shared_scheduler_own_ms_p50"] = round(
+                results["legacy"]["scheduler_own_ms_p50"] / results["shared"]["scheduler_own_ms_p50"], 2)
     return report
 
 
@@ -330,6 +347,9 @@ def summary_table(report: dict[str, Any]) -> str:
         ("select_destinations ms p99", "decision_ms_p99"),
         ("end-to-end ms p50", "e2e_ms_p50"),
         ("end-to-end ms p99", "e2e_ms_p99"),
+        ("scheduler's own ms p50 (no placement)", "scheduler_own_ms_p50"),
+        ("scheduler's own ms p99", "scheduler_own_ms_p99"),
+        ("placement ms p50 (query + claims)", "placement_ms_p50"),
         ("placement claims refused", "claims_rejected"),
         ("NoValidHost (instances)", "no_valid_host"),
         ("builds refused at the compute", "compute_rejected"),
@@ -344,9 +364,9 @@ def summary_table(report: dict[str, Any]) -> str:
              f"{cfg['clients']} clients, placement in-process, nova DB "
              f"{'SQLite' if not cfg['db_url'] else cfg['db_url'].split(':')[0]}",
              f"filters: {', '.join(next(iter(results.values()))['filters'])}",
-             f"{'':34}" + "".join(f"{m:>14}" for m in modes)]
+             f"{'':38}" + "".join(f"{m:>14}" for m in modes)]
     for label, key in rows:
-        lines.append(f"{label:34}" + "".join(f"{str(results[m].get(key)):>14}" for m in modes))
+        lines.append(f"{label:38}" + "".join(f"{str(results[m].get(key)):>14}" for m in modes))
     lines.append("time per request by phase, median ms (share of the mean end-to-end time):")
     for phase in PHASES:
         cells = ""

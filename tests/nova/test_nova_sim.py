@@ -54,6 +54,9 @@ def test_phases_add_up_to_at_most_the_end_to_end_time(report, mode):
     # every scheduled request asked placement, built host states, filtered and claimed
     for phase in ("placement_query", "host_states", "filter_weigh", "placement_claim", "compute"):
         assert phases[phase]["mean_ms"] > 0, phase
+    # the scheduler's own time and placement's are parts of select_destinations
+    assert 0 < r["scheduler_own_ms_p50"] <= r["decision_ms_p99"]
+    assert 0 < r["placement_ms_p50"] <= r["decision_ms_p99"]
 
 
 def test_the_ratio_is_the_two_runs_throughputs(report):
