@@ -145,6 +145,8 @@ def _report_client_class() -> type:
             if not ok:
                 with self._count_lock:
                     self.refused += 1
+                # this thread's request (several client threads share a scheduler)
+                _local.refused = getattr(_local, "refused", 0) + 1
             return bool(ok)
 
     return TimedReportClient
@@ -490,9 +492,8 @@ class NovaCloud:
         out = SimOutcome()
         sched = self.schedulers[scheduler]
         spec = self._spec(req)
-        client = self.clients[scheduler]
         _local.spent = {}
-        refused_before = client.refused
+        _local.refused = 0
         start = time.perf_counter()
         try:
             selections = sched.select_destinations(
@@ -510,12 +511,12 @@ class NovaCloud:
             reason = str(exc)
         out.decision_s = time.perf_counter() - start
         phases = dict(_phases())
-        # refusals of other threads on this client are possible but rare; count ours only
-        out.claims_refused = max(0, client.refused - refused_before)
+        out.claims_refused = _local.refused
+        out.claims = out.claims_refused
         if selections is None:
             out.failed = {u: reason for u in req.instance_uuids}
         else:
-            out.claims = len(req.instance_uuids) + out.claims_refused
+            out.claims += len(req.instance_uuids)
             t = time.perf_counter()
             res = {"vcpus": req.vcpus, "memory_mb": req.memory_mb, "disk_gb": req.root_gb}
             for instance, alternates in zip(req.instance_uuids, selections, strict=True):
