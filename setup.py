@@ -71,6 +71,9 @@ setup(
             "wsgi-intercept",
         ],
         "nova": ["nova>=34.0.0,<35"],
+        # shm sim --scheduler nova: nova's scheduler with placement in-process and nova's DB
+        "nova-sim": [*SIM, "nova>=34.0.0,<35", "SQLAlchemy>=2.0,<2.1", "openstack-placement",
+                     "wsgi-intercept"],
         "eventlet": ["eventlet>=0.36"],
         # shm fuzz: coverage-guided fuzzing of every door for untrusted bytes
         "fuzz": ["atheris>=2.3"],

@@ -23,6 +23,12 @@ from simulator.simulation import SimConfig, check_config
 def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     d = SimConfig()
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--scheduler", choices=["own", "nova"], default="own",
+                   help="'own': the project's decision engine (default); 'nova': nova 34's real "
+                        "SchedulerManager with placement in-process and nova's database "
+                        "(host managers shared and legacy; needs the [nova-sim] extra)")
+    p.add_argument("--filters", help="--scheduler nova: comma-separated [filter_scheduler] "
+                                     "enabled_filters (default: nova's defaults)")
     p.add_argument("--host-manager", choices=[*MODES, "all"], default=d.host_manager,
                    help="which host manager(s) to run; 'all' runs the three one after the other "
                         "on the same seeded workload (default: %(default)s)")
@@ -76,6 +82,10 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
 def main(argv: list[str], prog: str = "shm sim") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.scheduler == "nova":
+        return _main_nova(parser, args)
+    if args.filters:
+        parser.error("--filters applies to --scheduler nova")
     names = {f.name for f in fields(SimConfig)}
     cfg = SimConfig(**{k: v for k, v in vars(args).items() if k in names})
     try:
@@ -103,3 +113,33 @@ def main(argv: list[str], prog: str = "shm sim") -> int:
         print(f"INVARIANT BROKEN: overcommitted hosts in {bad}", file=sys.stderr)
         return 1
     return 0
+
+
+def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--scheduler nova``: nova's own SchedulerManager on its whole path (simulator.nova_sim)."""
+    from shared_host_manager.nova import simulation as nova_simulation
+
+    name = nova_simulation.missing()
+    if name is not None:
+        print(f"{parser.prog} --scheduler nova: {name} is not installed; "
+              f"pip install 'shared-host-manager[{nova_simulation.EXTRA}]'", file=sys.stderr)
+        return 2
+    from simulator import nova_sim
+
+    unsupported = [flag for flag, given in (
+        ("--processes", args.processes is not None), ("--record", bool(args.record)),
+        ("--transport", args.transport != "fake"), ("--plot", bool(args.plot)),
+        ("--host-subset-size", args.host_subset_size is not None)) if given]
+    if unsupported:
+        parser.error(f"{', '.join(unsupported)} not supported with --scheduler nova")
+    cfg = nova_sim.NovaSimConfig(
+        host_manager=args.host_manager, nodes=args.nodes, schedulers=args.schedulers,
+        clients=args.clients, duration=0.0 if args.requests is not None else args.duration,
+        requests=args.requests, seed=args.seed, fill=args.fill, db_url=args.db_url,
+        hosts_per_reporter=args.hosts_per_reporter,
+        filters=args.filters.split(",") if args.filters else None, progress=not args.quiet)
+    try:
+        nova_sim.check_config(cfg)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return nova_sim.main(cfg, args.json)

@@ -30,3 +30,19 @@ def test_a_missing_extra_is_named_not_a_traceback():
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == (
         "shm sim: sqlalchemy is not installed; pip install 'shared-host-manager[sim]'")
+
+
+def test_sim_scheduler_nova_without_nova_names_the_extra():
+    """Without nova, `shm sim --scheduler nova` says what to install (exit 2), in one line."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['nova'] = None\n"
+            "from shm_cli.main import main\n"
+            "raise SystemExit(main(['sim', '--scheduler', 'nova', '--nodes', '10']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TOP,
+                            timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        "shm sim --scheduler nova: nova is not installed; "
+        "pip install 'shared-host-manager[nova-sim]'")

@@ -268,10 +268,11 @@ class NovaDatabase:
     i.e. the rows nova-compute and nova-manage would write.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, api_url: str | None = None,
+                 cell_url: str | None = None) -> None:
         self.directory = directory
-        self.api_url = "sqlite:///" + os.path.join(directory, "nova_api.sqlite")
-        self.cell_url = "sqlite:///" + os.path.join(directory, "nova_cell1.sqlite")
+        self.api_url = api_url or "sqlite:///" + os.path.join(directory, "nova_api.sqlite")
+        self.cell_url = cell_url or "sqlite:///" + os.path.join(directory, "nova_cell1.sqlite")
 
     def configure(self) -> None:
         """Point nova's [database] and [api_database] at the files and create the schemas."""
@@ -283,16 +284,31 @@ class NovaDatabase:
         conf = nova.conf.CONF
         conf.set_override("connection", self.api_url, group="api_database")
         conf.set_override("connection", self.cell_url, group="database")
-        for url, metadata in ((self.api_url, api_models.BASE.metadata),
-                              (self.cell_url, main_models.BASE.metadata)):
+        _configure_context_managers()  # nova's migrations reach the databases through them
+        for url, metadata, database in ((self.api_url, api_models.BASE.metadata, "api"),
+                                        (self.cell_url, main_models.BASE.metadata, "main")):
+            if not url.startswith("sqlite"):
+                # a server: a fresh database, and nova's own migrations (nova-manage db sync),
+                # which shorten the MySQL index keys the models alone would make too long
+                from nova.db import migration
+
+                recreate_database(url)
+                migration.db_sync(database=database)
+                continue
             engine = sa.create_engine(url)
+            if url.startswith("sqlite:///"):
+                # concurrent readers beside one writer (the journal mode stays with the file),
+                # as a database server would allow; else writers fail with "database is locked"
+                with engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA journal_mode=WAL")
             metadata.create_all(engine)
             engine.dispose()
         _configure_context_managers()
 
     def populate(self, compute_nodes: list[Any], *, instances_per_host: int = 0,
                  cell_uuid: str = CELL1, aggregates: Iterable[tuple[str, dict[str, str], list[str]]] = (),
-                 ) -> None:
+                 instances: Mapping[str, Iterable[str]] | None = None) -> None:
+        """``instances``: host -> instance uuids (default: ``instances_per_host`` made-up ones)."""
         import sqlalchemy as sa
         from nova import context as nova_context
         from nova import objects
@@ -322,9 +338,11 @@ class NovaDatabase:
                         version=74, last_seen_up=timeutils.utcnow(), created_at=timeutils.utcnow(),
                         updated_at=timeutils.utcnow(), deleted=0))
                     api.execute(host_mappings.insert().values(host=cn.host, cell_id=cell.id))
-                    for k in range(instances_per_host):
+                    uuids = list(instances.get(cn.host, ())) if instances is not None else [
+                        uuid_for(f"inst-{cn.host}", k) for k in range(instances_per_host)]
+                    for inst_uuid in uuids:
                         conn.execute(insts.insert().values(
-                            uuid=uuid_for(f"inst-{cn.host}", k), host=cn.host, node=cn.hypervisor_hostname,
+                            uuid=inst_uuid, host=cn.host, node=cn.hypervisor_hostname,
                             vm_state="active", deleted=0, project_id="p", user_id="u",
                             created_at=timeutils.utcnow()))
                 values = _compute_node_row(cn)
@@ -337,6 +355,26 @@ class NovaDatabase:
                 agg.add_host(host)
         engine.dispose()
         api_engine.dispose()
+
+
+def recreate_database(url: str) -> None:
+    """Drop and create the database ``url`` names on its server (MariaDB / PostgreSQL)."""
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    target = make_url(url)
+    name = target.database
+    assert name, url
+    admin_db = "postgres" if target.get_backend_name() == "postgresql" else "mysql"
+    engine = sa.create_engine(target.set(database=admin_db), isolation_level="AUTOCOMMIT")
+    quote = engine.dialect.identifier_preparer.quote
+    with engine.connect() as conn:
+        conn.execute(sa.text(f"DROP DATABASE IF EXISTS {quote(name)}"))
+        # MySQL: utf8 (3 bytes a character), as nova's and placement's migrations create their
+        # tables; with utf8mb4 some of nova's indexes exceed the 3 072-byte key limit
+        charset = " CHARACTER SET utf8" if admin_db == "mysql" else ""
+        conn.execute(sa.text(f"CREATE DATABASE {quote(name)}{charset}"))
+    engine.dispose()
 
 
 def _compute_node_row(cn: Any) -> dict[str, Any]:

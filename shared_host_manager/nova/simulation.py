@@ -1,0 +1,716 @@
+"""A whole nova cloud in one process for ``shm sim --scheduler nova``: placement, nova's DB, schedulers.
+
+Role
+----
+The simulator (:mod:`simulator.nova_sim`) never imports nova; it hands this
+module plain host and request descriptions and gets plain outcomes back.  Here
+they meet nova 34's real code on its whole scheduling path:
+
+* **placement** -- ``openstack-placement`` in-process on its own database
+  (:class:`InProcessPlacement`: placement's WSGI app behind wsgi-intercept, as
+  ``placement.direct.PlacementDirect`` and nova's functional tests run it), one
+  resource provider per compute node with the VCPU / MEMORY_MB / DISK_GB
+  inventories nova-compute reports, and the allocations of the servers already
+  running;
+* **nova's database** -- the API and cell schemas (SQLite files, or a server
+  through ``db_url``) with the cell mapping, one Service and one ComputeNode per
+  host and the running instances (:class:`~.fixtures.NovaDatabase`);
+* **schedulers** -- ``schedulers`` instances of nova's own ``SchedulerManager``,
+  each with its own ``SchedulerReportClient`` on placement.  ``legacy``: nova's
+  HostManager reading nova's database on every request.  ``shared``: the
+  drop-in (:func:`.host_manager.install`), each scheduler with its own
+  :class:`~shared_host_manager.service.SchedulerService` cache fed by the stream;
+* **computes** -- the resource tracker's part of a build and of a deletion, on
+  the ComputeNode objects nova loaded from the database: usage, free amounts,
+  ``running_vms`` and stats changed and ``ComputeNode.save()``d under a per-host
+  lock (nova's COMPUTE_RESOURCE_SEMAPHORE); the instance info fanout every
+  scheduler receives (``update_instance_info`` / ``delete_instance_info``); a
+  deletion removes the server's placement allocation; and, for ``shared``, the
+  compute hook publishes the node through its reporter, as nova-compute-shared
+  does.
+
+Time per phase, per request, through explicit subclasses only (nothing of
+nova's is replaced beyond what the drop-in's ``install`` documents):
+``placement_query`` (``get_allocation_candidates``), ``host_states``
+(``get_host_states_by_uuids``), ``filter_weigh`` (``get_filtered_hosts`` +
+``get_weighed_hosts``, which consume nova's per-host allocation-request
+generator), ``placement_claim`` (``claim_resources``), and ``compute`` (the
+builds at the chosen hosts).  What ``select_destinations`` spends beyond the
+first four (request filters, Selection objects, notifications) is ``other``.
+
+Life cycle: ``NovaCloud(hosts, mode=...)`` builds everything (nova's global
+configuration and DB context managers are per process: one cloud per
+process; the simulator runs each in a process of its own), then
+``schedule``/``delete`` from many threads, ``check()`` at the end, ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import threading
+import time
+import uuid as uuid_mod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: the modules ``--scheduler nova`` needs beyond the project's own
+NEEDED = ("nova", "placement", "wsgi_intercept")
+#: the extra that installs them
+EXTRA = "nova-sim"
+
+PHASES = ("placement_query", "host_states", "filter_weigh", "placement_claim")
+
+
+def missing() -> str | None:
+    """The first module ``--scheduler nova`` needs that is not installed (None: all are)."""
+    for name in NEEDED:
+        if importlib.util.find_spec(name) is None:
+            return name
+    return None
+
+
+# -- per-request phase clocks ----------------------------------------------------------------
+
+_local = threading.local()
+
+
+def _phases() -> dict[str, float]:
+    spent = getattr(_local, "spent", None)
+    if spent is None:
+        spent = _local.spent = {}
+    return spent
+
+
+class _Phase:
+    """Adds the time of a ``with`` block to this thread's current request, under ``name``."""
+
+    __slots__ = ("name", "_t")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        self._t = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        spent = _phases()
+        spent[self.name] = spent.get(self.name, 0.0) + time.perf_counter() - self._t
+
+
+def _timed_host_manager(base: type) -> type:
+    """``base`` (nova's HostManager or SharedHostManager) with its decision phases timed."""
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        def get_host_states_by_uuids(self, context: Any, compute_uuids: Any, spec_obj: Any) -> Any:
+            with _Phase("host_states"):
+                return super().get_host_states_by_uuids(context, compute_uuids, spec_obj)
+
+        def get_filtered_hosts(self, hosts: Any, spec_obj: Any, index: int = 0) -> Any:
+            with _Phase("filter_weigh"):
+                return super().get_filtered_hosts(hosts, spec_obj, index)
+
+        def get_weighed_hosts(self, hosts: Any, spec_obj: Any) -> Any:
+            with _Phase("filter_weigh"):
+                return super().get_weighed_hosts(hosts, spec_obj)
+
+    Timed.__name__ = Timed.__qualname__ = f"Timed{base.__name__}"
+    return Timed
+
+
+def _report_client_class() -> type:
+    from nova.scheduler.client import report
+
+    class TimedReportClient(report.SchedulerReportClient):
+        """nova's report client; the scheduler's two placement calls timed, refused claims counted."""
+
+        def __init__(self, adapter: Any) -> None:
+            super().__init__(adapter=adapter)
+            self.refused = 0
+            self._count_lock = threading.Lock()
+
+        def get_allocation_candidates(self, context: Any, resources: Any) -> Any:
+            with _Phase("placement_query"):
+                return super().get_allocation_candidates(context, resources)
+
+        def claim_resources(self, context: Any, consumer_uuid: str, alloc_request: Any,
+                            project_id: str, user_id: str, allocation_request_version: Any = None,
+                            consumer_generation: Any = None) -> bool:
+            with _Phase("placement_claim"):
+                ok = super().claim_resources(context, consumer_uuid, alloc_request, project_id,
+                                             user_id, allocation_request_version,
+                                             consumer_generation=consumer_generation)
+            if not ok:
+                with self._count_lock:
+                    self.refused += 1
+                # this thread's request (several client threads share a scheduler)
+                _local.refused = getattr(_local, "refused", 0) + 1
+            return bool(ok)
+
+    return TimedReportClient
+
+
+def _scheduler_manager_class() -> type:
+    from nova.scheduler import manager as nova_manager
+
+    class SimSchedulerManager(nova_manager.SchedulerManager):
+        """nova's SchedulerManager with its own report client and a timed host manager.
+
+        nova's reads ``report_client_singleton()``: one client per process.  Here
+        every scheduler is a process of its own in a deployment, so each gets
+        its own client (the property is nova's interface for it).
+        """
+
+        def __init__(self, placement_client: Any, host_manager: Callable[[], Any]) -> None:
+            self._sim_client = placement_client
+            super().__init__()
+            # nova's __init__ built a host manager of the installed class; ours is the same
+            # class with its phases timed (built last: the drop-in's request filter asks the
+            # most recent one)
+            self.host_manager = host_manager()
+
+        @property
+        def placement_client(self) -> Any:
+            return self._sim_client
+
+    return SimSchedulerManager
+
+
+# -- placement in-process -------------------------------------------------------------------
+
+class InProcessPlacement:
+    """openstack-placement's WSGI app on its own database, reached through a keystoneauth Adapter.
+
+    wsgi-intercept routes requests for :attr:`url` to the app in this process
+    (no socket), as ``placement.direct.PlacementDirect`` does; the adapter
+    names the endpoint itself, so no keystone catalogue is consulted.
+    """
+
+    def __init__(self, db_url: str) -> None:
+        import requests
+        from keystoneauth1 import session
+        from oslo_config import cfg
+        from placement import conf as placement_conf
+        from placement import db_api, deploy
+        from wsgi_intercept import interceptor
+
+        conf = cfg.ConfigOpts()
+        placement_conf.register_opts(conf)
+        conf.set_override("connection", db_url, group="placement_database")
+        conf.set_override("sync_on_startup", True, group="placement_database")
+        conf.set_override("auth_strategy", "noauth2", group="api")
+        conf([], project="placement", default_config_files=[], default_config_dirs=[])
+        db_api.configure(conf)
+        inner = deploy.loadapp(conf)
+        if db_url.startswith("sqlite"):
+            # SQLite has one writer: a transaction that read before writing fails at once
+            # ("database is locked") if another wrote meanwhile, where a server would wait
+            # for the row lock.  Writes wait for each other here instead.
+            write_lock = threading.Lock()
+
+            def app(environ: dict[str, Any], start_response: Any) -> Any:
+                if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+                    return inner(environ, start_response)
+                with write_lock:
+                    return list(inner(environ, start_response))
+        else:
+            app = inner
+        self.conf = conf
+        self.url = f"http://placement-{uuid_mod.uuid4().hex}/placement"
+        self._intercept = interceptor.RequestsInterceptor(lambda: app, url=self.url)
+        self._intercept.__enter__()
+        self._session = requests.Session()
+        self._ksa_session = session.Session(auth=None, session=self._session,
+                                            additional_headers={"x-auth-token": "admin"})
+
+    def adapter(self) -> Any:
+        """A new Adapter (one per client: nova's report client keeps one)."""
+        from keystoneauth1 import adapter
+
+        return adapter.Adapter(self._ksa_session, service_type="placement",
+                               endpoint_override=self.url, raise_exc=False)
+
+    def request(self, method: str, path: str, body: Any = None, version: str = "1.36") -> Any:
+        resp = self.adapter().request(path, method, json=body, microversion=version)
+        if resp.status_code >= 400:
+            raise RuntimeError(f"placement {method} {path}: {resp.status_code} {resp.text[:300]}")
+        return resp.json() if resp.content else None
+
+    def close(self) -> None:
+        self._intercept.__exit__(None, None, None)
+
+
+# -- descriptions the simulator hands over ---------------------------------------------------
+
+@dataclass
+class SimHost:
+    """One compute node as the simulator draws it (capacities, servers already running)."""
+
+    source: str  # the compute node uuid (= resource provider uuid)
+    host: str
+    vcpus: int
+    memory_mb: int
+    disk_gb: int
+    cpu_allocation_ratio: float = 4.0
+    ram_allocation_ratio: float = 1.0
+    disk_allocation_ratio: float = 1.0
+    reserved_memory_mb: int = 512
+    #: instance uuid -> {"vcpus", "memory_mb", "disk_gb"}
+    instances: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+@dataclass
+class SimRequest:
+    instance_uuids: list[str]
+    vcpus: int
+    memory_mb: int
+    root_gb: int
+    project_id: str = "project"
+    user_id: str = "user"
+    #: server group: uuid, policy ("affinity" / "anti-affinity"), members, and the hosts
+    #: (names) its running members are on -- what nova's conductor fills in
+    group_uuid: str | None = None
+    group_policy: str | None = None
+    group_members: list[str] = field(default_factory=list)
+    group_hosts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SimOutcome:
+    placed: dict[str, str] = field(default_factory=dict)  # instance -> source
+    failed: dict[str, str] = field(default_factory=dict)  # instance -> reason
+    #: builds the compute refused (their allocation removed); counted in failed too
+    compute_rejected: int = 0
+    #: placement claims made / refused by placement (another scheduler got there first)
+    claims: int = 0
+    claims_refused: int = 0
+    decision_s: float = 0.0
+    #: seconds per phase of this request (PHASES, "compute", "other")
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+# -- the cloud -------------------------------------------------------------------------------
+
+class NovaCloud:
+    """Placement, nova's database, ``schedulers`` SchedulerManagers and the computes; see the module
+    docstring."""
+
+    def __init__(self, hosts: list[SimHost], *, mode: str, schedulers: int, directory: str,
+                 cell_uuid: str, filters: list[str] | None = None, db_url: str | None = None,
+                 hosts_per_reporter: int = 500, coalesce_window: float = 0.02) -> None:
+        if mode not in ("legacy", "shared"):
+            raise ValueError(f"mode must be legacy or shared, not {mode!r}")
+        from nova import context as nova_context
+        from nova import objects
+
+        from shared_host_manager.nova import fixtures as fx
+        from shared_host_manager.nova import host_manager as shm
+
+        self.mode = mode
+        overrides: dict[str, Any] = {"service_down_time": 86400}
+        if filters:
+            overrides["filter_scheduler.enabled_filters"] = filters
+        conf = fx.setup_nova(**overrides)
+        self.filters = list(conf.filter_scheduler.enabled_filters)
+        self.cell_uuid = cell_uuid
+        self.hosts = {h.source: h for h in hosts}
+        self._ctx = nova_context.get_admin_context()
+        self._closers: list[Any] = []
+        self.setup_s: dict[str, float] = {}
+
+        t = time.perf_counter()
+        self.placement = InProcessPlacement(_placement_url(directory, db_url))
+        self._closers.append(self.placement.close)
+        self._load_placement(hosts)
+        self.setup_s["placement"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        self.db = fx.NovaDatabase(directory, api_url=_db_url(db_url, "nova_api"),
+                                  cell_url=_db_url(db_url, "nova_cell1"))
+        self.db.configure()
+        nodes = [_compute_node(i, h) for i, h in enumerate(hosts)]
+        self.db.populate(nodes, cell_uuid=cell_uuid,
+                         instances={h.host: list(h.instances) for h in hosts})
+        cell = objects.CellMapping.get_by_uuid(self._ctx, cell_uuid)
+        with nova_context.target_cell(self._ctx, cell) as cctxt:
+            loaded = objects.ComputeNodeList.get_all(cctxt)
+        #: the resource tracker's ComputeNode of every host (what it saves)
+        self.nodes: dict[str, Any] = {cn.uuid: cn for cn in loaded}
+        self._locks = {s: threading.Lock() for s in self.nodes}
+        # SQLite: one writer at a time (see InProcessPlacement); a server waits on row locks
+        self._db_write_lock: Any = threading.Lock() if db_url is None else contextlib.nullcontext()
+        #: instance -> (source, resources): what each compute tracks
+        self.tracked: dict[str, dict[str, dict[str, int]]] = {
+            h.source: {u: dict(r) for u, r in h.instances.items()} for h in hosts}
+        self._where: dict[str, str] = {u: h.source for h in hosts for u in h.instances}
+        self.setup_s["nova_db"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        self.hooks: dict[str, Any] = {}
+        self.reporters: list[Any] = []
+        self.services: list[Any] = []
+        if mode == "shared":
+            self._start_stream(hosts, hosts_per_reporter, coalesce_window)
+            for i in range(schedulers):
+                self._new_cache_service(f"scheduler-{i}")
+            shm.install()
+            self._closers.append(shm.uninstall)
+        client_cls = _report_client_class()
+        manager_cls = _scheduler_manager_class()
+        self.clients = [client_cls(self.placement.adapter()) for _ in range(schedulers)]
+        self.compute_client = client_cls(self.placement.adapter())
+        self.schedulers: list[Any] = []
+        for i in range(schedulers):
+            if mode == "shared":
+                cls = _timed_host_manager(shm.SharedHostManager)
+                cache = self.services[i].cache
+                hm: Callable[[], Any] = lambda cls=cls, cache=cache: cls(
+                    cache, default_cell_uuid=cell_uuid)
+            else:
+                from nova.scheduler import host_manager as nova_hm
+
+                hm = _timed_host_manager(nova_hm.HostManager)
+            self.schedulers.append(manager_cls(self.clients[i], hm))
+        if mode == "legacy":
+            self._sync_instance_info()
+        else:
+            self._wait_for_hosts()
+        self.setup_s["schedulers"] = time.perf_counter() - t
+
+    # -- set-up -------------------------------------------------------------------------
+    def _load_placement(self, hosts: list[SimHost]) -> None:
+        """Providers and inventories as nova-compute reports them; running servers' allocations."""
+        p = self.placement
+        for h in hosts:
+            p.request("POST", "/resource_providers", {"uuid": h.source, "name": h.host})
+            inv = {
+                "VCPU": {"total": h.vcpus, "reserved": 0, "min_unit": 1, "max_unit": h.vcpus,
+                         "step_size": 1, "allocation_ratio": h.cpu_allocation_ratio},
+                "MEMORY_MB": {"total": h.memory_mb, "reserved": h.reserved_memory_mb,
+                              "min_unit": 1, "max_unit": h.memory_mb, "step_size": 1,
+                              "allocation_ratio": h.ram_allocation_ratio},
+                "DISK_GB": {"total": h.disk_gb, "reserved": 0, "min_unit": 1,
+                            "max_unit": h.disk_gb, "step_size": 1,
+                            "allocation_ratio": h.disk_allocation_ratio},
+            }
+            got = p.request("PUT", f"/resource_providers/{h.source}/inventories",
+                            {"resource_provider_generation": 0, "inventories": inv})
+            # nova-compute's provider traits the scheduler's request filters ask for
+            # (root_required=OWNER_NOVA, !COMPUTE_STATUS_DISABLED)
+            p.request("PUT", f"/resource_providers/{h.source}/traits",
+                      {"resource_provider_generation": got["resource_provider_generation"],
+                       "traits": ["COMPUTE_NODE", "OWNER_NOVA"]})
+        # the running servers' allocations, many consumers per request (POST /allocations)
+        batch: dict[str, Any] = {}
+        for h in hosts:
+            for instance, res in h.instances.items():
+                batch[instance] = {"allocations": {h.source: {"resources": _rc(res)}},
+                                   "project_id": "project", "user_id": "user",
+                                   "consumer_generation": None}
+                if len(batch) >= 500:
+                    p.request("POST", "/allocations", batch)
+                    batch = {}
+        if batch:
+            p.request("POST", "/allocations", batch)
+
+    def _start_stream(self, hosts: list[SimHost], per_reporter: int, coalesce_window: float) -> None:
+        """Each group of hosts a nova-compute-shared with its hook and reporter; a cache per
+        scheduler; all on one in-process bus delivering from its own threads."""
+        import nova.conf
+
+        from compute_reporter.service import ReporterService
+        from shared_host_manager.nova import compute_hook
+        from shared_host_manager.nova import document as ndoc
+        from shared_host_manager.nova import fixtures as fx
+        from transport.inprocess import InProcessBus
+
+        self.bus = InProcessBus(threaded=True)
+        topics = ("shm-reporter", "shm-scheduler")
+        reserved = ndoc.Reserved.from_conf(nova.conf.CONF)
+        sources = [h.source for h in hosts]
+        for n, i in enumerate(range(0, len(sources), per_reporter)):
+            hook = compute_hook.ComputeHook(cell_uuid=self.cell_uuid, reserved=reserved,
+                                            aggregate_refresh_interval=0)
+            for s in sources[i:i + per_reporter]:
+                cn = self.nodes[s]
+                hook.report(cn, instances=sorted(self.tracked[s]), service=fx.service_dict(cn.host))
+                self.hooks[s] = hook
+            reporter = ReporterService(
+                f"compute-{n}", compute_hook.NovaTracker(hook), self.bus, self.bus,
+                reporter_topic=topics[0], scheduler_topic=topics[1],
+                coalesce_window=coalesce_window, heartbeat_interval=10.0)
+            reporter.start()
+            self.reporters.append(reporter)
+        self._topics = topics
+
+    def _new_cache_service(self, name: str) -> Any:
+        from shared_host_manager.service import SchedulerService
+
+        service = SchedulerService(name, self.bus, self.bus, reporter_topic=self._topics[0],
+                                   scheduler_topic=self._topics[1], down_interval=60.0)
+        service.start()
+        self.services.append(service)
+        return service
+
+    def _wait_for_hosts(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        want = len(self.nodes)
+        for service in self.services:
+            while time.monotonic() < deadline:
+                with service.cache.lock:
+                    held = sum(1 for v in service.cache.receiver.sources.values()
+                               if v.doc is not None)
+                if held >= want:
+                    break
+                time.sleep(0.05)
+            else:
+                raise RuntimeError(f"{service.name} holds {held} of {want} hosts after {timeout} s")
+
+    def _sync_instance_info(self, timeout: float = 120.0) -> None:
+        """nova's HostManager loads every host's instances at start (asynchronously); then the
+        computes' periodic ``sync_instance_info`` marks them current, so requests do not query
+        instances per host (as in a deployment with track_instance_changes)."""
+        by_host = {self.nodes[s].host: list(t) for s, t in self.tracked.items()}
+        with_instances = sum(1 for u in by_host.values() if u)
+        for sched in self.schedulers:
+            hm = sched.host_manager
+            deadline = time.monotonic() + timeout
+            while len(hm._instance_info) < with_instances and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for host, uuids in by_host.items():
+                hm.sync_instance_info(self._ctx, host, uuids)
+                hm.sync_instance_info(self._ctx, host, uuids)
+
+    # -- the run ----------------------------------------------------------------------------
+    def schedule(self, scheduler: int, req: SimRequest) -> SimOutcome:
+        """One request through scheduler ``scheduler``'s select_destinations, then the builds."""
+        import oslo_messaging as messaging
+        from nova import exception
+
+        out = SimOutcome()
+        sched = self.schedulers[scheduler]
+        spec = self._spec(req)
+        _local.spent = {}
+        _local.refused = 0
+        start = time.perf_counter()
+        try:
+            selections = sched.select_destinations(
+                self._ctx, spec_obj=spec, instance_uuids=list(req.instance_uuids),
+                return_objects=True, return_alternates=True)
+        except messaging.ExpectedException as wrapped:
+            # nova's RPC layer wraps the exceptions its callers expect (NoValidHost)
+            exc = wrapped.exc_info[1]
+            if not isinstance(exc, exception.NoValidHost):
+                raise exc from None
+            selections = None
+            reason = str(exc)
+        except exception.NoValidHost as exc:
+            selections = None
+            reason = str(exc)
+        out.decision_s = time.perf_counter() - start
+        phases = dict(_phases())
+        out.claims_refused = _local.refused
+        out.claims = out.claims_refused
+        if selections is None:
+            out.failed = {u: reason for u in req.instance_uuids}
+        else:
+            out.claims += len(req.instance_uuids)
+            t = time.perf_counter()
+            res = {"vcpus": req.vcpus, "memory_mb": req.memory_mb, "disk_gb": req.root_gb}
+            for instance, alternates in zip(req.instance_uuids, selections, strict=True):
+                source = alternates[0].compute_node_uuid
+                if self._build(source, instance, res):
+                    out.placed[instance] = source
+                else:
+                    out.compute_rejected += 1
+                    out.failed[instance] = "refused at the compute"
+                    self.compute_client.delete_allocation_for_instance(self._ctx, instance, force=True)
+            phases["compute"] = time.perf_counter() - t
+        known = sum(v for k, v in phases.items() if k in PHASES)
+        phases["other"] = max(0.0, out.decision_s - known)
+        out.phases = phases
+        return out
+
+    def delete(self, instance: str) -> None:
+        """A server deleted: the compute forgets it, the allocation goes, the schedulers hear."""
+        source = self._where.pop(instance, None)
+        if source is None:
+            return
+        cn = self.nodes[source]
+        with self._locks[source]:
+            res = self.tracked[source].pop(instance)
+            self._account(cn, source, res, -1)
+        self.compute_client.delete_allocation_for_instance(self._ctx, instance, force=True)
+        for sched in self.schedulers:
+            sched.delete_instance_info(self._ctx, cn.host, instance)
+
+    def _build(self, source: str, instance: str, res: Mapping[str, int]) -> bool:
+        """The resource tracker's instance claim at ``source``: refused if it does not fit."""
+        from nova import objects
+
+        cn = self.nodes[source]
+        with self._locks[source]:
+            if (cn.vcpus_used + res["vcpus"] > cn.vcpus * cn.cpu_allocation_ratio
+                    or cn.memory_mb_used + res["memory_mb"] > cn.memory_mb * cn.ram_allocation_ratio
+                    or cn.local_gb_used + res["disk_gb"] > cn.local_gb * cn.disk_allocation_ratio):
+                return False
+            self.tracked[source][instance] = dict(res)
+            self._where[instance] = source
+            self._account(cn, source, res, +1)
+        info = objects.InstanceList(objects=[objects.Instance(uuid=instance, host=cn.host,
+                                                              node=cn.hypervisor_hostname)])
+        for sched in self.schedulers:
+            sched.update_instance_info(self._ctx, cn.host, info)
+        return True
+
+    def _account(self, cn: Any, source: str, res: Mapping[str, int], sign: int) -> None:
+        """Usage changed by one instance, saved as the tracker saves it, published (caller holds
+        the host's lock)."""
+        cn.vcpus_used += sign * res["vcpus"]
+        cn.memory_mb_used += sign * res["memory_mb"]
+        cn.local_gb_used += sign * res["disk_gb"]
+        cn.free_ram_mb = cn.memory_mb - cn.memory_mb_used
+        cn.free_disk_gb = cn.local_gb - cn.local_gb_used
+        # what the driver's periodic audit reports (thin images: the same as free here)
+        cn.disk_available_least = cn.free_disk_gb
+        cn.running_vms = len(self.tracked[source])
+        stats = dict(cn.stats or {})
+        stats["num_instances"] = str(cn.running_vms)
+        stats["num_vm_active"] = str(cn.running_vms)
+        stats["num_task_None"] = str(cn.running_vms)
+        cn.stats = stats
+        with self._db_write_lock:
+            cn.save()
+        hook = self.hooks.get(source)
+        if hook is not None:
+            hook.report(cn, instances=sorted(self.tracked[source]))
+
+    def _spec(self, req: SimRequest) -> Any:
+        from nova import objects
+
+        from shared_host_manager.nova import fixtures as fx
+
+        group = None
+        if req.group_uuid:
+            # as the conductor loads it from the API DB: policy, and the legacy policies list
+            # nova's affinity filter still reads
+            group = objects.InstanceGroup(uuid=req.group_uuid, policy=req.group_policy,
+                                          policies=[req.group_policy],
+                                          members=list(req.group_members),
+                                          hosts=sorted(set(req.group_hosts)), rules={})
+        spec = fx.request_spec(instance_uuid=req.instance_uuids[0], memory_mb=req.memory_mb,
+                               vcpus=req.vcpus, root_gb=req.root_gb, group=group,
+                               num_instances=len(req.instance_uuids))
+        spec.project_id, spec.user_id = req.project_id, req.user_id
+        return spec
+
+    # -- the end -----------------------------------------------------------------------------
+    def check(self) -> dict[str, Any]:
+        """Overcommitted hosts at the computes and in placement, and whether every server the
+        computes run has its placement allocation (and no other consumer has one)."""
+        compute_over = 0
+        for cn in self.nodes.values():
+            if (cn.vcpus_used > cn.vcpus * cn.cpu_allocation_ratio
+                    or cn.memory_mb_used > cn.memory_mb * cn.ram_allocation_ratio
+                    or cn.local_gb_used > cn.local_gb * cn.disk_allocation_ratio):
+                compute_over += 1
+        placement_over = 0
+        mismatched = 0
+        for source, h in self.hosts.items():
+            allocs = self.placement.request("GET", f"/resource_providers/{source}/allocations")
+            usages: dict[str, int] = {}
+            for alloc in allocs["allocations"].values():
+                for rc, amount in alloc["resources"].items():
+                    usages[rc] = usages.get(rc, 0) + amount
+            caps = {"VCPU": h.vcpus * h.cpu_allocation_ratio,
+                    "MEMORY_MB": (h.memory_mb - h.reserved_memory_mb) * h.ram_allocation_ratio,
+                    "DISK_GB": h.disk_gb * h.disk_allocation_ratio}
+            if any(usages.get(rc, 0) > cap for rc, cap in caps.items()):
+                placement_over += 1
+            consumers = set(allocs["allocations"])
+            if consumers != set(self.tracked[source]):
+                mismatched += 1
+        return {"overcommitted_hosts": compute_over, "placement_overcommitted_hosts": placement_over,
+                "allocation_mismatched_hosts": mismatched}
+
+    def close(self) -> None:
+        for reporter in self.reporters:
+            try:
+                reporter.stop(goodbye=False)
+            except Exception:  # stopping must go on
+                pass
+        for service in self.services:
+            try:
+                service.stop()
+            except Exception:
+                pass
+        if getattr(self, "bus", None) is not None:
+            self.bus.close()
+        for close in reversed(self._closers):
+            close()
+
+
+def _rc(res: Mapping[str, int]) -> dict[str, int]:
+    return {"VCPU": res["vcpus"], "MEMORY_MB": res["memory_mb"], "DISK_GB": res["disk_gb"]}
+
+
+def _compute_node(i: int, h: SimHost) -> Any:
+    """The ComputeNode nova-compute's ResourceTracker writes for ``h`` (reserved memory in use)."""
+    from nova import objects
+    from oslo_serialization import jsonutils
+
+    from shared_host_manager.nova import fixtures as fx
+
+    vcpus = sum(r["vcpus"] for r in h.instances.values())
+    memory = h.reserved_memory_mb + sum(r["memory_mb"] for r in h.instances.values())
+    disk = sum(r["disk_gb"] for r in h.instances.values())
+    n = len(h.instances)
+    return objects.ComputeNode(
+        id=i + 1, uuid=h.source, host=h.host, hypervisor_hostname=h.host,
+        memory_mb=h.memory_mb, memory_mb_used=memory, free_ram_mb=h.memory_mb - memory,
+        local_gb=h.disk_gb, local_gb_used=disk, free_disk_gb=h.disk_gb - disk,
+        disk_available_least=h.disk_gb - disk, vcpus=h.vcpus, vcpus_used=vcpus,
+        hypervisor_type="QEMU", hypervisor_version=8002000,
+        cpu_info=jsonutils.dumps({"arch": "x86_64", "model": "Skylake", "vendor": "Intel",
+                                  "topology": {"cells": 1, "sockets": 1, "cores": h.vcpus,
+                                               "threads": 1}, "features": []}),
+        host_ip=f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}",
+        supported_hv_specs=[objects.HVSpec(arch="x86_64", hv_type="kvm", vm_mode="hvm")],
+        numa_topology=None, pci_device_pools=objects.PciDevicePoolList(),
+        stats={"num_instances": str(n), "io_workload": "0", "failed_builds": "0",
+               "num_vm_active": str(n), "num_task_None": str(n)},
+        metrics="[]", cpu_allocation_ratio=h.cpu_allocation_ratio,
+        ram_allocation_ratio=h.ram_allocation_ratio, disk_allocation_ratio=h.disk_allocation_ratio,
+        running_vms=n, current_workload=0, service_id=i + 1, mapped=1, updated_at=fx.NOW)
+
+
+def _db_url(db_url: str | None, name: str) -> str | None:
+    """``db_url`` with its database named ``<its name>_<name>`` (None: SQLite files)."""
+    if db_url is None:
+        return None
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url)
+    return url.set(database=f"{url.database or 'shm'}_{name}").render_as_string(hide_password=False)
+
+
+def _placement_url(directory: str, db_url: str | None) -> str:
+    if db_url is None:
+        path = os.path.join(directory, "placement.sqlite")
+        import sqlite3
+
+        with sqlite3.connect(path) as conn:  # WAL, as nova's database (fixtures.NovaDatabase)
+            conn.execute("PRAGMA journal_mode=WAL")
+        return "sqlite:///" + path
+    from shared_host_manager.nova import fixtures as fx
+
+    url = _db_url(db_url, "placement")
+    assert url is not None
+    fx.recreate_database(url)
+    return url
+
+
+__all__ = ["EXTRA", "InProcessPlacement", "NovaCloud", "PHASES", "SimHost", "SimOutcome",
+           "SimRequest", "missing"]

@@ -1,0 +1,397 @@
+"""``shm sim --scheduler nova``: nova 34's own scheduler on its whole path, legacy vs shared.
+
+Every simulated scheduler is nova's real ``SchedulerManager``, with placement
+(``openstack-placement``, in-process on its own database) and nova's database
+behind it; the computes write what nova's resource tracker writes.  The nova
+side lives in :mod:`shared_host_manager.nova.simulation` (this module imports
+no nova): ``legacy`` is nova's own HostManager reading nova's database,
+``shared`` the drop-in fed by the stream.  The cloud and the workload are
+today's ``shm sim``'s (:func:`~simulator.topology.build_cloud`,
+:class:`~simulator.workload.Workload`, same seed, same pre-fill, same churn:
+every server that boots is matched by the deletion of a running one).  What
+of the workload nova mode does not apply: availability zones and the
+aggregate extra spec of the ``ssd`` flavor (the nova cloud has no host
+aggregates yet), so a request asks for its flavor's VCPU / MEMORY_MB /
+DISK_GB, its server group and its number of instances.
+
+Life cycle of :func:`run`: each host manager runs in a process of its own
+(nova's configuration, its DB context managers and placement's are process
+globals), one after the other: build the cloud (placement providers,
+inventories and the pre-filled servers' allocations; nova's database; the
+schedulers, and for ``shared`` the reporters and caches), run ``clients``
+closed-loop client threads round robin over the schedulers for
+``duration`` seconds or ``requests`` requests, check the hosts (computes and
+placement), return the figures.  All parties of a run share one process and
+its GIL, as in ``shm sim``.
+
+Figures per host manager: today's (scheduled/s, decision and end-to-end
+latency, claims and refusals, NoValidHost, overcommitted hosts, server-group
+violations) plus the time per phase per request -- placement query, host
+states, filter + weigh, placement claim, other (the rest of
+``select_destinations``: request filters, Selection objects), compute (the
+builds) -- as medians and as each phase's share of the mean end-to-end time; and per
+request the scheduler's own time (host states + filter + weigh + other: what the host manager
+changes) apart from placement's (query + claims).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from simulator.simulation import _pct, _Progress
+from simulator.topology import build_cloud
+from simulator.workload import Workload
+
+MODES = ("shared", "legacy")
+#: the phases of a request, in the order they happen
+PHASES = ("placement_query", "host_states", "filter_weigh", "placement_claim", "other", "compute")
+#: the scheduler's own work (what the host manager changes) and placement's, per request
+OWN = ("host_states", "filter_weigh", "other")
+PLACEMENT = ("placement_query", "placement_claim")
+
+
+@dataclass
+class NovaSimConfig:
+    host_manager: str = "all"
+    nodes: int = 100
+    schedulers: int = 2
+    clients: int = 8
+    duration: float = 20.0
+    requests: int | None = None
+    seed: int = 42
+    fill: float = 0.8
+    db_url: str | None = None
+    hosts_per_reporter: int = 500
+    #: nova's [filter_scheduler] enabled_filters (None: nova's defaults)
+    filters: list[str] | None = None
+    progress: bool = True
+
+
+def check_config(cfg: NovaSimConfig) -> None:
+    """Refuse what nova mode cannot run (ValueError, saying what instead)."""
+    if cfg.host_manager not in (*MODES, "all"):
+        raise ValueError(f"--scheduler nova runs the shared and legacy host managers "
+                         f"(nova's CachingScheduler was removed), not {cfg.host_manager!r}")
+    if cfg.schedulers < 1 or cfg.clients < 1 or cfg.nodes < 1:
+        raise ValueError("--nodes, --schedulers and --clients must be at least 1")
+
+
+@dataclass
+class _Metrics:
+    requests: int = 0
+    scheduled: int = 0
+    instances: int = 0
+    no_valid_host: int = 0
+    compute_rejected: int = 0
+    claims: int = 0
+    claims_refused: int = 0
+    decision_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
+    own_s: list[float] = field(default_factory=list)
+    placement_s: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _hosts(cloud: Any) -> list[Any]:
+    from shared_host_manager.nova.simulation import SimHost
+
+    out = []
+    for source in sorted(cloud.documents):
+        doc = cloud.documents[source]
+        c = doc["compute"]
+        out.append(SimHost(
+            source=source, host=c["host"], vcpus=c["vcpus"], memory_mb=c["memory_mb"],
+            disk_gb=c["disk_gb"], cpu_allocation_ratio=c["cpu_allocation_ratio"],
+            ram_allocation_ratio=c["ram_allocation_ratio"],
+            disk_allocation_ratio=c["disk_allocation_ratio"],
+            reserved_memory_mb=c.get("reserved_memory_mb", 0),
+            instances={u: dict(i["resources"]) for u, i in doc.get("instances", {}).items()}))
+    return out
+
+
+class NovaRun:
+    """One host manager's run (in its own process); see the module docstring."""
+
+    def __init__(self, cfg: NovaSimConfig, mode: str, directory: str) -> None:
+        from shared_host_manager.nova.simulation import NovaCloud
+
+        self.cfg, self.mode = cfg, mode
+        self.cloud = build_cloud(cfg.nodes, cfg.seed)
+        self.workload = Workload(cfg.seed)
+        self.prefilled = self.workload.prefill(self.cloud.documents, cfg.fill)
+        self.host_of = {s: d["compute"]["host"] for s, d in self.cloud.documents.items()}
+        self.metrics = _Metrics()
+        self._workload_lock = threading.Lock()
+        self.errors: list[str] = []
+        started = time.perf_counter()
+        self.nova = NovaCloud(_hosts(self.cloud), mode=mode, schedulers=cfg.schedulers,
+                              directory=directory, cell_uuid=self.cloud.cell_uuid,
+                              filters=cfg.filters, db_url=cfg.db_url,
+                              hosts_per_reporter=cfg.hosts_per_reporter)
+        self.setup_s = time.perf_counter() - started
+
+    def _request(self) -> tuple[Any, Any] | None:
+        """The workload's next request and its nova form (group hosts as the conductor finds them)."""
+        from shared_host_manager.nova.simulation import SimRequest
+
+        with self._workload_lock:
+            if self.cfg.requests is not None and self.workload.issued >= self.cfg.requests:
+                return None
+            spec = self.workload.next_request()
+            group = spec.instance_group
+            hosts = []
+            if group is not None:
+                hosts = [self.host_of[self.workload.running[m]] for m in group.members
+                         if m in self.workload.running]
+        req = SimRequest(instance_uuids=list(spec.instance_uuids), vcpus=spec.flavor.vcpus,
+                         memory_mb=spec.flavor.memory_mb, root_gb=spec.flavor.root_gb,
+                         project_id=spec.project_id,
+                         group_uuid=group.uuid if group is not None else None,
+                         group_policy=group.policy if group is not None else None,
+                         group_members=list(group.members) if group is not None else [],
+                         group_hosts=hosts)
+        return spec, req
+
+    def _client(self, index: int, stop: threading.Event) -> None:
+        try:
+            scheduler = index % self.cfg.schedulers
+            while not stop.is_set():
+                made = self._request()
+                if made is None:
+                    return
+                spec, req = made
+                start = time.perf_counter()
+                outcome = self.nova.schedule(scheduler, req)
+                e2e = time.perf_counter() - start
+                self._record(spec, outcome, e2e)
+        except Exception:  # a client's failure ends the run with its traceback
+            self.errors.append(traceback.format_exc())
+            stop.set()
+
+    def _record(self, spec: Any, outcome: Any, e2e: float) -> None:
+        m = self.metrics
+        with m.lock:
+            m.requests += 1
+            m.instances += len(spec.instance_uuids)
+            m.decision_s.append(outcome.decision_s)
+            m.e2e_s.append(e2e)
+            m.claims += outcome.claims
+            m.claims_refused += outcome.claims_refused
+            m.compute_rejected += outcome.compute_rejected
+            for phase in PHASES:
+                m.phases[phase].append(outcome.phases.get(phase, 0.0))
+            m.own_s.append(sum(outcome.phases.get(p, 0.0) for p in OWN))
+            m.placement_s.append(sum(outcome.phases.get(p, 0.0) for p in PLACEMENT))
+            if outcome.failed:
+                m.no_valid_host += len(outcome.failed) - outcome.compute_rejected
+            else:
+                m.scheduled += 1
+        if outcome.placed:
+            with self._workload_lock:
+                self.workload.booted(spec, outcome.placed)
+                deletions = [d for d in (self.workload.pick_deletion() for _ in outcome.placed) if d]
+            for instance, _source in deletions:
+                self.nova.delete(instance)
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        stop = threading.Event()
+        progress = _Progress(f"nova {self.mode}", None if cfg.requests else cfg.duration,
+                             cfg.requests, cfg.progress)
+        clients = [threading.Thread(target=self._client, args=(i, stop), daemon=True,
+                                    name=f"client-{i}") for i in range(cfg.clients)]
+        start = time.monotonic()
+        for c in clients:
+            c.start()
+        deadline = None if cfg.requests else start + cfg.duration
+        while any(c.is_alive() for c in clients):
+            if deadline is not None and time.monotonic() >= deadline:
+                stop.set()
+            progress.show(self.metrics.requests)
+            time.sleep(0.25)
+        elapsed = time.monotonic() - start
+        progress.end(self.metrics.requests)
+        if self.errors:
+            raise RuntimeError("simulation clients failed:\n" + self.errors[0])
+        checked = self.nova.check()
+        return self._figures(elapsed, checked)
+
+    def _figures(self, elapsed: float, checked: dict[str, Any]) -> dict[str, Any]:
+        m = self.metrics
+
+        def ms(values: list[float], q: float) -> float | None:
+            p = _pct(values, q)
+            return None if p is None else round(1000 * p, 3)
+
+        mean_e2e = statistics.fmean(m.e2e_s) if m.e2e_s else 0.0
+        phases = {}
+        for phase in PHASES:
+            xs = m.phases[phase]
+            mean = statistics.fmean(xs) if xs else 0.0
+            phases[phase] = {"p50_ms": ms(xs, 0.5), "mean_ms": round(1000 * mean, 3),
+                             "share_pct": round(100 * mean / mean_e2e, 1) if mean_e2e else None}
+        out: dict[str, Any] = {
+            "scheduler": "nova",
+            "requests": m.requests,
+            "scheduled": m.scheduled,
+            "elapsed_s": round(elapsed, 3),
+            "scheduled_per_s": round(m.scheduled / elapsed, 2) if elapsed else 0.0,
+            "decision_ms_p50": ms(m.decision_s, 0.50),
+            "decision_ms_p99": ms(m.decision_s, 0.99),
+            "e2e_ms_p50": ms(m.e2e_s, 0.50),
+            "e2e_ms_p99": ms(m.e2e_s, 0.99),
+            "e2e_ms_mean": round(1000 * mean_e2e, 3),
+            # select_destinations without placement: host states, filter + weigh, the rest
+            "scheduler_own_ms_p50": ms(m.own_s, 0.50),
+            "scheduler_own_ms_p99": ms(m.own_s, 0.99),
+            # placement's two calls (candidates, claims with nova's retries)
+            "placement_ms_p50": ms(m.placement_s, 0.50),
+            "claims": m.claims,
+            "claims_rejected": m.claims_refused,
+            "claims_rejected_pct": round(100.0 * m.claims_refused / m.claims, 3) if m.claims else 0.0,
+            "retries_per_request": round(m.claims_refused / m.requests, 4) if m.requests else 0.0,
+            "no_valid_host": m.no_valid_host,
+            "compute_rejected": m.compute_rejected,
+            "server_group_violations": len(self.workload.violations),
+            "prefilled_instances": self.prefilled,
+            "setup_s": round(self.setup_s, 1),
+            "setup_s_by_part": {k: round(v, 1) for k, v in self.nova.setup_s.items()},
+            "filters": self.nova.filters,
+            "phases": phases,
+        }
+        out.update(checked)
+        return out
+
+    def close(self) -> None:
+        self.nova.close()
+
+
+def run_mode(cfg: NovaSimConfig, mode: str) -> dict[str, Any]:
+    """One host manager's run, in this process (nova's globals: once per process)."""
+    import logging
+    import warnings
+
+    warnings.simplefilter("ignore")
+    for name in ("nova", "placement", "keystoneauth", "oslo_policy", "oslo_db", "stevedore"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory(prefix=f"shm-sim-nova-{mode}-") as tmp:
+        run = NovaRun(cfg, mode, tmp)
+        try:
+            return run.run()
+        finally:
+            run.close()
+
+
+def _child(cfg: NovaSimConfig, mode: str, conn: Any) -> None:
+    try:
+        conn.send(("ok", run_mode(cfg, mode)))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def run_mode_in_process(cfg: NovaSimConfig, mode: str) -> dict[str, Any]:
+    """:func:`run_mode` in a fresh process (spawned: no nova state carried over)."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(cfg, mode, child), name=f"shm-sim-nova-{mode}")
+    proc.start()
+    child.close()
+    try:
+        status, payload = parent.recv()
+    except EOFError:
+        proc.join()
+        raise RuntimeError(f"the {mode} run's process died (exit code {proc.exitcode})") from None
+    proc.join()
+    if status != "ok":
+        raise RuntimeError(f"the {mode} run failed:\n{payload}")
+    return payload
+
+
+def run(cfg: NovaSimConfig) -> dict[str, Any]:
+    check_config(cfg)
+    modes = MODES if cfg.host_manager == "all" else (cfg.host_manager,)
+    results = {}
+    for mode in modes:
+        if cfg.progress:
+            print(f"nova {mode}: setting up {cfg.nodes} nodes, {cfg.schedulers} schedulers...",
+                  file=sys.stderr)
+        results[mode] = run_mode_in_process(cfg, mode)
+    report: dict[str, Any] = {"config": asdict(cfg), "results": results}
+    if "shared" in results and "legacy" in results and results["legacy"]["scheduled_per_s"]:
+        report["ratios"] = {"shared_vs_legacy_scheduled_per_s": round(
+            results["shared"]["scheduled_per_s"] / results["legacy"]["scheduled_per_s"], 2)}
+        if results["shared"]["scheduler_own_ms_p50"]:
+            report["ratios"]["legacy_vs_shared_scheduler_own_ms_p50"] = round(
+                results["legacy"]["scheduler_own_ms_p50"] / results["shared"]["scheduler_own_ms_p50"], 2)
+    return report
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    results = report["results"]
+    modes = list(results)
+    rows = [
+        ("scheduled requests/s", "scheduled_per_s"),
+        ("requests", "requests"),
+        ("select_destinations ms p50", "decision_ms_p50"),
+        ("select_destinations ms p99", "decision_ms_p99"),
+        ("end-to-end ms p50", "e2e_ms_p50"),
+        ("end-to-end ms p99", "e2e_ms_p99"),
+        ("scheduler's own ms p50 (no placement)", "scheduler_own_ms_p50"),
+        ("scheduler's own ms p99", "scheduler_own_ms_p99"),
+        ("placement ms p50 (query + claims)", "placement_ms_p50"),
+        ("placement claims refused", "claims_rejected"),
+        ("NoValidHost (instances)", "no_valid_host"),
+        ("builds refused at the compute", "compute_rejected"),
+        ("overcommitted hosts (computes)", "overcommitted_hosts"),
+        ("overcommitted hosts (placement)", "placement_overcommitted_hosts"),
+        ("hosts whose allocations differ", "allocation_mismatched_hosts"),
+        ("server group violations", "server_group_violations"),
+        ("set-up s", "setup_s"),
+    ]
+    cfg = report["config"]
+    lines = [f"nova 34 SchedulerManager, {cfg['nodes']} nodes, {cfg['schedulers']} schedulers, "
+             f"{cfg['clients']} clients, placement in-process, nova DB "
+             f"{'SQLite' if not cfg['db_url'] else cfg['db_url'].split(':')[0]}",
+             f"filters: {', '.join(next(iter(results.values()))['filters'])}",
+             f"{'':38}" + "".join(f"{m:>14}" for m in modes)]
+    for label, key in rows:
+        lines.append(f"{label:38}" + "".join(f"{str(results[m].get(key)):>14}" for m in modes))
+    lines.append("time per request by phase, median ms (share of the mean end-to-end time):")
+    for phase in PHASES:
+        cells = ""
+        for m in modes:
+            ph = results[m]["phases"][phase]
+            cells += f"{ph['p50_ms']} ({ph['share_pct']}%)".rjust(22)
+        lines.append(f"  {phase:32}{cells}")
+    for name, value in report.get("ratios", {}).items():
+        lines.append(f"{name}: {value}x")
+    return "\n".join(lines)
+
+
+def main(cfg: NovaSimConfig, json_path: str | None) -> int:
+    """Run, print the table, write the JSON; 1 if any host ended overcommitted."""
+    import json
+
+    report = run(cfg)
+    print(summary_table(report))
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+        print(f"figures written to {json_path}")
+    bad = [m for m, r in report["results"].items()
+           if r["overcommitted_hosts"] or r["placement_overcommitted_hosts"]]
+    if bad:
+        print(f"INVARIANT BROKEN: overcommitted hosts in {bad}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,67 @@
+"""``shm sim --scheduler nova`` on a small cloud: the figures agree with each other and with placement.
+
+Both host managers run (each in a process of its own, as the CLI runs them) on
+20 nodes: nova's real SchedulerManager, placement in-process, nova's database
+in SQLite.  What must hold whatever the timing: every request is accounted for,
+no host is overcommitted at the computes or in placement, every server the
+computes run has its placement allocation and no other consumer has one, and
+the phases of a request add up to no more than its end-to-end time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
+pytest.importorskip("placement.deploy")
+pytest.importorskip("wsgi_intercept")
+
+from simulator import nova_sim  # noqa: E402
+
+REQUESTS = 24
+
+
+@pytest.fixture(scope="module")
+def report():
+    cfg = nova_sim.NovaSimConfig(host_manager="all", nodes=20, schedulers=2, clients=3,
+                                 duration=0.0, requests=REQUESTS, seed=7, fill=0.6, progress=False)
+    return nova_sim.run(cfg)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["shared", "legacy"])
+def test_every_request_accounted_and_no_overcommit(report, mode):
+    r = report["results"][mode]
+    assert r["requests"] == REQUESTS
+    assert r["scheduled"] > 0
+    # a request is scheduled, or some of its instances found no host or were refused
+    assert r["scheduled"] <= r["requests"]
+    assert r["overcommitted_hosts"] == 0
+    assert r["placement_overcommitted_hosts"] == 0
+    # every server running at a compute has its allocation in placement, and only those
+    assert r["allocation_mismatched_hosts"] == 0
+    assert r["compute_rejected"] == 0  # placement arbitrated every claim
+    # a scheduled request made at least one accepted claim per instance; refusals are claims too
+    assert r["claims"] - r["claims_rejected"] >= r["scheduled"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["shared", "legacy"])
+def test_phases_add_up_to_at_most_the_end_to_end_time(report, mode):
+    r = report["results"][mode]
+    phases = r["phases"]
+    assert set(phases) == set(nova_sim.PHASES)
+    total = sum(p["mean_ms"] for p in phases.values())
+    assert 0 < total <= r["e2e_ms_mean"]
+    # every scheduled request asked placement, built host states, filtered and claimed
+    for phase in ("placement_query", "host_states", "filter_weigh", "placement_claim", "compute"):
+        assert phases[phase]["mean_ms"] > 0, phase
+    # the scheduler's own time and placement's are parts of select_destinations
+    assert 0 < r["scheduler_own_ms_p50"] <= r["decision_ms_p99"]
+    assert 0 < r["placement_ms_p50"] <= r["decision_ms_p99"]
+
+
+def test_the_ratio_is_the_two_runs_throughputs(report):
+    shared = report["results"]["shared"]["scheduled_per_s"]
+    legacy = report["results"]["legacy"]["scheduled_per_s"]
+    assert report["ratios"]["shared_vs_legacy_scheduled_per_s"] == round(shared / legacy, 2)
