@@ -124,6 +124,9 @@ class HostStateCache:
         self.invalid: Counter[str] = Counter()
         self.unroutable = 0
         self.messages = 0
+        #: the live schedulers (this one included once its own entry came back), sorted, as
+        #: the owning service last scanned them (shared_host_manager.membership); () alone
+        self.peers: tuple[str, ...] = ()
         #: control messages applied, by kind: "resync_answer", "claim_accepted", "claim_rejected"
         self.control_received: Counter[str] = Counter()
         #: called under :attr:`lock` after every receive and tick, e.g. to drain claim

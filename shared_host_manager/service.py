@@ -134,10 +134,14 @@ class SchedulerService:
         #: publish one, and peers do not count it); see shared_host_manager.membership
         self.membership_interval = membership_interval
         self.membership: MembershipPublisher | None = None
-        #: the live schedulers, this one included once its own entry came back from the
-        #: stream, sorted; refreshed by the timer thread
-        self.peers: tuple[str, ...] = ()
         self._next_peer_scan = 0.0
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """The live schedulers, this one included once its own entry came back from the
+        stream, sorted; refreshed by the timer thread (kept on the cache, which the nova
+        drop-in reads)."""
+        return self.cache.peers
 
     def set_recorder(self, recorder: CacheObserver) -> None:
         """Observe this scheduler's cache (before :meth:`start`); see :class:`CacheObserver`."""
@@ -242,7 +246,7 @@ class SchedulerService:
             # a scan of every view: a few times per publication interval, not per decision
             self._next_peer_scan = now + min(0.5, (self.membership_interval or 2.0) / 4)
             with self.cache.lock:
-                self.peers = tuple(live_peers(self.receiver, now))
+                self.cache.peers = tuple(live_peers(self.receiver, now))
 
     def _publish_membership(self, leaving: bool = False) -> None:
         """Put this scheduler's own entry on the stream (design §2; a failure is retried at

@@ -27,6 +27,10 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
                    help="'own': the project's decision engine (default); 'nova': nova 34's real "
                         "SchedulerManager with placement in-process and nova's database "
                         "(host managers shared and legacy; needs the [nova-sim] extra)")
+    p.add_argument("--host-ownership", action="store_true",
+                   help="--scheduler nova, shared: the drop-in's [shared_host_manager] "
+                        "host_ownership (each scheduler puts its own best host first; "
+                        "membership on the stream)")
     p.add_argument("--filters", help="--scheduler nova: comma-separated [filter_scheduler] "
                                      "enabled_filters (default: nova's defaults)")
     p.add_argument("--host-manager", choices=[*MODES, "all"], default=d.host_manager,
@@ -84,8 +88,8 @@ def main(argv: list[str], prog: str = "shm sim") -> int:
     args = parser.parse_args(argv)
     if args.scheduler == "nova":
         return _main_nova(parser, args)
-    if args.filters:
-        parser.error("--filters applies to --scheduler nova")
+    if args.filters or args.host_ownership:
+        parser.error("--filters and --host-ownership apply to --scheduler nova")
     names = {f.name for f in fields(SimConfig)}
     cfg = SimConfig(**{k: v for k, v in vars(args).items() if k in names})
     try:
@@ -137,7 +141,8 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         clients=args.clients, duration=0.0 if args.requests is not None else args.duration,
         requests=args.requests, seed=args.seed, fill=args.fill, db_url=args.db_url,
         hosts_per_reporter=args.hosts_per_reporter,
-        filters=args.filters.split(",") if args.filters else None, progress=not args.quiet)
+        filters=args.filters.split(",") if args.filters else None,
+        host_ownership=args.host_ownership, progress=not args.quiet)
     try:
         nova_sim.check_config(cfg)
     except ValueError as exc:

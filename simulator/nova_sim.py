@@ -72,6 +72,8 @@ class NovaSimConfig:
     hosts_per_reporter: int = 500
     #: nova's [filter_scheduler] enabled_filters (None: nova's defaults)
     filters: list[str] | None = None
+    #: the drop-in's [shared_host_manager] host_ownership (shared mode)
+    host_ownership: bool = False
     progress: bool = True
 
 
@@ -136,7 +138,8 @@ class NovaRun:
         self.nova = NovaCloud(_hosts(self.cloud), mode=mode, schedulers=cfg.schedulers,
                               directory=directory, cell_uuid=self.cloud.cell_uuid,
                               filters=cfg.filters, db_url=cfg.db_url,
-                              hosts_per_reporter=cfg.hosts_per_reporter)
+                              hosts_per_reporter=cfg.hosts_per_reporter,
+                              host_ownership=cfg.host_ownership)
         self.setup_s = time.perf_counter() - started
 
     def _request(self) -> tuple[Any, Any] | None:
@@ -357,6 +360,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("overcommitted hosts (placement)", "placement_overcommitted_hosts"),
         ("hosts whose allocations differ", "allocation_mismatched_hosts"),
         ("server group violations", "server_group_violations"),
+        ("decisions on an owned host", "owned_choices"),
         ("set-up s", "setup_s"),
     ]
     cfg = report["config"]

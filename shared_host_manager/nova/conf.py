@@ -54,6 +54,21 @@ HostState objects). Filters and weighers without a vector form, including
 out-of-tree ones, run as nova's own classes on the surviving hosts. False:
 nova's handlers, once per host, as in nova.
 """),
+    cfg.BoolOpt("host_ownership", default=False, help="""
+(nova-scheduler) With several schedulers: put first, among the best-weighed
+hosts, the best one this scheduler *owns* (rendezvous hashing of host and
+scheduler names over the live schedulers, which every scheduler computes alike
+from the stream without talking to the others), so that schedulers deciding
+at the same moment choose different hosts instead of racing each other to the
+same one in placement. It looks at most twice as many hosts deep as there are
+live schedulers and keeps nova's order when none of those is its own; the
+alternates keep nova's order. False: nova's order exactly (with
+host_subset_size, nova's own collision avoidance).
+
+Related options: needs [cache] membership_interval > 0 in the stream
+configuration (each scheduler's own entry on the stream); [filter_scheduler]
+host_subset_size applies after it.
+"""),
     cfg.IntOpt("gc_young_threshold", default=100000, min=0, help="""
 (nova-scheduler) Python's first garbage-collector threshold in the scheduler
 process (gc.set_threshold), set when the host-state cache starts. Each request

@@ -94,6 +94,7 @@ from nova.scheduler import host_manager as nova_host_manager
 from protocol import hostdoc
 from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
+from shared_host_manager.decision.subset import PeerOwnership
 from shared_host_manager.nova import document as ndoc
 from shared_host_manager.nova import vector
 from shared_host_manager.nova.api_source import ApiState, is_api_source
@@ -581,7 +582,8 @@ class SharedHostManager(nova_host_manager.HostManager):
     """nova's HostManager, fed by the host-state stream; see the module docstring."""
 
     def __init__(self, cache: Any = None, *, register_claims: bool | None = None,
-                 default_cell_uuid: str | None = None, vector_decisions: bool | None = None) -> None:
+                 default_cell_uuid: str | None = None, vector_decisions: bool | None = None,
+                 host_ownership: bool | None = None) -> None:
         global _current
         self._cache = cache
         conf = _our_conf()
@@ -595,6 +597,11 @@ class SharedHostManager(nova_host_manager.HostManager):
         self.register_claims = bool(register_claims)
         self.default_cell_uuid = default_cell_uuid or (conf.default_cell_uuid if conf is not None
                                                        else None)
+        if host_ownership is None:
+            host_ownership = conf.host_ownership if conf is not None else False
+        #: put this scheduler's own best host first among the best (design §5.6)
+        self.host_ownership = bool(host_ownership)
+        self._ownership: PeerOwnership | None = None
         self._templates: dict[str, _Template] = {}
         #: ((applied, snapshots, sources), answer) of the last minimum_compute_version
         self._min_version: tuple[tuple[int, int, int], int | None] | None = None
@@ -769,6 +776,28 @@ class SharedHostManager(nova_host_manager.HostManager):
             self.phase_seconds["weigh"] += time.perf_counter() - started
 
     def _weighed(self, hosts: Any, spec_obj: Any) -> Any:
+        weighed = self._weighed_as_nova(hosts, spec_obj)
+        return self._owned_first(weighed) if self.host_ownership else weighed
+
+    def _owned_first(self, weighed: list[Any]) -> list[Any]:
+        """The best host this scheduler owns among the live peers, moved to the front, if it
+        is among the best 2 x peers (design §5.6); nova's order otherwise and behind it."""
+        cache = self.cache
+        me = cache.receiver.name
+        peers = cache.peers
+        if len(set(peers) | {me}) < 2 or len(weighed) < 2:
+            return weighed
+        ownership = self._ownership
+        if ownership is None or ownership.peers != sorted(set(peers) | {me}):
+            ownership = self._ownership = PeerOwnership(me, list(peers))
+        for j in range(min(len(weighed), 2 * len(ownership.peers))):
+            if ownership.owns(vector.node_uuid(weighed[j].obj)):
+                self.counters["owned_choices"] += 1
+                return [weighed[j], *weighed[:j], *weighed[j + 1:]] if j else weighed
+        self.counters["no_owned_choice"] += 1
+        return weighed
+
+    def _weighed_as_nova(self, hosts: Any, spec_obj: Any) -> Any:
         if type(hosts) is vector.Hosts and self.vector_decisions:
             self.counters["vector_weighed"] += 1
             return vector.weigh(self.weighers, hosts.rows, hosts.idx, spec_obj, self.counters)

@@ -299,7 +299,8 @@ class NovaCloud:
 
     def __init__(self, hosts: list[SimHost], *, mode: str, schedulers: int, directory: str,
                  cell_uuid: str, filters: list[str] | None = None, db_url: str | None = None,
-                 hosts_per_reporter: int = 500, coalesce_window: float = 0.02) -> None:
+                 hosts_per_reporter: int = 500, coalesce_window: float = 0.02,
+                 host_ownership: bool = False) -> None:
         if mode not in ("legacy", "shared"):
             raise ValueError(f"mode must be legacy or shared, not {mode!r}")
         from nova import context as nova_context
@@ -354,7 +355,8 @@ class NovaCloud:
         if mode == "shared":
             self._start_stream(hosts, hosts_per_reporter, coalesce_window)
             for i in range(schedulers):
-                self._new_cache_service(f"scheduler-{i}")
+                # with ownership, each scheduler's own entry on the stream (its live peers)
+                self._new_cache_service(f"scheduler-{i}", 1.0 if host_ownership else None)
             shm.install()
             self._closers.append(shm.uninstall)
         client_cls = _report_client_class()
@@ -367,7 +369,7 @@ class NovaCloud:
                 cls = _timed_host_manager(shm.SharedHostManager)
                 cache = self.services[i].cache
                 hm: Callable[[], Any] = lambda cls=cls, cache=cache: cls(
-                    cache, default_cell_uuid=cell_uuid)
+                    cache, default_cell_uuid=cell_uuid, host_ownership=host_ownership)
             else:
                 from nova.scheduler import host_manager as nova_hm
 
@@ -377,6 +379,8 @@ class NovaCloud:
             self._sync_instance_info()
         else:
             self._wait_for_hosts()
+            if host_ownership:
+                self._wait_for_peers()
         self.setup_s["schedulers"] = time.perf_counter() - t
 
     # -- set-up -------------------------------------------------------------------------
@@ -445,28 +449,41 @@ class NovaCloud:
             self.reporters.append(reporter)
         self._topics = topics
 
-    def _new_cache_service(self, name: str) -> Any:
+    def _new_cache_service(self, name: str, membership_interval: float | None = None) -> Any:
         from shared_host_manager.service import SchedulerService
 
         service = SchedulerService(name, self.bus, self.bus, reporter_topic=self._topics[0],
-                                   scheduler_topic=self._topics[1], down_interval=60.0)
+                                   scheduler_topic=self._topics[1], down_interval=60.0,
+                                   membership_interval=membership_interval)
         service.start()
         self.services.append(service)
         return service
 
+    def _wait_for_peers(self, timeout: float = 30.0) -> None:
+        """Every scheduler knows every other (membership on the stream) before the run."""
+        deadline = time.monotonic() + timeout
+        want = len(self.services)
+        while any(len(s.peers) < want for s in self.services):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"schedulers see {[len(s.peers) for s in self.services]} of "
+                                   f"{want} peers after {timeout} s")
+            time.sleep(0.05)
+
     def _wait_for_hosts(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
-        want = len(self.nodes)
+        want = self.nodes.keys()
         for service in self.services:
             while time.monotonic() < deadline:
                 with service.cache.lock:
-                    held = sum(1 for v in service.cache.receiver.sources.values()
-                               if v.doc is not None)
-                if held >= want:
+                    sources = service.cache.receiver.sources
+                    held = sum(1 for s in want if (v := sources.get(s)) is not None
+                               and v.doc is not None)
+                if held >= len(want):
                     break
                 time.sleep(0.05)
             else:
-                raise RuntimeError(f"{service.name} holds {held} of {want} hosts after {timeout} s")
+                raise RuntimeError(f"{service.name} holds {held} of {len(want)} hosts after "
+                                   f"{timeout} s")
 
     def _sync_instance_info(self, timeout: float = 120.0) -> None:
         """nova's HostManager loads every host's instances at start (asynchronously); then the
@@ -632,8 +649,11 @@ class NovaCloud:
             consumers = set(allocs["allocations"])
             if consumers != set(self.tracked[source]):
                 mismatched += 1
+        # decisions that put this scheduler's own host first ([shared_host_manager] host_ownership)
+        owned = sum(getattr(s.host_manager, "counters", {}).get("owned_choices", 0)
+                    for s in self.schedulers)
         return {"overcommitted_hosts": compute_over, "placement_overcommitted_hosts": placement_over,
-                "allocation_mismatched_hosts": mismatched}
+                "allocation_mismatched_hosts": mismatched, "owned_choices": owned}
 
     def close(self) -> None:
         for reporter in self.reporters:

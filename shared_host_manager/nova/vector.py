@@ -383,6 +383,14 @@ class HostRows:
         return self.tpls[row].host
 
 
+def node_uuid(host: Any) -> str:
+    """A host's compute node uuid, read without materialising one of our shells."""
+    d = host.__dict__
+    if "_rows" in d and "_tpl" not in d:
+        return str(d["_rows"].tpls[d["_row"]].attrs["uuid"])
+    return str(host.uuid)
+
+
 def snapshot(rows: HostRows, row: int) -> _Snap:
     """What SharedHostState._make reads from the row's SourceView, as it was under the lock."""
     p = rows.pending.get(row)

@@ -65,3 +65,17 @@ def test_the_ratio_is_the_two_runs_throughputs(report):
     shared = report["results"]["shared"]["scheduled_per_s"]
     legacy = report["results"]["legacy"]["scheduled_per_s"]
     assert report["ratios"]["shared_vs_legacy_scheduled_per_s"] == round(shared / legacy, 2)
+
+
+@pytest.mark.timeout(180)
+def test_host_ownership_among_the_schedulers():
+    """--host-ownership: the schedulers learn each other from the stream and put their own
+    hosts first; the same invariants hold."""
+    cfg = nova_sim.NovaSimConfig(host_manager="shared", nodes=16, schedulers=2, clients=3,
+                                 duration=0.0, requests=12, seed=8, fill=0.5,
+                                 host_ownership=True, progress=False)
+    r = nova_sim.run(cfg)["results"]["shared"]
+    assert r["requests"] == 12 and r["scheduled"] > 0
+    assert r["owned_choices"] > 0
+    assert r["overcommitted_hosts"] == 0 and r["placement_overcommitted_hosts"] == 0
+    assert r["allocation_mismatched_hosts"] == 0

@@ -294,19 +294,12 @@ class _World:
                 hs.consume_from_request(spec)
 
 
-def _uuid(h: Any) -> Any:
-    """The host's node uuid, read without materialising one of our shells (reading an
-    attribute of a shell builds its full HostState, and the vector core then leaves that
-    host to nova's classes: the comparison would be nova against nova)."""
-    d = h.__dict__
-    if "_rows" in d and "_tpl" not in d:
-        return d["_rows"].tpls[d["_row"]].attrs["uuid"]
-    return h.uuid
-
-
 def _candidates(hosts: list[Any]) -> list[Any]:
     for h in hosts:
-        u = _uuid(h)
+        # read without materialising our shells: reading an attribute of a shell builds its
+        # full HostState, and the vector core then leaves that host to nova's classes (the
+        # comparison would be nova against nova)
+        u = vector.node_uuid(h)
         h.allocation_candidates = [{"allocations": {u: {}}, "mappings": {"": [u]}}]
     return hosts
 

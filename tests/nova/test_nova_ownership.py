@@ -1,0 +1,81 @@
+"""Host ownership in the drop-in ([shared_host_manager] host_ownership, design §5.6).
+
+Schedulers deciding at the same moment on the same view would all put the same
+best host first and race for it in placement; with ownership each puts first the
+best host it owns among the live schedulers (rendezvous hashing, the same answer
+everywhere without talking), looking at most 2 x peers hosts deep.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
+
+from shared_host_manager.decision.subset import PeerOwnership  # noqa: E402
+from shared_host_manager.nova import document as ndoc  # noqa: E402
+from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from shared_host_manager.nova import host_manager as shm  # noqa: E402
+from shared_host_manager.nova import vector  # noqa: E402
+
+PEERS = ("s1", "s2", "s3")
+
+
+def _docs(n: int = 24) -> dict:
+    nodes = [fx.compute_node(i, free_ram_mb=8192 + 997 * i) for i in range(n)]
+    return {cn.uuid: ndoc.document_from_compute_node(cn, service=fx.service_dict(cn.host),
+                                                     cell_uuid=fx.CELL1) for cn in nodes}
+
+
+def _order(manager: shm.SharedHostManager, n: int) -> tuple[list[str], set[int]]:
+    spec = fx.request_spec(instance_uuid=fx.uuid_for("own", n))
+    rows = manager.get_host_states_by_uuids(None, None, spec)
+    weighed = manager.get_weighed_hosts(manager.get_filtered_hosts(rows, spec, 0), spec)
+    return [vector.node_uuid(w.obj) for w in weighed], set(rows.touched)
+
+
+@pytest.fixture
+def schedulers():
+    fx.setup_nova()
+    docs = _docs()
+    out = {}
+    for name in PEERS:
+        cache = fx.cache_from_documents(docs, name=name)
+        cache.peers = PEERS
+        out[name] = (cache, shm.SharedHostManager(cache, register_claims=False,
+                                                  default_cell_uuid=fx.CELL1, host_ownership=True))
+    return out
+
+
+def test_racing_schedulers_put_different_hosts_first(schedulers):
+    nova_order, _ = _order(shm.SharedHostManager(schedulers["s1"][0], register_claims=False,
+                                                 default_cell_uuid=fx.CELL1), 0)
+    firsts = {}
+    for name, (_, manager) in schedulers.items():
+        order, touched = _order(manager, 1)
+        assert not touched  # ownership reads the rows, it builds no HostState
+        assert PeerOwnership(name, list(PEERS)).owns(order[0])
+        assert order[0] in nova_order[:2 * len(PEERS)]  # among the best 2 x peers
+        # behind it, nova's order unchanged
+        assert order[1:] == [u for u in nova_order if u != order[0]]
+        firsts[name] = order[0]
+    assert len(set(firsts.values())) == len(PEERS)  # no two schedulers race for one host
+    assert all(m.counters["owned_choices"] == 1 for _, m in schedulers.values())
+
+
+def test_alone_or_switched_off_it_is_novas_order(schedulers):
+    cache, manager = schedulers["s1"]
+    nova_order, _ = _order(shm.SharedHostManager(cache, register_claims=False,
+                                                 default_cell_uuid=fx.CELL1), 2)
+    cache.peers = ("s1",)  # the only live scheduler
+    assert _order(manager, 3)[0] == nova_order
+    cache.peers = PEERS
+    manager.host_ownership = False
+    assert _order(manager, 4)[0] == nova_order
+
+
+def test_a_peer_leaving_hands_its_hosts_over(schedulers):
+    cache, manager = schedulers["s1"]
+    cache.peers = ("s1", "s2")  # s3 left: its hosts go to s1 or s2
+    order, _ = _order(manager, 5)
+    assert PeerOwnership("s1", ["s1", "s2"]).owns(order[0])
