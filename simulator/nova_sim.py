@@ -46,7 +46,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from simulator.simulation import _pct, _Progress
+from simulator.simulation import _Progress, drive_clients, ms
 from simulator.topology import build_cloud
 from simulator.workload import Workload
 
@@ -207,22 +207,10 @@ class NovaRun:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        stop = threading.Event()
         progress = _Progress(f"nova {self.mode}", None if cfg.requests else cfg.duration,
                              cfg.requests, cfg.progress)
-        clients = [threading.Thread(target=self._client, args=(i, stop), daemon=True,
-                                    name=f"client-{i}") for i in range(cfg.clients)]
-        start = time.monotonic()
-        for c in clients:
-            c.start()
-        deadline = None if cfg.requests else start + cfg.duration
-        while any(c.is_alive() for c in clients):
-            if deadline is not None and time.monotonic() >= deadline:
-                stop.set()
-            progress.show(self.metrics.requests)
-            time.sleep(0.25)
-        elapsed = time.monotonic() - start
-        progress.end(self.metrics.requests)
+        elapsed = drive_clients(self._client, cfg.clients, None if cfg.requests else cfg.duration,
+                                progress, lambda: self.metrics.requests)
         if self.errors:
             raise RuntimeError("simulation clients failed:\n" + self.errors[0])
         checked = self.nova.check()
@@ -230,10 +218,6 @@ class NovaRun:
 
     def _figures(self, elapsed: float, checked: dict[str, Any]) -> dict[str, Any]:
         m = self.metrics
-
-        def ms(values: list[float], q: float) -> float | None:
-            p = _pct(values, q)
-            return None if p is None else round(1000 * p, 3)
 
         mean_e2e = statistics.fmean(m.e2e_s) if m.e2e_s else 0.0
         phases = {}

@@ -132,6 +132,12 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+def ms(values: list[float], q: float) -> float | None:
+    """The q-quantile of seconds, in milliseconds (None without values)."""
+    p = _pct(values, q)
+    return None if p is None else round(1000 * p, 3)
+
+
 class _Progress:
     """A progress bar on a terminal; a line every few seconds otherwise (logs, CI)."""
 
@@ -225,6 +231,28 @@ class _NoValidHostChecker:
                     break
             time.sleep(0.01)
         self._thread.join(timeout=30)
+
+
+def drive_clients(client: Callable[[int, threading.Event], None], clients: int,
+                  duration: float | None, progress: _Progress, done: Callable[[], int]) -> float:
+    """Run ``clients`` client threads (``client(index, stop)``) until they end (a request
+    budget) or ``duration`` seconds pass (then ``stop`` is set), showing ``done()`` as
+    progress; returns the seconds they ran."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=client, args=(i, stop), daemon=True, name=f"client-{i}")
+               for i in range(clients)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    deadline = None if duration is None else start + duration
+    while any(t.is_alive() for t in threads):
+        if deadline is not None and time.monotonic() >= deadline:
+            stop.set()
+        progress.show(done())
+        time.sleep(0.25)
+    elapsed = time.monotonic() - start
+    progress.end(done())
+    return elapsed
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> bool:
@@ -503,27 +531,15 @@ class Simulation:
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        stop = threading.Event()
         sampler_stop = threading.Event()
         progress = _Progress(self.mode, None if cfg.requests else cfg.duration, cfg.requests,
                              cfg.progress)
         sampler = threading.Thread(target=self._sample_staleness, args=(sampler_stop,), daemon=True)
-        clients = [threading.Thread(target=self._client, args=(i, stop), daemon=True,
-                                    name=f"client-{i}") for i in range(cfg.clients)]
         bus_before = self.transport.stats()
         db_before = self.db.statements if self.db else 0
-        start = time.monotonic()
         sampler.start()
-        for c in clients:
-            c.start()
-        deadline = None if cfg.requests else start + cfg.duration
-        while any(c.is_alive() for c in clients):
-            if deadline is not None and time.monotonic() >= deadline:
-                stop.set()
-            progress.show(self.metrics.requests)
-            time.sleep(0.25)
-        elapsed = time.monotonic() - start
-        progress.end(self.metrics.requests)
+        elapsed = drive_clients(self._client, cfg.clients, None if cfg.requests else cfg.duration,
+                                progress, lambda: self.metrics.requests)
         sampler_stop.set()
         sampler.join()
         self._nvh_checker.close()
@@ -592,10 +608,6 @@ class Simulation:
     def _figures(self, elapsed: float, converged: bool, over: int, bus_before: Any,
                  bus_after: Any, db_statements: int) -> dict[str, Any]:
         m = self.metrics
-
-        def ms(values: list[float], q: float) -> float | None:
-            p = _pct(values, q)
-            return None if p is None else round(1000 * p, 3)
 
         retries = max(0, m.claims - (m.instances - m.no_valid_host)) if m.instances else 0
         out: dict[str, Any] = {
