@@ -119,7 +119,8 @@ def set_cache_provider(provider: Callable[[], Any] | None) -> None:
     """Tell SharedHostManager() (nova builds it without arguments) where its cache is.
 
     ``provider`` returns a :class:`~shared_host_manager.cache.HostStateCache`
-    (anything with ``.lock``, ``.receiver`` and ``.clock``); it is called on
+    (anything with ``.lock``, ``.receiver``, ``.clock`` and, for host ownership,
+    ``.peers``); it is called on
     first use, not at construction, so a scheduler that forks workers builds
     the cache (and its connections) in each worker.
     """
