@@ -87,6 +87,24 @@ def pci_pools(count: int = 4, numa_node: int = 0) -> Any:
         tags={"dev_type": "type-PCI"}, count=count)])
 
 
+def pci_request(count: int = 1) -> Any:
+    """A request for ``count`` devices of the kind :func:`pci_pools` offers."""
+    from nova import objects
+
+    return objects.InstancePCIRequests(requests=[objects.InstancePCIRequest(
+        count=count, spec=[{"vendor_id": "8086", "product_id": "1520"}], request_id=None)])
+
+
+def dedicated_cpus(n: int = 2) -> Any:
+    """An instance NUMA topology of one cell pinning ``n`` dedicated CPUs (2 GiB)."""
+    from nova import objects
+    from nova.objects import fields
+
+    return objects.InstanceNUMATopology(cells=[objects.InstanceNUMACell(
+        id=0, cpuset=set(), pcpuset=set(range(n)), memory=2048,
+        cpu_policy=fields.CPUAllocationPolicy.DEDICATED)])
+
+
 def compute_node(i: int, *, free_ram_mb: int | None = None, vcpus_used: int = 2,
                  num_instances: int = 3, io_workload: int = 1, failed_builds: int = 0,
                  numa: Any = True, pci: int = 0, hypervisor_version: int = 8002000,

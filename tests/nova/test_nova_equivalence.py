@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
 
 from nova import objects  # noqa: E402
-from nova.objects import fields as nova_fields  # noqa: E402
 from nova.scheduler import filters as nova_filters  # noqa: E402
 from nova.scheduler import weights as nova_weights  # noqa: E402
 from nova.scheduler.filters import (  # noqa: E402
@@ -45,17 +44,6 @@ FILTERS = {
 }
 
 
-def _dedicated(n=2):
-    return objects.InstanceNUMATopology(cells=[objects.InstanceNUMACell(
-        id=0, cpuset=set(), pcpuset=set(range(n)), memory=2048,
-        cpu_policy=nova_fields.CPUAllocationPolicy.DEDICATED)])
-
-
-def _pci(count=1):
-    return objects.InstancePCIRequests(requests=[objects.InstancePCIRequest(
-        count=count, spec=[{"vendor_id": "8086", "product_id": "1520"}], request_id=None)])
-
-
 def _group(policy, members=(), hosts=()):
     return objects.InstanceGroup(policy=policy, policies=[policy], rules={}, members=list(members),
                                  hosts=list(hosts))
@@ -71,9 +59,9 @@ SPECS = {
                               "img_hv_requested_version": ">= 7.0"}},
     "anti_affinity": {"group": lambda: _group("anti-affinity", members=[MEMBER])},
     "affinity": {"group": lambda: _group("affinity", members=[MEMBER], hosts=["host9"])},
-    "numa_dedicated": {"numa": _dedicated},
-    "pci": {"pci": _pci},
-    "numa_and_pci": {"numa": _dedicated, "pci": _pci},
+    "numa_dedicated": {"numa": fx.dedicated_cpus},
+    "pci": {"pci": fx.pci_request},
+    "numa_and_pci": {"numa": fx.dedicated_cpus, "pci": fx.pci_request},
 }
 
 

@@ -14,25 +14,12 @@ import pytest
 
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
 
-from nova import objects  # noqa: E402
-from nova.objects import fields as nova_fields  # noqa: E402
 from nova.scheduler.filters import numa_topology_filter, pci_passthrough_filter  # noqa: E402
 from nova_world import build_world, with_candidates  # noqa: E402
 
 from protocol.messages import Snapshot  # noqa: E402
 from shared_host_manager.nova import document as ndoc  # noqa: E402
 from shared_host_manager.nova import fixtures as fx  # noqa: E402
-
-
-def _dedicated(n):
-    return objects.InstanceNUMATopology(cells=[objects.InstanceNUMACell(
-        id=0, cpuset=set(), pcpuset=set(range(n)), memory=2048,
-        cpu_policy=nova_fields.CPUAllocationPolicy.DEDICATED)])
-
-
-def _pci(count=1):
-    return objects.InstancePCIRequests(requests=[objects.InstancePCIRequest(
-        count=count, spec=[{"vendor_id": "8086", "product_id": "1520"}], request_id=None)])
 
 
 def _state(world, manager, host):
@@ -50,14 +37,14 @@ def test_pinned_cpus_are_held_until_the_compute_reports_the_instance(world):
     numa_filter = numa_topology_filter.NUMATopologyFilter()
     uuids = [fx.uuid_for("pin", i) for i in range(3)]
     for uuid in uuids[:2]:  # each takes the four dedicated CPUs of one cell of host0
-        spec = fx.request_spec(instance_uuid=uuid, vcpus=4, numa=_dedicated(4))
+        spec = fx.request_spec(instance_uuid=uuid, vcpus=4, numa=fx.dedicated_cpus(4))
         hs = _state(world, manager, "host0")
         assert numa_filter.host_passes(hs, spec)
         hs.consume_from_request(spec)
     held = _state(world, manager, "host0")
     assert [c.pinned_cpus for c in held.numa_topology.cells] == [{4, 5, 6, 7}, {12, 13, 14, 15}]
     assert [c.memory_usage for c in held.numa_topology.cells] == [2048, 2048]
-    third = fx.request_spec(instance_uuid=uuids[2], vcpus=4, numa=_dedicated(4))
+    third = fx.request_spec(instance_uuid=uuids[2], vcpus=4, numa=fx.dedicated_cpus(4))
     assert not numa_filter.host_passes(held, third)  # no host-side refusal needed
     # only the views changed: the cache still holds the document as the compute reported it
     cn = next(n for n in world.nodes if n.host == "host0")
@@ -90,14 +77,14 @@ def test_pci_devices_are_held_and_given_back(world):
     pci_filter = pci_passthrough_filter.PciPassthroughFilter()
     uuids = [fx.uuid_for("pci", i) for i in range(5)]
     for i, uuid in enumerate(uuids[:4]):  # host5 has four devices
-        spec = fx.request_spec(instance_uuid=uuid, pci=_pci())
+        spec = fx.request_spec(instance_uuid=uuid, pci=fx.pci_request())
         hs = _state(world, manager, "host5")
         assert hs.pci_stats.pools[0]["count"] == 4 - i
         assert pci_filter.host_passes(hs, spec)
         hs.consume_from_request(spec)
     full = _state(world, manager, "host5")
     assert full.pci_stats.pools[0]["count"] == 0
-    assert not pci_filter.host_passes(full, fx.request_spec(instance_uuid=uuids[4], pci=_pci()))
+    assert not pci_filter.host_passes(full, fx.request_spec(instance_uuid=uuids[4], pci=fx.pci_request()))
     assert manager.cancel_claims(uuids[:2]) == 2
     assert _state(world, manager, "host5").pci_stats.pools[0]["count"] == 2
 
@@ -107,7 +94,7 @@ def test_the_vector_core_weighs_held_pci_devices_as_novas_weigher(world):
     count as taken in the vector core's column as in the full HostState."""
     manager = world.manager(register_claims=True)
     for i in range(4):  # every device of host5 held by a pending claim
-        spec = fx.request_spec(instance_uuid=fx.uuid_for("pci-w", i), pci=_pci())
+        spec = fx.request_spec(instance_uuid=fx.uuid_for("pci-w", i), pci=fx.pci_request())
         _state(world, manager, "host5").consume_from_request(spec)
     decided = {}
     for vector_on in (True, False):

@@ -33,7 +33,6 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from nova import context as nova_context  # noqa: E402
 from nova import objects  # noqa: E402
-from nova.objects import fields as nova_fields  # noqa: E402
 from nova.scheduler import filters as nova_filters  # noqa: E402
 from nova.scheduler import host_manager as nova_hm  # noqa: E402
 from nova.scheduler import manager as nova_manager  # noqa: E402
@@ -111,10 +110,7 @@ def _pending_specs(p: dict[str, Any]) -> list[Any]:
     """The host's pending builds: small flavors, the first one also takes a PCI device."""
     out = []
     for k in range(p.get("pending", 0)):
-        pci = None
-        if k == 0 and p["pci"]:
-            pci = objects.InstancePCIRequests(requests=[objects.InstancePCIRequest(
-                count=1, spec=[{"vendor_id": "8086", "product_id": "1520"}], request_id=None)])
+        pci = fx.pci_request() if k == 0 and p["pci"] else None
         out.append(fx.request_spec(instance_uuid=fx.uuid_for(f"pending-{p['i']}", k),
                                    memory_mb=512 * (k + 1), vcpus=k + 1, root_gb=k, pci=pci))
     return out
@@ -211,15 +207,8 @@ def _spec(r: dict[str, Any]) -> Any:
         hints["cidr"] = ["/31"]
     if r["check_type"]:
         hints["_nova_check_type"] = r["check_type"]
-    numa = None
-    if r["numa"]:
-        numa = objects.InstanceNUMATopology(cells=[objects.InstanceNUMACell(
-            id=0, cpuset=set(), pcpuset=set(range(r["numa"])), memory=2048,
-            cpu_policy=nova_fields.CPUAllocationPolicy.DEDICATED)])
-    pci = None
-    if r["pci"]:
-        pci = objects.InstancePCIRequests(requests=[objects.InstancePCIRequest(
-            count=r["pci"], spec=[{"vendor_id": "8086", "product_id": "1520"}], request_id=None)])
+    numa = fx.dedicated_cpus(r["numa"]) if r["numa"] else None
+    pci = fx.pci_request(r["pci"]) if r["pci"] else None
     spec = fx.request_spec(instance_uuid=r["me"], extra_specs=r["extra"], image_props=r["image"],
                            group=group, hints=hints, numa=numa, pci=pci)
     spec.project_id = r["project"]
