@@ -270,6 +270,9 @@ class DecisionEngine:
         self.observer: DecisionObserver | None = None
         #: the resources of recent scarce requests -> when last asked for
         self._scarce: dict[tuple[tuple[str, int], ...], float] = {}
+        #: (ownership, index rows added, owner number per index row) of _owner_depths: the
+        #: owners change only with the peers or the rows
+        self._owners: tuple[PeerOwnership, int, npt.NDArray[np.int32]] | None = None
 
     def set_observer(self, observer: DecisionObserver) -> None:
         """Have ``observer`` told of every decision from now on (at most one)."""
@@ -519,7 +522,8 @@ class DecisionEngine:
             if owner not in seen:
                 seen.add(owner)
                 taken.append(i)
-        others = [i for i in range(len(top)) if i not in set(taken)]
+        first_of_owner = set(taken)
+        others = [i for i in range(len(top)) if i not in first_of_owner]
         order = others + taken
         turn = [p for p in ownership.peers if p not in seen].index(me)
         self.stats["peer_choices"] += 1
@@ -548,10 +552,7 @@ class DecisionEngine:
                 continue
             m = mult if isinstance(mult, float) else mult[ix.gid[AGGREGATE_GROUPS][:n]]
             score += (x - lo) / (hi - lo) * m
-        number = {p: i for i, p in enumerate(ownership.peers)}
-        owner = ownership.owner
-        owners = np.fromiter((number[owner(src)] if src is not None else -1
-                              for src in ix.sources[:n]), dtype=np.int32, count=n)
+        owners = self._owner_numbers(ownership)
         scores_of: dict[int, FloatArray] = {}  # the live hosts' scores, per owner
         out = []
         for source in sources:
@@ -565,6 +566,22 @@ class DecisionEngine:
                 theirs = scores_of[o] = score[live & (owners == o)]
             out.append(int(np.count_nonzero(theirs > score[row])))
         return out
+
+    def _owner_numbers(self, ownership: PeerOwnership) -> npt.NDArray[np.int32]:
+        """Per index row, the number of its owner among ``ownership.peers`` (-1: a free row),
+        computed again only when the peers or the index rows changed."""
+        ix = self.index
+        added = ix.stats["rows_added"]
+        cached = self._owners
+        if cached is not None and cached[0] is ownership and cached[1] == added:
+            return cached[2]
+        n = ix.size
+        number = {p: i for i, p in enumerate(ownership.peers)}
+        owner = ownership.owner
+        owners = np.fromiter((number[owner(src)] if src is not None else -1
+                              for src in ix.sources[:n]), dtype=np.int32, count=n)
+        self._owners = (ownership, added, owners)
+        return owners
 
     def ordered_hosts(self, spec: RequestSpec, *, path: str | None = None) -> list[tuple[str, float]]:
         """Every host passing the filters for the first instance, best first (a dry run)."""
