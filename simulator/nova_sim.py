@@ -46,13 +46,14 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shared_host_manager.nova.simulation import PHASES as NOVA_PHASES
 from simulator.simulation import _Progress, drive_clients, ms
 from simulator.topology import build_cloud
 from simulator.workload import Workload
 
 MODES = ("shared", "legacy")
 #: the phases of a request, in the order they happen
-PHASES = ("placement_query", "host_states", "filter_weigh", "placement_claim", "other", "compute")
+PHASES = (*NOVA_PHASES, "other", "compute")
 #: the scheduler's own work (what the host manager changes) and placement's, per request
 OWN = ("host_states", "filter_weigh", "other")
 PLACEMENT = ("placement_query", "placement_claim")
