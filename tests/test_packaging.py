@@ -1,7 +1,11 @@
-"""setup.py declares exactly the filters and weighers the loader knows."""
+"""setup.py declares exactly the filters and weighers the loader knows; a missing extra is named."""
 
 import os
 import re
+import subprocess
+import sys
+
+import pytest
 
 from shared_host_manager.decision.plugins import entry_point_lines
 
@@ -17,32 +21,18 @@ def test_entry_points_match_the_builtin_tables():
         assert declared == lines, group
 
 
-def test_a_missing_extra_is_named_not_a_traceback():
-    """Without the [sim] extra, `shm sim` says what to install (exit 2), in one line."""
-    import subprocess
-    import sys
-
-    code = ("import sys; sys.modules['sqlalchemy'] = None\n"
+@pytest.mark.parametrize("blocked,argv,expected", [
+    ("sqlalchemy", ["sim", "--nodes", "10"],
+     "shm sim: sqlalchemy is not installed; pip install 'shared-host-manager[sim]'"),
+    ("nova", ["sim", "--scheduler", "nova", "--nodes", "10"],
+     "shm sim --scheduler nova: nova is not installed; pip install 'shared-host-manager[nova-sim]'"),
+])
+def test_a_missing_extra_is_named_not_a_traceback(blocked, argv, expected):
+    """Without an extra's modules, the command says what to install (exit 2), in one line."""
+    code = (f"import sys; sys.modules[{blocked!r}] = None\n"
             "from shm_cli.main import main\n"
-            "raise SystemExit(main(['sim', '--nodes', '10']))\n")
+            f"raise SystemExit(main({argv!r}))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TOP,
                             timeout=120)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip() == (
-        "shm sim: sqlalchemy is not installed; pip install 'shared-host-manager[sim]'")
-
-
-def test_sim_scheduler_nova_without_nova_names_the_extra():
-    """Without nova, `shm sim --scheduler nova` says what to install (exit 2), in one line."""
-    import subprocess
-    import sys
-
-    code = ("import sys; sys.modules['nova'] = None\n"
-            "from shm_cli.main import main\n"
-            "raise SystemExit(main(['sim', '--scheduler', 'nova', '--nodes', '10']))\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TOP,
-                            timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.strip() == (
-        "shm sim --scheduler nova: nova is not installed; "
-        "pip install 'shared-host-manager[nova-sim]'")
+    assert result.stderr.strip() == expected
