@@ -18,14 +18,22 @@ import textwrap  # noqa: E402
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_scheduler_entry_point_runs_nova_with_the_shared_host_manager(tmp_path):
+def _configs(tmp_path, section: str, name: str, default: str = "", shared: str = ""):
+    """The stream configuration (``[section] name``, in-process planes) and a nova.conf pointing
+    at it, with ``default`` lines in [DEFAULT] and ``shared`` in [shared_host_manager]."""
     shm_conf = tmp_path / "shared-host-manager.conf"
-    shm_conf.write_text("[cache]\nname = sched-test\n[data_plane]\nbackend = inprocess\n"
+    shm_conf.write_text(f"[{section}]\nname = {name}\n[data_plane]\nbackend = inprocess\n"
                         "[control_plane]\nbackend = inprocess\n")
     nova_conf = tmp_path / "nova.conf"
-    nova_conf.write_text(f"[DEFAULT]\ntransport_url = fake:/\n[scheduler]\nworkers = 1\n"
-                         f"[shared_host_manager]\nconfig_files = {shm_conf}\n"
-                         f"default_cell_uuid = 98122654-4bb9-5c69-a805-dc5296ceea5c\n")
+    nova_conf.write_text(f"[DEFAULT]\ntransport_url = fake:/\n{default}"
+                         f"[shared_host_manager]\nconfig_files = {shm_conf}\n{shared}")
+    return shm_conf, nova_conf
+
+
+def test_scheduler_entry_point_runs_nova_with_the_shared_host_manager(tmp_path):
+    shm_conf, nova_conf = _configs(
+        tmp_path, "cache", "sched-test", "[scheduler]\nworkers = 1\n",
+        "default_cell_uuid = 98122654-4bb9-5c69-a805-dc5296ceea5c\n")
     code = textwrap.dedent(f"""
         import sys, warnings
         warnings.simplefilter("ignore")
@@ -64,14 +72,9 @@ def test_scheduler_entry_point_runs_nova_with_the_shared_host_manager(tmp_path):
 
 
 def test_compute_entry_point_hooks_the_tracker_and_starts_a_reporter(tmp_path):
-    shm_conf = tmp_path / "shared-host-manager.conf"
-    shm_conf.write_text("[reporter]\nname = compute-test\n[data_plane]\nbackend = inprocess\n"
-                        "[control_plane]\nbackend = inprocess\n")
-    nova_conf = tmp_path / "nova.conf"
-    nova_conf.write_text(f"[DEFAULT]\ntransport_url = fake:/\nreserved_host_memory_mb = 512\n"
-                         f"[shared_host_manager]\nconfig_files = {shm_conf}\n"
-                         f"cell_uuid = 98122654-4bb9-5c69-a805-dc5296ceea5c\n"
-                         f"aggregate_refresh_interval = 0\n")
+    shm_conf, nova_conf = _configs(
+        tmp_path, "reporter", "compute-test", "reserved_host_memory_mb = 512\n",
+        "cell_uuid = 98122654-4bb9-5c69-a805-dc5296ceea5c\naggregate_refresh_interval = 0\n")
     code = textwrap.dedent(f"""
         import sys, warnings
         warnings.simplefilter("ignore")
@@ -125,12 +128,7 @@ def test_compute_entry_point_hooks_the_tracker_and_starts_a_reporter(tmp_path):
 
 def test_api_side_source_publishes_what_the_api_changes(tmp_path):
     """install_api(): nova's Service/Aggregate writes in this process reach the stream."""
-    shm_conf = tmp_path / "shared-host-manager.conf"
-    shm_conf.write_text("[reporter]\nname = api-host\n[data_plane]\nbackend = inprocess\n"
-                        "[control_plane]\nbackend = inprocess\n")
-    nova_conf = tmp_path / "nova.conf"
-    nova_conf.write_text(f"[DEFAULT]\ntransport_url = fake:/\n"
-                         f"[shared_host_manager]\nconfig_files = {shm_conf}\n")
+    shm_conf, nova_conf = _configs(tmp_path, "reporter", "api-host")
     code = textwrap.dedent(f"""
         import os, sys, warnings
         warnings.simplefilter("ignore")
