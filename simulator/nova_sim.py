@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shared_host_manager.nova.simulation import PHASES as NOVA_PHASES
-from simulator.simulation import _Progress, drive_clients, ms
+from simulator.simulation import RunShape, _Progress, drive_clients, ms, request_figures
 from simulator.topology import build_cloud
 from simulator.workload import Workload
 
@@ -60,22 +60,12 @@ PLACEMENT = ("placement_query", "placement_claim")
 
 
 @dataclass
-class NovaSimConfig:
-    host_manager: str = "all"
+class NovaSimConfig(RunShape):
     nodes: int = 100
-    schedulers: int = 2
-    clients: int = 8
-    duration: float = 20.0
-    requests: int | None = None
-    seed: int = 42
-    fill: float = 0.8
-    db_url: str | None = None
-    hosts_per_reporter: int = 500
     #: nova's [filter_scheduler] enabled_filters (None: nova's defaults)
     filters: list[str] | None = None
     #: the drop-in's [shared_host_manager] host_ownership (shared mode)
     host_ownership: bool = False
-    progress: bool = True
 
 
 def check_config(cfg: NovaSimConfig) -> None:
@@ -229,24 +219,14 @@ class NovaRun:
                              "share_pct": round(100 * mean / mean_e2e, 1) if mean_e2e else None}
         out: dict[str, Any] = {
             "scheduler": "nova",
-            "requests": m.requests,
-            "scheduled": m.scheduled,
-            "elapsed_s": round(elapsed, 3),
-            "scheduled_per_s": round(m.scheduled / elapsed, 2) if elapsed else 0.0,
-            "decision_ms_p50": ms(m.decision_s, 0.50),
-            "decision_ms_p99": ms(m.decision_s, 0.99),
-            "e2e_ms_p50": ms(m.e2e_s, 0.50),
-            "e2e_ms_p99": ms(m.e2e_s, 0.99),
+            **request_figures(m.requests, m.scheduled, elapsed, m.decision_s, m.e2e_s, m.claims,
+                              m.claims_refused),
             "e2e_ms_mean": round(1000 * mean_e2e, 3),
             # select_destinations without placement: host states, filter + weigh, the rest
             "scheduler_own_ms_p50": ms(m.own_s, 0.50),
             "scheduler_own_ms_p99": ms(m.own_s, 0.99),
             # placement's two calls (candidates, claims with nova's retries)
             "placement_ms_p50": ms(m.placement_s, 0.50),
-            "claims": m.claims,
-            "claims_rejected": m.claims_refused,
-            "claims_rejected_pct": round(100.0 * m.claims_refused / m.claims, 3) if m.claims else 0.0,
-            "retries_per_request": round(m.claims_refused / m.requests, 4) if m.requests else 0.0,
             "no_valid_host": m.no_valid_host,
             "compute_rejected": m.compute_rejected,
             "server_group_violations": len(self.workload.violations),

@@ -59,7 +59,10 @@ NVH_ORACLE_CHECKS = 50
 
 
 @dataclass
-class SimConfig:
+class RunShape:
+    """What every simulator run is: which host managers, how big a cloud, how many schedulers
+    and clients, for how long, from which seed (``shm sim``, with either scheduler)."""
+
     host_manager: str = "all"
     nodes: int = 1000
     schedulers: int = 2
@@ -68,10 +71,15 @@ class SimConfig:
     requests: int | None = None
     seed: int = 42
     fill: float = 0.8
-    transport: str = "fake"
     db_url: str | None = None
-    refresh_interval: float = 60.0
     hosts_per_reporter: int = 500
+    progress: bool = True
+
+
+@dataclass
+class SimConfig(RunShape):
+    transport: str = "fake"
+    refresh_interval: float = 60.0
     drift_interval: float = 10.0
     heartbeat_interval: float = 10.0
     coalesce_window: float = 0.02
@@ -80,7 +88,6 @@ class SimConfig:
     peer_ownership: bool = True
     #: directory for update logs of every party (shm replay reads them)
     record: str | None = None
-    progress: bool = True
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
     processes: int | None = None
 
@@ -136,6 +143,25 @@ def ms(values: list[float], q: float) -> float | None:
     """The q-quantile of seconds, in milliseconds (None without values)."""
     p = _pct(values, q)
     return None if p is None else round(1000 * p, 3)
+
+
+def request_figures(requests: int, scheduled: int, elapsed: float, decision_s: list[float],
+                    e2e_s: list[float], claims: int, rejected: int) -> dict[str, Any]:
+    """The figures every run reports alike, whatever decides: throughput, latency, claims."""
+    return {
+        "requests": requests,
+        "scheduled": scheduled,
+        "elapsed_s": round(elapsed, 3),
+        "scheduled_per_s": round(scheduled / elapsed, 2) if elapsed else 0.0,
+        "decision_ms_p50": ms(decision_s, 0.50),
+        "decision_ms_p99": ms(decision_s, 0.99),
+        "e2e_ms_p50": ms(e2e_s, 0.50),
+        "e2e_ms_p99": ms(e2e_s, 0.99),
+        "claims": claims,
+        "claims_rejected": rejected,
+        "claims_rejected_pct": round(100.0 * rejected / claims, 3) if claims else 0.0,
+        "retries_per_request": round(rejected / requests, 4) if requests else 0.0,
+    }
 
 
 class _Progress:
@@ -611,18 +637,8 @@ class Simulation:
 
         retries = max(0, m.claims - (m.instances - m.no_valid_host)) if m.instances else 0
         out: dict[str, Any] = {
-            "requests": m.requests,
-            "scheduled": m.scheduled,
-            "elapsed_s": round(elapsed, 3),
-            "scheduled_per_s": round(m.scheduled / elapsed, 2) if elapsed else 0.0,
-            "decision_ms_p50": ms(m.decision_s, 0.50),
-            "decision_ms_p99": ms(m.decision_s, 0.99),
-            "e2e_ms_p50": ms(m.e2e_s, 0.50),
-            "e2e_ms_p99": ms(m.e2e_s, 0.99),
-            "claims": m.claims,
-            "claims_rejected": m.rejected,
-            "claims_rejected_pct": round(100.0 * m.rejected / m.claims, 3) if m.claims else 0.0,
-            "retries_per_request": round(m.rejected / m.requests, 4) if m.requests else 0.0,
+            **request_figures(m.requests, m.scheduled, elapsed, m.decision_s, m.e2e_s, m.claims,
+                              m.rejected),
             # a mode that refuses most requests at once (NoValidHost) has few retries per
             # request but many per server it places: this one does not flatter it
             "retries_per_scheduled": round(m.rejected / m.scheduled, 4) if m.scheduled else None,
