@@ -46,6 +46,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgpack
 
@@ -99,6 +100,10 @@ class CacheObserver(ReceiverObserver):
 
     def sent(self, to: str | None, message: Message, now: float) -> None:
         """A control message left this scheduler (a claim)."""
+
+    def host_manager_step(self, now: float, step: dict[str, Any]) -> None:
+        """A host manager that decides outside the engine (nova's handlers in the drop-in) took
+        a step on this cache: plain data, recorded so replay can re-run it (design §8)."""
 
     def close(self) -> None:
         """The scheduler stops: nothing more will be observed."""

@@ -17,7 +17,11 @@ options:
   a reporter;
 * ``--decisions`` – re-run every recorded decision on the replayed view with
   the recorded RNG state and report any that now comes out differently
-  (``--decision-option NAME=VALUE`` re-runs them with a changed option).
+  (``--decision-option NAME=VALUE`` re-runs them with a changed option).  A
+  nova-scheduler-shared log holds nova's decisions step by step: they are
+  re-run with the drop-in's own code (:mod:`shared_host_manager.nova.replay`,
+  needs the ``nova`` extra), and ``--decision-option GROUP.OPTION=VALUE``
+  changes a nova.conf option for the re-run.
 
 LOG is a part (``scheduler-s0.ulog.0003``), a log's base path
 (``scheduler-s0.ulog``: all its parts, in order) or a directory (lists its
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import sys
@@ -76,7 +81,9 @@ def build_parser(prog: str = "shm replay") -> argparse.ArgumentParser:
     p.add_argument("--decisions", action="store_true",
                    help="re-run every recorded decision on the replayed view")
     p.add_argument("--decision-option", action="append", default=[], metavar="NAME=VALUE",
-                   help="with --decisions: re-run with this scheduler option changed (what-if)")
+                   help="with --decisions: re-run with this scheduler option changed (what-if); "
+                        "for a nova-scheduler-shared log, a nova.conf option as GROUP.OPTION, "
+                        "e.g. filter_scheduler.ram_weight_multiplier=-1")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--limit", type=int, default=20, metavar="N",
                    help="show at most N differences or history rows per section (default 20; 0: all)")
@@ -344,9 +351,13 @@ def main(argv: list[str] | None = None, prog: str = "shm replay") -> int:
         options[name.strip()] = value.strip()
     if options and not args.decisions:
         parser.error("--decision-option needs --decisions")
+    nova_options = {k: v for k, v in options.items() if "." in k}
+    options = {k: v for k, v in options.items() if "." not in k}
+    for name in nova_options:
+        problem = _nova_option_problem(name)
+        if problem:
+            parser.error(f"--decision-option {name}: {problem}")
     if options:
-
-
         known = {f.name for f in dataclasses.fields(SchedulerConfig)}
         for name in options:
             if name not in known:
@@ -386,7 +397,8 @@ def main(argv: list[str] | None = None, prog: str = "shm replay") -> int:
     tracer = Tracer(only={args.source}, keep_ops=True) if args.history else None
     try:
         r = replay(paths, at=args.at, until=args.until, tracer=tracer, decisions=args.decisions,
-                      decision_options=options)
+                   decision_options=options,
+                   host_manager=functools.partial(_nova_replayer, nova_options))
     except (AttributeError, TypeError, ValueError) as exc:  # a bad --decision-option value
         print(f"shm replay: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -414,3 +426,25 @@ def main(argv: list[str] | None = None, prog: str = "shm replay") -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+_NOVA_MISSING = ("re-running a nova scheduler's decisions needs nova: "
+                 "pip install 'shared-host-manager[nova]'")
+
+
+def _nova_option_problem(name: str) -> str | None:
+    """Why GROUP.OPTION is not a nova.conf option (None: it is)."""
+    try:
+        from shared_host_manager.nova.replay import option_problem
+    except ImportError:
+        return _NOVA_MISSING
+    return option_problem(name)
+
+
+def _nova_replayer(options: dict[str, str]) -> Any:
+    """The re-runner of a nova scheduler's recorded steps (built at the log's first one)."""
+    try:
+        from shared_host_manager.nova.replay import StepReplayer
+    except ImportError as exc:
+        raise RuntimeError(_NOVA_MISSING) from exc
+    return StepReplayer(options)

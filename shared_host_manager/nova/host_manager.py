@@ -95,8 +95,8 @@ from protocol import hostdoc
 from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
 from shared_host_manager.decision.subset import PeerOwnership
+from shared_host_manager.nova import decision_log, vector
 from shared_host_manager.nova import document as ndoc
-from shared_host_manager.nova import vector
 from shared_host_manager.nova.api_source import ApiState, is_api_source
 
 LOG = logging.getLogger(__name__)
@@ -496,6 +496,7 @@ class SharedHostState(nova_host_manager.HostState):
         topology and the PCI pools, which nova's consumption changes in place,
         are copied from the shared template first.
         """
+        self._manager._steps.consumed(self, spec_obj)
         numa_before = self.numa_topology
         pci_before = vector.pool_counts(self.pci_stats.pools) if self.pci_stats is not None else None
         try:
@@ -623,6 +624,10 @@ class SharedHostManager(nova_host_manager.HostManager):
         self.counters: Counter[str] = Counter()
         #: seconds spent per phase ("host_states", "filter", "weigh"), for benchmarks and metrics
         self.phase_seconds: Counter[str] = Counter()
+        #: the wall clock (nova's service liveness is wall time); replay sets the recorded one
+        self.wall_clock: Callable[[], float] = time.time
+        #: this manager's steps in the cache's update log, if it has one (decision_log.py)
+        self._steps = decision_log.StepLog(self)
         super().__init__()
         _current = self
 
@@ -682,6 +687,7 @@ class SharedHostManager(nova_host_manager.HostManager):
             only_cell = spec_obj.requested_destination.cell.uuid
         started = time.perf_counter()
         cache = self.cache
+        logged_spec = self._steps.spec(spec_obj)
         with cache.lock:
             sources = cache.receiver.sources
             if compute_uuids is None:
@@ -690,7 +696,7 @@ class SharedHostManager(nova_host_manager.HostManager):
                 get = sources.get
                 views = [get(u) for u in compute_uuids]
             now = cache.clock()
-            wall_offset = time.time() - now
+            wall_offset = self.wall_clock() - now
             api = self._api_state(sources)
             templates = self._templates
             agg_gen = self._agg_gen
@@ -725,6 +731,7 @@ class SharedHostManager(nova_host_manager.HostManager):
                     del templates[source]
             out.seal()
             self.counters["requests"] += 1
+            self._steps.hosts(out, compute_uuids, logged_spec, now, wall_offset + now, cache.peers)
         self.phase_seconds["host_states"] += time.perf_counter() - started
         return out
 
@@ -734,12 +741,16 @@ class SharedHostManager(nova_host_manager.HostManager):
         Hosts that are not this manager's per-request rows go to nova's handler.
         """
         started = time.perf_counter()
+        wall = self.wall_clock()
         try:
-            return self._filtered(hosts, spec_obj, index)
+            out, rows = self._filtered(hosts, spec_obj, index)
         finally:
             self.phase_seconds["filter"] += time.perf_counter() - started
+        self._steps.filtered(rows, spec_obj, index, out, wall)
+        return out
 
-    def _filtered(self, hosts: Any, spec_obj: Any, index: int) -> Any:
+    def _filtered(self, hosts: Any, spec_obj: Any, index: int) -> tuple[Any, vector.HostRows | None]:
+        """(get_filtered_hosts' answer, the request rows the hosts are, if they are ours)."""
         hosts = vector.take_over(hosts)
         idx: list[int] | None = None
         if type(hosts) is vector.HostRows:
@@ -750,9 +761,9 @@ class SharedHostManager(nova_host_manager.HostManager):
                 self.counters["candidates_taken_over"] += 1
         else:
             hosts = list(hosts)
-            rows = vector.rows_of(hosts) if self.vector_decisions else None
+            rows = vector.rows_of(hosts)
         if rows is None or not self.vector_decisions:
-            return super().get_filtered_hosts(hosts, spec_obj, index)
+            return super().get_filtered_hosts(hosts, spec_obj, index), rows
         self.counters["vector_filtered"] += 1
         if idx is None:
             idx = [h.__dict__["_row"] for h in hosts]
@@ -760,21 +771,24 @@ class SharedHostManager(nova_host_manager.HostManager):
         if not skip_filters:
             left = vector.run_filters(self.enabled_filters, rows, idx, spec_obj, index, self.counters)
             if left is None:
-                return None
+                return None, rows
             idx = left
         shells = rows.shells
         out = vector.Hosts(shells if len(idx) == len(shells) and idx == list(range(len(shells)))
                            else [shells[i] for i in idx])
         out.rows, out.idx = rows, idx
-        return out
+        return out, rows
 
     def get_weighed_hosts(self, hosts: Any, spec_obj: Any) -> Any:
         """nova's get_weighed_hosts, by the vector core on our hosts (see vector.py)."""
         started = time.perf_counter()
         try:
-            return self._weighed(hosts, spec_obj)
+            weighed = self._weighed(hosts, spec_obj)
         finally:
             self.phase_seconds["weigh"] += time.perf_counter() - started
+        if weighed:
+            self._steps.weighed(weighed[0].obj.__dict__.get("_rows"), weighed)
+        return weighed
 
     def _weighed(self, hosts: Any, spec_obj: Any) -> Any:
         weighed = self._weighed_as_nova(hosts, spec_obj)
@@ -1023,7 +1037,10 @@ class SharedHostManager(nova_host_manager.HostManager):
     def update_aggregates(self, aggregates: Any) -> None:
         """nova's update_aggregates fanout: newer than any document, applied at once."""
         aggs = aggregates if isinstance(aggregates, (list, objects.AggregateList)) else [aggregates]
-        with self.cache.lock:
+        cache = self.cache
+        with cache.lock:
+            self._steps.feed("aggregates", cache.clock(),
+                             aggregates=[agg.obj_to_primitive() for agg in aggs])
             for agg in aggs:
                 self._agg_overlay[agg.uuid] = agg
                 self._agg_deleted.discard(agg.uuid)
@@ -1031,7 +1048,9 @@ class SharedHostManager(nova_host_manager.HostManager):
             self.counters["aggregate_updates"] += 1
 
     def delete_aggregate(self, aggregate: Any) -> None:
-        with self.cache.lock:
+        cache = self.cache
+        with cache.lock:
+            self._steps.feed("delete_aggregate", cache.clock(), uuid=aggregate.uuid)
             self._agg_overlay.pop(aggregate.uuid, None)
             self._agg_deleted.add(aggregate.uuid)
             self._agg_gen += 1
@@ -1067,6 +1086,7 @@ class SharedHostManager(nova_host_manager.HostManager):
     def _hint(self, host: str, hints: dict[str, bool], replace: bool = False) -> None:
         cache = self.cache
         with cache.lock:
+            self._steps.feed("hint", cache.clock(), host=host, hints=hints, replace=replace)
             until = cache.clock() + self.instance_hint_ttl
             held = self._inst_hints.setdefault(host, {})
             if replace:

@@ -53,7 +53,6 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -262,6 +261,8 @@ class HostRows:
         self.group_rep: list[int] = []
         self._cols: dict[str, Any] = {}
         self._pos = 0
+        #: this request's id in the update log (decision_log.py), when one records it
+        self.log_id: int | None = None
 
     # nova iterates what get_host_states_by_uuids returns (through its generator)
     def __iter__(self) -> Iterator[Any]:
@@ -550,7 +551,7 @@ def _compute_filter(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArr
     heard = np.asarray(rows.last_heard, dtype=np.float64)[idx]
     # nova: abs(utcnow - last_seen_up) <= service_down_time, with last_seen_up = wall clock of
     # the last message (host_manager._make); microsecond rounding aside, the same comparison
-    elapsed = np.abs(time.time() - (rows.wall_offset + heard))
+    elapsed = np.abs(rows.manager.wall_clock() - (rows.wall_offset + heard))
     return (rows.col("down")[idx] == 0.0) & (elapsed <= down_time)
 
 

@@ -47,6 +47,9 @@ DECISION_END   14  now, {id, rows | None, error}                    (after; rows
                    [uuid, [[source, weight, claim_id, epoch, seq, digest], ...]])
 ENGINE         15  now, {config, filters, weighers, path, live}     (the decision engine attached)
 NOTE           16  now, text
+HOST_MANAGER   17  now, {step, id, ...}                 (a step of a decision made by a host
+                   manager outside the engine: nova's handlers in the drop-in; see
+                   shared_host_manager/nova/decision_log.py for the steps)
 PUBLISHED      20  now, message bytes                  (a reporter's batch, as published)
 =============  ==  ====================================================================
 
@@ -163,6 +166,9 @@ ENGINE = 15
 NOTE = 16
 
 
+HOST_MANAGER = 17
+
+
 PUBLISHED = 20
 
 
@@ -170,7 +176,8 @@ KIND_NAMES = {
     HEADER: "header", RX_STREAM: "rx_stream", RX_CONTROL: "rx_control", RX_DROPPED: "rx_dropped",
     TICK: "tick", CLAIM: "claim", RESYNC: "resync", HINT: "hint", FORGET: "forget",
     RESTORE: "restore", TX: "tx", CANCEL: "cancel", CHECKPOINT: "checkpoint", DECISION: "decision",
-    DECISION_END: "decision_end", ENGINE: "engine", NOTE: "note", PUBLISHED: "published",
+    DECISION_END: "decision_end", ENGINE: "engine", NOTE: "note", HOST_MANAGER: "host_manager",
+    PUBLISHED: "published",
 }
 
 
@@ -384,5 +391,6 @@ RECORD_SHAPES: dict[int, tuple[tuple[type, ...], ...]] = {
     DECISION_END: ((dict,),),
     ENGINE: ((dict,),),
     NOTE: ((str,),),
+    HOST_MANAGER: ((dict,),),
     PUBLISHED: ((bytes,),),
 }

@@ -29,7 +29,9 @@ never by replacing their methods.  A :class:`Recorder` is at once
   resyncs asked, hints, forgotten sources, every claim outcome: the effects),
   called under the cache lock right after the step;
 * the engine's :class:`~shared_host_manager.decision.engine.DecisionObserver`
-  (a DECISION record before a decision, DECISION_END after);
+  (a DECISION record before a decision, DECISION_END after), and the cache's
+  witness of decisions made outside the engine (``host_manager_step``: nova's
+  handlers in the drop-in, a HOST_MANAGER record per step);
 * a reporter's :class:`~compute_reporter.service.ReporterObserver` (what it
   handled, published and cast).
 
@@ -86,6 +88,7 @@ from shared_host_manager.updatelog.format import (
     FORGET,
     FORMAT,
     HINT,
+    HOST_MANAGER,
     NOTE,
     PUBLISHED,
     RECEIVER_PARAMS,
@@ -428,6 +431,10 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
     def note(self, now: float, text: str) -> None:
         if self.enabled:
             self._guard(self._append, [NOTE, now, text])
+
+    def host_manager_step(self, now: float, step: dict[str, Any]) -> None:
+        if self.enabled:
+            self._guard(self._append, [HOST_MANAGER, now, step])
 
     # -- the engine's observer (under the cache lock) -----------------------------------------
 

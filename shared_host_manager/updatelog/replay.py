@@ -21,6 +21,9 @@ What is checked, at every record (docs/design.md §6, invariant 5)::
     DECISION_END    the views the decision was based on have the recorded version and digest
     --decisions     the decision, re-run on the replayed view with the recorded RNG
                     and subset state, picks the same hosts with the same weights
+    HOST_MANAGER    (--decisions) a step of a decision made outside the engine (nova's
+                    handlers in the drop-in), re-run by the :class:`HostManagerReplayer`
+                    the caller gives (shared_host_manager.nova.replay), which compares it
 
 A reporter's log is replayed by feeding what it *published*, in order, to a
 receiver: the result is the authoritative sequence of every source's versions
@@ -46,9 +49,9 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.codec import Decoder, encode
 from protocol.document import DEL, DROP, SET, Document, Op, diff
@@ -80,6 +83,7 @@ from shared_host_manager.updatelog.format import (
     FORGET,
     HEADER,
     HINT,
+    HOST_MANAGER,
     KIND_NAMES,
     MAX_RECORD_BYTES,
     NOTE,
@@ -353,11 +357,25 @@ class ReplayResult:
 MAX_REPORTED = 50
 
 
+class HostManagerReplayer(Protocol):
+    """Re-runs the HOST_MANAGER records of a host manager that decides outside the engine."""
+
+    def step(self, receiver: ReceiverMachine, now: float, data: dict[str, Any]
+             ) -> dict[str, Any] | None:
+        """One record, on the replayed receiver at its clock value: for a step that decides,
+        ``{"same": bool, "recorded": ..., "replayed": ..., "what": str}``; None otherwise.
+        May raise: the step is then reported as not re-runnable."""
+
+    def close(self) -> None:
+        """The replay ended: undo what the replayer changed in its process."""
+
+
 class Replayer:
     """Applies records to a receiver and checks them; see the module docstring."""
 
     def __init__(self, paths: Sequence[str], *, tracer: Tracer | None = None, decisions: bool = False,
-                 decision_options: Mapping[str, Any] | None = None) -> None:
+                 decision_options: Mapping[str, Any] | None = None,
+                 host_manager: Callable[[], HostManagerReplayer] | None = None) -> None:
         self.result = ReplayResult(list(paths), tracer=tracer)
         self.tracer = tracer
         self.decisions = decisions
@@ -374,6 +392,9 @@ class Replayer:
         self.window: list[Record] = []
         self.last_offset: int | None = None
         self.engine: DecisionEngine | None = None
+        #: builds the replayer of HOST_MANAGER records on the first one (--decisions)
+        self._host_manager_factory = host_manager
+        self.host_manager: HostManagerReplayer | None = None
         #: decision id -> (DECISION record, what the replay decided, the recorded summary)
         self._pending_decisions: dict[int | None, tuple[int, dict[str, Any], Any]] = {}
 
@@ -555,6 +576,9 @@ class Replayer:
             return
         elif kind == DECISION_END:
             self._decision_end(rec, f[0])
+            return
+        elif kind == HOST_MANAGER:
+            self._host_manager_step(rec, f[0])
             return
         else:  # PUBLISHED in a scheduler's log
             raise BadRecord(f"a {rec.kind_name} record in a scheduler's log")
@@ -819,6 +843,48 @@ class Replayer:
                                      "what": _decision_text(recorded, got)})
 
 
+    def _host_manager_step(self, rec: Record, data: dict[str, Any]) -> None:
+        r = self.result
+        first = data.get("step") == "hosts"  # a request's first step: one decision
+        if first:
+            r.decisions += 1
+        if not self.decisions:
+            return
+        replayer = self.host_manager
+        if replayer is None:
+            factory, self._host_manager_factory = self._host_manager_factory, None
+            if factory is None:
+                if r.decisions_note is None:
+                    r.decisions_note = ("the log holds a host manager's decisions (nova's); this "
+                                        "replay cannot re-run them")
+                return
+            try:
+                replayer = self.host_manager = factory()
+            except Exception as exc:  # noqa: BLE001 — report, never crash
+                r.decisions_note = f"nova's decisions cannot be re-run here: {type(exc).__name__}: {exc}"
+                return
+        try:
+            check = replayer.step(self.held_receiver, rec.now, data)
+        except Exception as exc:  # noqa: BLE001
+            if first or data.get("step") == "config":
+                r.decisions_skipped += 1
+            check = {"same": False, "recorded": {"step": data.get("step")},
+                     "replayed": {"failed": f"{type(exc).__name__}: {exc}"},
+                     "what": f"{data.get('step')} step not re-run: {type(exc).__name__}: {exc}"}
+        else:
+            if first:
+                r.decisions_checked += 1
+        if check is not None and not check["same"] and len(r.decision_diffs) < MAX_REPORTED:
+            r.decision_diffs.append({"record": rec.index, "end_record": rec.index,
+                                     "id": data.get("id"), "step": data.get("step"),
+                                     "request": check.get("request"), "recorded": check["recorded"],
+                                     "replayed": check["replayed"], "what": check["what"]})
+
+    def close(self) -> None:
+        if self.host_manager is not None:
+            self.host_manager.close()
+
+
 def _decision_key(d: dict[str, Any]) -> Any:
     if "rows" in d:
         return ("rows", [[u, [(s, w) for s, w in hosts]] for u, hosts in d["rows"]])
@@ -905,12 +971,14 @@ def replay(
     tracer: Tracer | None = None,
     decisions: bool = False,
     decision_options: Mapping[str, Any] | None = None,
+    host_manager: Callable[[], HostManagerReplayer] | None = None,
 ) -> ReplayResult:
     """Replay the log made of ``paths`` (parts in order), up to record ``at`` / clock ``until``
     / before the first stream message past offset ``until_offset`` / wall-clock time
     ``until_wall`` (seconds since the epoch, through each session header's clock and wall)."""
     reader = LogReader(paths)
-    rp = Replayer(paths, tracer=tracer, decisions=decisions, decision_options=decision_options)
+    rp = Replayer(paths, tracer=tracer, decisions=decisions, decision_options=decision_options,
+                  host_manager=host_manager)
     r = rp.result
     t0 = time.perf_counter()
     until_clock = until
@@ -933,6 +1001,7 @@ def replay(
             reason = str(exc) if isinstance(exc, BadRecord) else f"cannot replay: {type(exc).__name__}: {exc}"
             reader.damages.append(Damage(rec.path, rec.offset, max(rec.index, 0), reason))
             break
+    rp.close()
     r.elapsed = time.perf_counter() - t0
     r.bytes = reader.bytes
     r.damages = list(reader.damages)

@@ -1,0 +1,157 @@
+"""The drop-in's decisions in the update log, and their replay through the same core.
+
+Role
+----
+In nova-scheduler-shared, nova's SchedulerManager decides, calling our
+:class:`~shared_host_manager.nova.host_manager.SharedHostManager`; the project's
+DecisionEngine (and its DECISION records) is not on that path.  So that ``shm
+replay --decisions`` can re-run what an operator's scheduler decided, and say
+where a re-run differs, the host manager tells the cache's observer (the update
+log's recorder) each step nova's manager takes on it, as HOST_MANAGER records of
+plain data (:mod:`shared_host_manager.updatelog.format`).  This module writes them
+(:class:`StepLog`) and says their shape; :mod:`shared_host_manager.nova.replay`
+reads them back with the same digest and the same host manager.
+
+Steps (``{"step": name, ...}``)::
+
+    config      once per recorder: the nova options a decision reads
+                ([filter_scheduler], [metrics], service_down_time) and the drop-in's
+                own (vector_decisions, host_ownership)
+    hosts       get_host_states_by_uuids sealed a request's rows, recorded under the
+                cache lock so the record sits where the snapshot was taken: id, the
+                compute uuids asked for, nova's RequestSpec (its primitive), wall
+                time, the live peer schedulers
+    filter      get_filtered_hosts: id, index, instance uuid, wall time, how many
+                hosts passed and a digest of which
+    weigh       get_weighed_hosts: id, how many, the best TOP (uuid, weight)
+    consume     nova's manager consumed a chosen host: id, its uuid, the instance
+    hint, aggregates, delete_aggregate
+                nova's RPC feeds that change decisions without the stream
+                (instance info, aggregate changes): their arguments
+
+Recording costs nothing without an update log: every method returns at once
+when the cache has no recorder.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterable
+from hashlib import blake2b
+from typing import Any
+
+from shared_host_manager.nova import vector
+
+#: weighed hosts recorded per decision (nova claims the first that fits, alternates follow)
+TOP = 10
+
+#: nova's option groups a decision reads (filters, weighers, their multipliers)
+NOVA_GROUPS = ("filter_scheduler", "metrics")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def digest(uuids: Iterable[str]) -> bytes:
+    """Which hosts (order aside): 8 bytes of BLAKE2b over the sorted uuids."""
+    return blake2b("\n".join(sorted(uuids)).encode(), digest_size=8).digest()
+
+
+def nova_options() -> dict[str, dict[str, Any]]:
+    from nova import conf as nova_conf
+
+    conf = nova_conf.CONF
+    out = {group: {name: _plain(conf[group][name]) for name in conf[group]} for group in NOVA_GROUPS}
+    out["DEFAULT"] = {"service_down_time": conf.service_down_time}
+    return out
+
+
+def uuids_of(hosts: Iterable[Any]) -> list[str]:
+    return [vector.node_uuid(h) for h in hosts]
+
+
+class StepLog:
+    """Writes one SharedHostManager's steps to its cache's recorder (if it has one)."""
+
+    def __init__(self, manager: Any) -> None:
+        self._manager = manager
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._config_for: Any = None
+
+    def recorder(self) -> Any:
+        """The cache's observer, or None (then nothing is built for it)."""
+        cache = self._manager._cache
+        return None if cache is None else getattr(cache, "recorder", None)
+
+    def spec(self, spec_obj: Any) -> Any:
+        """nova's RequestSpec as plain data if recording (taken before the cache lock), else None."""
+        if spec_obj is None or self.recorder() is None:
+            return None
+        try:
+            return spec_obj.obj_to_primitive()
+        except Exception:  # noqa: BLE001 — an unserialisable spec: its steps are not re-runnable
+            return None
+
+    def hosts(self, rows: Any, compute_uuids: list[str] | None, spec: Any, now: float,
+              wall: float, peers: Iterable[str]) -> None:
+        """A request's rows are sealed (under the cache lock); ``spec`` from :meth:`spec`."""
+        rec = self.recorder()
+        if rec is None:
+            return
+        m = self._manager
+        with self._lock:
+            rows.log_id = next(self._ids)
+            if self._config_for is not rec:
+                self._config_for = rec
+                rec.host_manager_step(now, {"step": "config", "nova": nova_options(),
+                                            "vector_decisions": m.vector_decisions,
+                                            "host_ownership": m.host_ownership})
+        rec.host_manager_step(now, {"step": "hosts", "id": rows.log_id,
+                                    "uuids": None if compute_uuids is None else list(compute_uuids),
+                                    "spec": spec, "wall": wall, "peers": sorted(peers)})
+
+    def filtered(self, rows: Any, spec_obj: Any, index: int, out: Any, wall: float) -> None:
+        rec = self.recorder()
+        if rec is None or rows is None or getattr(rows, "log_id", None) is None:
+            return
+        passed = uuids_of(out) if out else []
+        rec.host_manager_step(self._manager.cache.clock(), {
+            "step": "filter", "id": rows.log_id, "index": index,
+            "instance": _instance(spec_obj), "wall": wall, "n": len(passed),
+            "digest": digest(passed)})
+
+    def weighed(self, rows: Any, weighed: list[Any]) -> None:
+        rec = self.recorder()
+        if rec is None or rows is None or getattr(rows, "log_id", None) is None:
+            return
+        rec.host_manager_step(self._manager.cache.clock(), {
+            "step": "weigh", "id": rows.log_id, "n": len(weighed),
+            "top": [[vector.node_uuid(w.obj), w.weight] for w in weighed[:TOP]]})
+
+    def consumed(self, host_state: Any, spec_obj: Any) -> None:
+        rec = self.recorder()
+        rows = host_state.__dict__.get("_rows")
+        if rec is None or rows is None or getattr(rows, "log_id", None) is None:
+            return
+        rec.host_manager_step(self._manager.cache.clock(), {
+            "step": "consume", "id": rows.log_id, "uuid": vector.node_uuid(host_state),
+            "instance": _instance(spec_obj)})
+
+    def feed(self, step: str, now: float, **data: Any) -> None:
+        """nova's RPC feeds (instance info, aggregates), under the cache lock."""
+        rec = self.recorder()
+        if rec is not None:
+            rec.host_manager_step(now, {"step": step, **data})
+
+
+def _instance(spec_obj: Any) -> str | None:
+    if spec_obj is None or "instance_uuid" not in spec_obj:
+        return None
+    return spec_obj.instance_uuid
