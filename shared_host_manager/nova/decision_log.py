@@ -105,14 +105,9 @@ class StepLog:
         rec = self.recorder()
         if rec is None:
             return
-        m = self._manager
         with self._lock:
             rows.log_id = next(self._ids)
-            if self._config_for is not rec:
-                self._config_for = rec
-                rec.host_manager_step(now, {"step": "config", "nova": nova_options(),
-                                            "vector_decisions": m.vector_decisions,
-                                            "host_ownership": m.host_ownership})
+        self._configured(rec, now)
         rec.host_manager_step(now, {"step": "hosts", "id": rows.log_id,
                                     "uuids": None if compute_uuids is None else list(compute_uuids),
                                     "spec": spec, "wall": wall, "peers": sorted(peers)})
@@ -148,7 +143,19 @@ class StepLog:
         """nova's RPC feeds (instance info, aggregates), under the cache lock."""
         rec = self.recorder()
         if rec is not None:
+            self._configured(rec, now)
             rec.host_manager_step(now, {"step": step, **data})
+
+    def _configured(self, rec: Any, now: float) -> None:
+        """The config step, before this recorder's first other step."""
+        with self._lock:
+            if self._config_for is rec:
+                return
+            self._config_for = rec
+            m = self._manager
+            rec.host_manager_step(now, {"step": "config", "nova": nova_options(),
+                                        "vector_decisions": m.vector_decisions,
+                                        "host_ownership": m.host_ownership})
 
 
 def _instance(spec_obj: Any) -> str | None:

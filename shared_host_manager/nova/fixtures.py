@@ -540,15 +540,21 @@ class SharedHostManagerFixture(_FixtureBase):
     Nothing of nova's private state is touched: public methods of nova's classes
     are wrapped and restored at cleanup, which also stops every service started.
     ``figures()`` tells what the drop-in served (decisions, host-state requests).
+    With ``record_dir`` each scheduler keeps an update log there (closed when it
+    stops), which ``shm replay --decisions`` can re-run: :attr:`logs`.
     """
 
-    def __init__(self, *, heartbeat_interval: float = 5.0, down_interval: float = 30.0) -> None:
+    def __init__(self, *, heartbeat_interval: float = 5.0, down_interval: float = 30.0,
+                 record_dir: str | None = None) -> None:
         if _FixtureBase is object:
             raise RuntimeError("SharedHostManagerFixture needs the 'fixtures' library "
                                "(pip install fixtures)")
         super().__init__()
         self.heartbeat_interval = heartbeat_interval
         self.down_interval = down_interval
+        self.record_dir = record_dir
+        #: each recording scheduler's log (base path; its parts are ``<base>.NNNN``)
+        self.logs: list[str] = []
 
     def _setUp(self) -> None:
         from nova.compute import manager as compute_manager
@@ -624,13 +630,18 @@ class SharedHostManagerFixture(_FixtureBase):
     def _new_cache(self) -> Any:
         """One cache per scheduler service (called by each SharedHostManager on first use)."""
         from shared_host_manager.service import SchedulerService
+        from shared_host_manager.updatelog.recorder import Recorder
 
+        name = f"scheduler-{next(self._names)}"
+        recorder = Recorder(self.record_dir) if self.record_dir else None
         service = SchedulerService(
-            f"scheduler-{next(self._names)}", self.bus, self.bus, reporter_topic=self.topics[0],
-            scheduler_topic=self.topics[1], down_interval=self.down_interval)
+            name, self.bus, self.bus, reporter_topic=self.topics[0],
+            scheduler_topic=self.topics[1], down_interval=self.down_interval, recorder=recorder)
         service.start()
         with self._lock:
             self.schedulers.append(service)
+            if recorder is not None:
+                self.logs.append(os.path.join(self.record_dir, f"scheduler-{name}.ulog"))
         self.sync()
         return service.cache
 

@@ -76,6 +76,8 @@ class StepReplayer:
         self.cache: _ReplayedCache | None = None
         self._overridden: list[tuple[str, str | None]] = []
         self._requests: OrderedDict[int, _Request] = OrderedDict()
+        #: the last config step could not be re-run (reported once; its steps are not re-run)
+        self._broken = False
         #: requests whose hosts could not be rebuilt: their later steps are not re-run
         self._failed: set[Any] = set()
         self._wall = 0.0
@@ -83,18 +85,24 @@ class StepReplayer:
     # -- the replayer protocol (shared_host_manager.updatelog.replay.HostManagerReplayer) ----
     def step(self, receiver: Any, now: float, data: dict[str, Any]) -> dict[str, Any] | None:
         """One record; a check ({"same", "recorded", "replayed", "what"}) for filter and weigh
-        steps, None for the others."""
+        steps, ``{"skipped": why}`` for a step of a request that cannot be re-run (the reason
+        was reported at the step that failed), None for the others."""
         step = data.get("step")
         if step == "config":
+            self.manager = None
+            self._broken = True
             self._configure(receiver, data)
+            self._broken = False
             return None
         if self.manager is None:
+            if self._broken:
+                return {"skipped": "the configuration was not loadable"}  # reported once
             raise RuntimeError("a host manager step before its configuration was recorded")
         cache = self.cache
         assert cache is not None
         cache.now = now
-        if step in ("filter", "weigh", "consume") and data.get("id") in self._failed:
-            return None  # its hosts step failed, and was reported
+        if data.get("id") in self._failed:
+            return {"skipped": "its hosts step failed"}  # and was reported
         with self._time(data.get("wall")):
             if step == "hosts":
                 try:

@@ -363,7 +363,8 @@ class HostManagerReplayer(Protocol):
     def step(self, receiver: ReceiverMachine, now: float, data: dict[str, Any]
              ) -> dict[str, Any] | None:
         """One record, on the replayed receiver at its clock value: for a step that decides,
-        ``{"same": bool, "recorded": ..., "replayed": ..., "what": str}``; None otherwise.
+        ``{"same": bool, "recorded": ..., "replayed": ..., "what": str}``; ``{"skipped": why}``
+        for a step that cannot be re-run because an earlier one failed; None otherwise.
         May raise: the step is then reported as not re-runnable."""
 
     def close(self) -> None:
@@ -872,8 +873,12 @@ class Replayer:
                      "replayed": {"failed": f"{type(exc).__name__}: {exc}"},
                      "what": f"{data.get('step')} step not re-run: {type(exc).__name__}: {exc}"}
         else:
-            if first:
+            if first and check is not None and "skipped" in check:
+                r.decisions_skipped += 1
+            elif first:
                 r.decisions_checked += 1
+        if check is not None and "skipped" in check:
+            return
         if check is not None and not check["same"] and len(r.decision_diffs) < MAX_REPORTED:
             r.decision_diffs.append({"record": rec.index, "end_record": rec.index,
                                      "id": data.get("id"), "step": data.get("step"),

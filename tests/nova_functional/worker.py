@@ -7,7 +7,10 @@ with :class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture` used
 by every nova ``TestCase`` (added in front of nova's own ``setUp``), the tests
 themselves unmodified.  Each outcome line records, with the drop-in, how many
 host-state requests the drop-in served and whether nova's own HostManager
-read hosts from the database (it must not).
+read hosts from the database (it must not).  Unless ``SHM_NOVA_FUNCTIONAL_REPLAY=0``,
+every scheduler also keeps an update log, re-run after the test as ``shm replay
+--decisions`` does: the line says how many of nova's decisions were re-run and
+which steps came out differently.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 import unittest
@@ -109,6 +114,7 @@ class _Probe:
         from shared_host_manager.nova.fixtures import SharedHostManagerFixture
 
         self.fixture = None
+        self.record_dir: str | None = None
         self.nova_reads = 0
         probe = self
         original_reads = nova_host_manager.HostManager._get_computes_for_cells
@@ -120,8 +126,11 @@ class _Probe:
         nova_host_manager.HostManager._get_computes_for_cells = counting
         original_setup = nova_test.TestCase.setUp
 
+        record = os.environ.get("SHM_NOVA_FUNCTIONAL_REPLAY", "1") != "0"
+
         def setUp(test, *args, **kwargs):
-            probe.fixture = test.useFixture(SharedHostManagerFixture())
+            probe.record_dir = tempfile.mkdtemp(prefix="shm-ulog-") if record else None
+            probe.fixture = test.useFixture(SharedHostManagerFixture(record_dir=probe.record_dir))
             return original_setup(test, *args, **kwargs)
 
         nova_test.TestCase.setUp = setUp
@@ -129,11 +138,36 @@ class _Probe:
     def reset(self) -> None:
         self.nova_reads = 0
         self.fixture = None
+        if self.record_dir is not None:
+            shutil.rmtree(self.record_dir, ignore_errors=True)
+        self.record_dir = None
 
     def figures(self) -> dict:
         out = {"nova_host_reads": self.nova_reads, "fixture": self.fixture is not None}
         if self.fixture is not None:
             out.update(self.fixture.figures())
+            if self.record_dir is not None:
+                out.update(self._replayed(self.fixture.logs))
+        return out
+
+    @staticmethod
+    def _replayed(logs: list[str]) -> dict:
+        """The test's scheduler logs re-run (stopped schedulers: their logs are closed)."""
+        from shared_host_manager.nova.replay import StepReplayer
+        from shared_host_manager.updatelog.reader import resolve_log
+        from shared_host_manager.updatelog.replay import replay
+
+        out = {"replayed_decisions": 0, "replay_checked": 0, "replay_diffs": []}
+        for base in logs:
+            parts = resolve_log(base)
+            if not parts:
+                continue
+            r = replay(parts, decisions=True, host_manager=StepReplayer)
+            out["replayed_decisions"] += r.decisions
+            out["replay_checked"] += r.decisions_checked
+            out["replay_diffs"] += [d["what"][:300] for d in r.decision_diffs[:3]]
+            out["replay_diffs"] += [f"{m['what']}: {m['detail']}"[:300] for m in r.mismatches[:3]]
+            out["replay_diffs"] += [f"damage: {d.describe()}"[:300] for d in r.damages[:1]]
         return out
 
 
