@@ -14,9 +14,10 @@ reads them back with the same digest and the same host manager.
 
 Steps (``{"step": name, ...}``)::
 
-    config      once per recorder: the nova options a decision reads
-                ([filter_scheduler], [metrics], service_down_time) and the drop-in's
-                own (vector_decisions, host_ownership)
+    config      once per recorder, before its first other step: the nova options a
+                decision reads ([filter_scheduler], [metrics], service_down_time), a
+                digest of each enabled filter's and weigher's code, and the drop-in's
+                own options (vector_decisions, host_ownership)
     hosts       get_host_states_by_uuids sealed a request's rows, recorded under the
                 cache lock so the record sits where the snapshot was taken: id, the
                 compute uuids asked for, nova's RequestSpec (its primitive), wall
@@ -72,7 +73,31 @@ def nova_options() -> dict[str, dict[str, Any]]:
     return out
 
 
+def code_digest(cls: type) -> str:
+    """The code of a filter or weigher class and its bases: what a re-run must share with the
+    recording scheduler (another nova version, or a class patched at run time, differs)."""
+    h = blake2b(digest_size=8)
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        for name, attr in sorted(vars(klass).items()):
+            fn = getattr(attr, "__func__", attr)  # staticmethod, classmethod
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                h.update(name.encode() + b"\0" + code.co_code)
+            elif callable(attr) and not isinstance(attr, type):
+                h.update(name.encode() + b"\0" + type(attr).__qualname__.encode())
+    return h.hexdigest()
+
+
+def code_digests(manager: Any) -> dict[str, str]:
+    """Per enabled filter and weigher class (by name), its :func:`code_digest`."""
+    return {type(o).__name__: code_digest(type(o)) for o in [*manager.enabled_filters,
+                                                              *manager.weighers]}
+
+
 def uuids_of(hosts: Iterable[Any]) -> list[str]:
+    """The hosts' compute node uuids, without materialising our shells."""
     return [vector.node_uuid(h) for h in hosts]
 
 
@@ -154,6 +179,7 @@ class StepLog:
             self._config_for = rec
             m = self._manager
             rec.host_manager_step(now, {"step": "config", "nova": nova_options(),
+                                        "code": code_digests(m),
                                         "vector_decisions": m.vector_decisions,
                                         "host_ownership": m.host_ownership})
 

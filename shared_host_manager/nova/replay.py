@@ -12,7 +12,9 @@ Life cycle (one :class:`StepReplayer` per replayed log)::
     config  -> nova's options set as recorded, then the what-if options over them
                (cleared again by close()); a SharedHostManager built over the
                replayed receiver: it registers no claims (the log's CLAIM records
-               do) and reads time from the records, nova's utcnow included
+               do) and reads time from the records, nova's utcnow included.  Its
+               filters and weighers must run the recorded code (digests), or the
+               log's decisions are counted as not reproducible, with the reason
     hosts   -> the request's rows rebuilt from the replayed views, kept by id
     filter  -> nova's filters re-run on the request's hosts, compared with the
                record (how many passed, and the digest of which)
@@ -36,7 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shared_host_manager.nova import vector
-from shared_host_manager.nova.decision_log import digest, uuids_of
+from shared_host_manager.nova.decision_log import code_digests, digest, uuids_of
 from shared_host_manager.nova.host_manager import SharedHostManager
 
 #: requests a replay keeps rows for (nova's manager decides several at once in threads)
@@ -156,6 +158,14 @@ class StepReplayer:
                                          host_ownership=data.get("host_ownership", False))
         self.manager.wall_clock = lambda: self._wall
         self._requests.clear()
+        recorded = data.get("code") or {}
+        mine = code_digests(self.manager)
+        differ = sorted(n for n in set(recorded) | set(mine) if recorded.get(n) != mine.get(n))
+        if differ:
+            self.manager = None
+            raise RuntimeError(f"the recording scheduler ran other code for {', '.join(differ)} "
+                               "(another nova version, or a class patched at run time): its "
+                               "decisions are not re-run")
 
     @contextlib.contextmanager
     def _time(self, wall: float | None) -> Iterator[None]:

@@ -867,7 +867,10 @@ class Replayer:
         try:
             check = replayer.step(self.held_receiver, rec.now, data)
         except Exception as exc:  # noqa: BLE001
-            if first or data.get("step") == "config":
+            if data.get("step") == "config":  # nothing to compare: its decisions are skipped
+                r.decisions_note = r.decisions_note or f"{type(exc).__name__}: {exc}"
+                return
+            if first:
                 r.decisions_skipped += 1
             check = {"same": False, "recorded": {"step": data.get("step")},
                      "replayed": {"failed": f"{type(exc).__name__}: {exc}"},

@@ -8,6 +8,9 @@ weights: the weigh steps differ, and say how.
 
 from __future__ import annotations
 
+import contextlib
+from unittest import mock
+
 import pytest
 
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
@@ -15,6 +18,7 @@ pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a
 from nova import context as nova_context  # noqa: E402
 from nova import objects  # noqa: E402
 from nova.scheduler import manager as nova_manager  # noqa: E402
+from nova.scheduler.weights import ram  # noqa: E402
 
 from shared_host_manager.nova import document as ndoc  # noqa: E402
 from shared_host_manager.nova import fixtures as fx  # noqa: E402
@@ -27,7 +31,7 @@ from shm_cli import main as cli  # noqa: E402
 N = 10
 
 
-def _record(tmp_path, nova_conf) -> list[str]:
+def _record(tmp_path, nova_conf, patched=None) -> list[str]:
     """A recorded scheduler: a multi-create in an anti-affinity group, a plain request, an
     aggregate update and an instance-info cast between them."""
     fx.setup_nova()
@@ -41,7 +45,7 @@ def _record(tmp_path, nova_conf) -> list[str]:
     ctx = nova_context.get_admin_context()
     shm.set_cache_provider(lambda: cache)
     try:
-        with fx.patched_scheduler(placement):
+        with fx.patched_scheduler(placement), patched or contextlib.nullcontext():
             mgr = nova_manager.SchedulerManager()
             uuids = [fx.uuid_for("rp", 1), fx.uuid_for("rp", 2), fx.uuid_for("rp", 3)]
             group = objects.InstanceGroup(policy="anti-affinity", policies=["anti-affinity"],
@@ -83,6 +87,17 @@ def test_a_what_if_weight_multiplier_shows_in_the_weigh_steps(tmp_path, nova_con
     assert any(d["step"] == "weigh" and " | replayed " in d["what"] for d in r.decision_diffs)
     # the replayer's overrides were undone
     assert nova_conf.conf.filter_scheduler.ram_weight_multiplier == 1.0
+
+
+def test_decisions_made_by_other_code_are_not_re_run(tmp_path, nova_conf):
+    """A weigher patched while the scheduler decided (as nova's own tests do): the replay's
+    weigher is not that code, so it says so instead of reporting every weight as different."""
+    files = _record(tmp_path, nova_conf, patched=mock.patch.object(
+        ram.RAMWeigher, "_weigh_object", lambda self, host_state, spec: 0.0))
+    r = replay(files, decisions=True, host_manager=StepReplayer)
+    assert r.decisions == 2 and r.decisions_checked == 0 and r.decisions_skipped == 2
+    assert r.decision_diffs == [] and r.ok
+    assert "RAMWeigher" in r.decisions_note and "other code" in r.decisions_note
 
 
 def test_shm_replay_decisions_on_a_nova_log(tmp_path, nova_conf, capsys):

@@ -6,7 +6,9 @@ side (default 2): once as nova ships it (the baseline), once with every nova
 TestCase using :class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture`.
 Pass: no test that passes on the baseline fails with the drop-in, and the
 drop-in served every test (nova's own HostManager never read hosts from the
-database, and every test that scheduled went through our decisions).
+database, and every test that scheduled went through our decisions), and every
+decision recorded in the schedulers' update logs re-runs the same
+(``SHM_NOVA_FUNCTIONAL_REPLAY=0`` leaves the logs out).
 
 It runs in CI (``.ci/run``); locally ``SHM_SKIP_NOVA_FUNCTIONAL=1`` skips it
 (it takes minutes).  Outcomes and times of both sides are written to
@@ -104,6 +106,9 @@ def test_nova_functional_selection_passes_with_the_drop_in():
                    for o in ("pass", "fail", "skip", "xfail")},
         "baseline_seconds": round(base_s, 1), "shared_seconds": round(shared_s, 1),
         "workers": workers,
+        # every scheduler's update log, re-run as `shm replay --decisions` does
+        "replay": {k: sum(r.get(k, 0) for r in shared.values())
+                   for k in ("replayed_decisions", "replay_checked", "replay_skipped")},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
@@ -119,6 +124,12 @@ def test_nova_functional_selection_passes_with_the_drop_in():
     # fixture, and the tests that scheduled did it through SharedHostManager
     assert all(shared[i]["fixture"] for i in passing)
     assert not [i for i in passing if shared[i]["nova_host_reads"]]
+    # the decisions in each scheduler's update log re-run the same; a test that patched a filter
+    # or weigher class while deciding is told apart by the code digests, not re-run
+    replay_diffs = {i: shared[i]["replay_diffs"] for i in passing if shared[i].get("replay_diffs")}
+    assert not replay_diffs, f"re-run from the update log differently: {replay_diffs}"
+    if os.environ.get("SHM_NOVA_FUNCTIONAL_REPLAY", "1") != "0":
+        assert summary["replay"]["replay_checked"] >= 0.8 * summary["replay"]["replayed_decisions"]
     scheduled = [i for i in passing if shared[i]["decisions"]]
     assert len(scheduled) >= 0.8 * len(passing), "most tests schedule servers"
     assert sum(shared[i]["host_state_requests"] for i in scheduled) >= \

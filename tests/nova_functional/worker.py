@@ -157,7 +157,8 @@ class _Probe:
         from shared_host_manager.updatelog.reader import resolve_log
         from shared_host_manager.updatelog.replay import replay
 
-        out = {"replayed_decisions": 0, "replay_checked": 0, "replay_diffs": []}
+        out = {"replayed_decisions": 0, "replay_checked": 0, "replay_skipped": 0,
+               "replay_diffs": [], "replay_notes": []}
         for base in logs:
             parts = resolve_log(base)
             if not parts:
@@ -165,9 +166,14 @@ class _Probe:
             r = replay(parts, decisions=True, host_manager=StepReplayer)
             out["replayed_decisions"] += r.decisions
             out["replay_checked"] += r.decisions_checked
+            out["replay_skipped"] += r.decisions_skipped
+            if r.decisions_note:
+                out["replay_notes"].append(r.decisions_note[:300])
             out["replay_diffs"] += [d["what"][:300] for d in r.decision_diffs[:3]]
             out["replay_diffs"] += [f"{m['what']}: {m['detail']}"[:300] for m in r.mismatches[:3]]
             out["replay_diffs"] += [f"damage: {d.describe()}"[:300] for d in r.damages[:1]]
+            out["replay_diffs"] += [f"{m['what']}: {m['detail']}"[:300]
+                                    for m in r.effect_mismatches[:3]]
         return out
 
 
