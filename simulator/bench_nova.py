@@ -27,6 +27,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -61,6 +62,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                         "default %(default)s; 0: Python's 700). nova's database side always runs "
                         "with Python's 700, as stock nova-scheduler does")
     p.add_argument("--dir", help="directory for the SQLite files (default: a temporary one)")
+    p.add_argument("--record", metavar="DIR",
+                   help="the drop-in's cache keeps an update log in DIR, with nova's decisions "
+                        "step by step ([update_log] enabled): what recording costs")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     return p
 
@@ -104,6 +108,17 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _record(cache: Any, directory: str | None) -> Any:
+    """An update log on the drop-in's cache (``--record``), or None."""
+    if not directory:
+        return None
+    from shared_host_manager.updatelog.recorder import Recorder
+
+    recorder = Recorder(directory)
+    cache.set_recorder(recorder)
+    return recorder
+
+
 def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
     """get_host_states_by_uuids + get_filtered_hosts + get_weighed_hosts of one SharedHostManager,
     with the vector core and with nova's handlers, alternating, on the bench's hosts."""
@@ -121,6 +136,7 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
         instances=[fx.uuid_for(f"inst-{cn.host}", k) for k in range(args.instances_per_host)])
         for cn in nodes}
     cache = fx.cache_from_documents(docs)
+    recorder = _record(cache, args.record)
     manager = shm.SharedHostManager(cache, register_claims=False, default_cell_uuid=fx.CELL1)
     ctx = None  # SharedHostManager reads no request context
     uuids = [cn.uuid for cn in nodes]
@@ -158,6 +174,9 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
     assert best["vector"] == best["per-host"], (best["vector"], best["per-host"])
     out: dict[str, Any] = {"hosts": args.hosts, "filters": filters,
                            "instances_per_host": args.instances_per_host}
+    if recorder is not None:
+        recorder.close()
+        out["update_log_bytes"] = sum(os.path.getsize(f) for f in recorder.files)
     out["gc_thresholds"] = list(gc.get_threshold())
     for side in sides:
         out[side] = {k: round(statistics.median(v) * 1000, 2) for k, v in times[side].items()}
@@ -199,6 +218,7 @@ def run(args: argparse.Namespace, directory: str) -> dict[str, Any]:
     pair = fx.SchedulerPair(directory, hosts=args.hosts, filters=filters,
                             instances_per_host=args.instances_per_host,
                             sync_instance_info=not args.unsynced_instance_info)
+    recorder = _record(pair.cache, args.record)
     setup_s = time.perf_counter() - t0
     counter = _SqlCounter()
     event.listen(Engine, "before_cursor_execute", counter)
@@ -269,6 +289,9 @@ def run(args: argparse.Namespace, directory: str) -> dict[str, Any]:
         if phases[side]:
             out[side]["phases_median_ms"] = {k: round(statistics.median(v) * 1000, 2)
                                              for k, v in sorted(phases[side].items())}
+    if recorder is not None:
+        recorder.close()
+        out["update_log_bytes"] = sum(os.path.getsize(f) for f in recorder.files)
     out["speedup"] = round(out["nova"]["median_ms"] / out["shared"]["median_ms"], 2)
     out["speedup_cpu"] = round(out["nova"]["cpu_median_ms"] / out["shared"]["cpu_median_ms"], 2)
     if "shared-per-host" in out:

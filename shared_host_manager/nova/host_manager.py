@@ -72,7 +72,13 @@ Threads: views are built under ``cache.lock`` (so a request sees one version
 of each host); filtering and weighing run without it, on objects nobody else
 writes.  Templates and the aggregate overlay are changed only under the lock.
 
-The contract: docs/design.md §5.5.
+Recording: with an update log on the cache, every step nova's manager takes
+here (a request's hosts, each filter and weigh outcome, consumption, the
+fanout hints) is written to it through :mod:`.decision_log`, so ``shm replay
+--decisions`` can re-run it with this same class (:mod:`.replay`); the wall
+clock is :attr:`SharedHostManager.wall_clock` for that reason.
+
+The contract: docs/design.md §5.5 (recording: §8).
 """
 
 from __future__ import annotations
