@@ -153,9 +153,14 @@ class StepReplayer:
                 conf.set_override(name, value, group=group)
                 self._overridden.append((name, group))
         self.cache = _ReplayedCache(receiver)
-        self.manager = SharedHostManager(self.cache, register_claims=False,
-                                         vector_decisions=data.get("vector_decisions", True),
-                                         host_ownership=data.get("host_ownership", False))
+        try:
+            self.manager = SharedHostManager(self.cache, register_claims=False,
+                                             vector_decisions=data.get("vector_decisions", True),
+                                             host_ownership=data.get("host_ownership", False))
+        except Exception as exc:
+            raise RuntimeError("the recorded filters and weighers cannot be loaded here "
+                               f"({type(exc).__name__}: {exc}): the log's decisions are not "
+                               "re-run") from exc
         self.manager.wall_clock = lambda: self._wall
         self._requests.clear()
         recorded = data.get("code") or {}
