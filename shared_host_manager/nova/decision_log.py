@@ -20,8 +20,9 @@ Steps (``{"step": name, ...}``)::
                 own options (vector_decisions, host_ownership)
     hosts       get_host_states_by_uuids sealed a request's rows, recorded under the
                 cache lock so the record sits where the snapshot was taken: id, the
-                compute uuids asked for, nova's RequestSpec (its primitive), wall
-                time, the live peer schedulers
+                hosts it returned (every KEYFRAME requests ``uuids``, sorted; else
+                ``base``, the previous request's id, with ``added`` and ``removed``),
+                ``n``, nova's RequestSpec (its primitive), wall time, the live peers
     filter      get_filtered_hosts: id, index, instance uuid, wall time, how many
                 hosts passed and a digest of which
     weigh       get_weighed_hosts: id, how many, the best TOP (uuid, weight)
@@ -46,6 +47,10 @@ from shared_host_manager.nova import vector
 
 #: weighed hosts recorded per decision (nova claims the first that fits, alternates follow)
 TOP = 10
+
+#: a request's hosts are recorded whole every KEYFRAME requests, else as the change from the
+#: previous request's (placement's candidates change little from one request to the next)
+KEYFRAME = 64
 
 #: nova's option groups a decision reads (filters, weighers, their multipliers)
 NOVA_GROUPS = ("filter_scheduler", "metrics")
@@ -109,6 +114,8 @@ class StepLog:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._config_for: Any = None
+        #: the previous hosts step's (id, host set), which the next one is recorded against
+        self._last: tuple[int, frozenset[str]] | None = None
 
     def recorder(self) -> Any:
         """The cache's observer, or None (then nothing is built for it)."""
@@ -124,24 +131,33 @@ class StepLog:
         except Exception:  # noqa: BLE001 — an unserialisable spec: its steps are not re-runnable
             return None
 
-    def hosts(self, rows: Any, compute_uuids: list[str] | None, spec: Any, now: float,
-              wall: float, peers: Iterable[str]) -> None:
+    def hosts(self, rows: Any, spec: Any, now: float, wall: float, peers: Iterable[str]) -> None:
         """A request's rows are sealed (under the cache lock); ``spec`` from :meth:`spec`."""
         rec = self.recorder()
         if rec is None:
             return
-        with self._lock:
-            rows.log_id = next(self._ids)
         self._configured(rec, now)
-        rec.host_manager_step(now, {"step": "hosts", "id": rows.log_id,
-                                    "uuids": None if compute_uuids is None else list(compute_uuids),
-                                    "spec": spec, "wall": wall, "peers": sorted(peers)})
+        hosts = frozenset(t.attrs["uuid"] for t in rows.tpls)
+        step: dict[str, Any] = {"step": "hosts", "n": len(hosts), "spec": spec, "wall": wall,
+                                "peers": sorted(peers)}
+        with self._lock:
+            rows.log_id = step["id"] = next(self._ids)
+            last, self._last = self._last, (rows.log_id, hosts)
+        if last is None or rows.log_id % KEYFRAME == 0:
+            step["uuids"] = sorted(hosts)
+        else:
+            step.update(base=last[0], added=sorted(hosts - last[1]), removed=sorted(last[1] - hosts))
+        rec.host_manager_step(now, step)
 
     def filtered(self, rows: Any, spec_obj: Any, index: int, out: Any, wall: float) -> None:
         rec = self.recorder()
         if rec is None or rows is None or getattr(rows, "log_id", None) is None:
             return
-        passed = uuids_of(out) if out else []
+        if type(out) is vector.Hosts:  # our rows: the uuids without touching the shells
+            tpls = rows.tpls
+            passed = [tpls[i].attrs["uuid"] for i in out.idx]
+        else:
+            passed = uuids_of(out) if out else []
         rec.host_manager_step(self._manager.cache.clock(), {
             "step": "filter", "id": rows.log_id, "index": index,
             "instance": _instance(spec_obj), "wall": wall, "n": len(passed),

@@ -737,7 +737,7 @@ class SharedHostManager(nova_host_manager.HostManager):
                     del templates[source]
             out.seal()
             self.counters["requests"] += 1
-            self._steps.hosts(out, compute_uuids, logged_spec, now, wall_offset + now, cache.peers)
+            self._steps.hosts(out, logged_spec, now, wall_offset + now, cache.peers)
         self.phase_seconds["host_states"] += time.perf_counter() - started
         return out
 

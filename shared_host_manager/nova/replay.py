@@ -80,6 +80,8 @@ class StepReplayer:
         self._requests: OrderedDict[int, _Request] = OrderedDict()
         #: the last config step could not be re-run (reported once; its steps are not re-run)
         self._broken = False
+        #: the previous hosts step's (id, host set): the next one is recorded against it
+        self._last_hosts: tuple[Any, frozenset[str]] | None = None
         #: requests whose hosts could not be rebuilt: their later steps are not re-run
         self._failed: set[Any] = set()
         self._wall = 0.0
@@ -195,10 +197,22 @@ class StepReplayer:
                 else None)
         assert self.cache is not None
         self.cache.peers = tuple(data.get("peers") or ())
-        hosts = list(self.manager.get_host_states_by_uuids(None, data.get("uuids"), spec))
+        if data.get("uuids") is not None:
+            wanted = frozenset(data["uuids"])
+        else:
+            last = self._last_hosts
+            if last is None or last[0] != data.get("base"):
+                raise RuntimeError(f"request {data['id']}: its hosts are recorded against request "
+                                   f"{data.get('base')}, which is not in the replayed log")
+            wanted = (last[1] - frozenset(data["removed"])) | frozenset(data["added"])
+        self._last_hosts = (data["id"], wanted)
+        hosts = list(self.manager.get_host_states_by_uuids(None, sorted(wanted), spec))
         self._requests[data["id"]] = _Request(spec, hosts)
         while len(self._requests) > KEPT_REQUESTS:
             self._requests.popitem(last=False)
+        if len(hosts) != data["n"]:
+            raise RuntimeError(f"request {data['id']}: {len(hosts)} of its {data['n']} hosts are "
+                               "eligible in the replayed view")
 
     def _request(self, data: dict[str, Any]) -> _Request:
         req = self._requests.get(data["id"])

@@ -513,7 +513,7 @@ def test_only_the_hosts_novas_manager_uses_become_host_states(nova_conf) -> None
     assert counters["hosts_materialized"] == 3
 
 
-def test_bench_decision_only_agrees_with_novas_handlers(capsys) -> None:
+def test_bench_decision_only_agrees_with_novas_handlers(capsys, tmp_path) -> None:
     """``shm bench nova --decision-only`` runs both ways and checks they pick the same hosts."""
     import gc
     import json
@@ -522,12 +522,21 @@ def test_bench_decision_only_agrees_with_novas_handlers(capsys) -> None:
 
     before = gc.get_threshold()
     assert bench_nova.main(["--decision-only", "--hosts", "30", "--rounds", "1", "--requests", "2",
-                            "--warmup", "1", "--json"]) == 0
+                            "--warmup", "1", "--json", "--record", str(tmp_path)]) == 0
     assert gc.get_threshold() == before  # the benchmark's GC threshold ends with it
     result = json.loads(capsys.readouterr().out)
     assert result["hosts"] == 30 and result["vector"]["samples"] == 2
     assert result["per-host"]["samples"] == 1
     assert set(result["vector"]) >= {"host_states", "filter", "weigh", "total"}
+    # --record: a recording drop-in beside, whose log re-runs the same
+    assert result["recorded"]["samples"] == 2 and result["update_log_bytes"] > 0
+    from shared_host_manager.nova.replay import StepReplayer
+    from shared_host_manager.updatelog.reader import find_logs
+    from shared_host_manager.updatelog.replay import replay
+
+    (parts,) = find_logs(str(tmp_path)).values()
+    r = replay(parts, decisions=True, host_manager=StepReplayer)
+    assert r.decisions == 3 and r.decisions_checked == 3 and r.ok, r.decision_diffs
 
 
 def test_bench_nova_runs_each_side_with_its_process_gc(tmp_path) -> None:
