@@ -54,6 +54,7 @@ from protocol.errors import ProtocolError
 from protocol.hostdoc import endpoint_of
 from protocol.messages import (
     Batch,
+    Claim,
     ClaimResult,
     Delta,
     Heartbeat,
@@ -70,7 +71,8 @@ LOG = logging.getLogger(__name__)
 #: wrong view (format 1, unchecked, is still read)
 STATE_FORMAT = 2
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
-_CONTROL_TYPES = (ResyncAnswer, ClaimResult)
+#: a Claim on the control plane is a live peer's, announced (design §5.2)
+_CONTROL_TYPES = (ResyncAnswer, ClaimResult, Claim)
 
 
 class CacheObserver(ReceiverObserver):
@@ -206,6 +208,8 @@ class HostStateCache:
             self.messages += 1
             if type(msg) is ClaimResult:
                 self.control_received["claim_accepted" if msg.accepted else "claim_rejected"] += 1
+            elif type(msg) is Claim:
+                self.control_received["peer_claim"] += 1
             else:
                 self.control_received["resync_answer"] += 1
             self._notify()

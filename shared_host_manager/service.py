@@ -16,6 +16,10 @@ Life cycle::
                                   membership_interval and the live peers
                                   (shared_host_manager.membership)
                decisions      --> under cache.lock, from any thread
+               claims         --> cast to the reporter of the host and, with
+                                  ``announce_claims``, to every live peer
+                                  (design §5.2: peers deduct them until the
+                                  host's delta lists them)
       stop():  publish "leaving" (peers take this scheduler's hosts over), stop
                the stream consumer, the control server and the timers, write a
                last snapshot, close the client.
@@ -69,7 +73,7 @@ from transport.base import (
     StreamPublisher,
 )
 from transport.metrics import Histogram
-from transport.rpcapi import ReporterAPI
+from transport.rpcapi import ReporterAPI, SchedulerAPI
 from transport.startup import check_state_dir
 
 LOG = logging.getLogger(__name__)
@@ -100,6 +104,7 @@ class SchedulerService:
         known_sources: Mapping[str, str] | None = None,
         recorder: CacheObserver | None = None,
         membership_interval: float | None = None,
+        announce_claims: bool = True,
         **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
@@ -135,6 +140,9 @@ class SchedulerService:
         self.membership_interval = membership_interval
         self.membership: MembershipPublisher | None = None
         self._next_peer_scan = 0.0
+        #: cast every claim to the live peers too (they deduct it until its host lists it)
+        self.announce_claims = announce_claims
+        self.claims_announced = 0
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -155,6 +163,7 @@ class SchedulerService:
             check_state_dir(os.path.dirname(self._state_path), "[cache] state_dir")
         self._client = self._control_plane.control_client()
         self.reporter_api = ReporterAPI(self._client, self._encoder, self._reporter_topic)
+        self.peer_api = SchedulerAPI(self._client, self._encoder, self._scheduler_topic)
         offset = self.cache.load(self._state_path) if self._state_path else None
         self.resumed_from = offset
         self._server = self._control_plane.control_server(
@@ -211,13 +220,23 @@ class SchedulerService:
             raise TypeError(f"a scheduler does not send {type(message).__name__}")
 
     def send_claim(self, claim: Claim) -> bool:
-        """Cast a claim (with its build request) to the reporter of its source."""
+        """Cast a claim (with its build request) to the reporter of its source; with
+        ``announce_claims``, then to every live peer (at most once, like every cast: a
+        peer that misses it decides as it would without, design §5.2)."""
         endpoint = self.cache.endpoint_of(claim.source)
         if endpoint is None:
             return False
         self.reporter_api.claim(endpoint, claim)
         if self.recorder is not None:
             self.recorder.sent(endpoint, claim, self.clock())
+        if self.announce_claims:
+            peers = [p for p in self.peers if p != self.name]
+            if peers:
+                try:
+                    self.claims_announced += self.peer_api.announce(peers, claim)
+                except Exception as exc:  # advice only: the claim itself is on its way
+                    LOG.debug("scheduler %s could not announce claim %s: %s", self.name,
+                              claim.claim_id, exc)
         return True
 
     def _on_retention_gap(self, requested: int, first: int) -> None:
@@ -314,6 +333,7 @@ class SchedulerService:
                 "retention_gaps": self.retention_gaps,
                 "decisions": dict(self.decisions),
                 "peers": list(self.peers),
+                "claims_announced": self.claims_announced,
                 "save_failures": self.save_failures,
                 "last_save_error": self.last_save_error,
                 "last_saved_at": self.last_saved_at,
@@ -352,4 +372,5 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         reorder_timeout=group.reorder_timeout, resync_timeout=group.resync_timeout,
         resync_backoff_max=group.resync_backoff_max, down_interval=group.down_interval,
         claim_deadline=group.claim_deadline, recorder=recorder,
-        membership_interval=group.membership_interval or None)
+        membership_interval=group.membership_interval or None,
+        announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl)

@@ -10,6 +10,8 @@ server)``, where the server is the receiving party's own name:
   endpoint is :meth:`compute_reporter.manager.ReporterManager.handle`.
 * :class:`SchedulerAPI` casts to ``(scheduler topic, scheduler name)``; the
   endpoint is :meth:`shared_host_manager.cache.HostStateCache.ingest_control`.
+  Reporters answer through it, and a scheduler announces its claims to its
+  live peers through it (:meth:`SchedulerAPI.announce`).
 
 Both clients live here, below the reporter and the scheduler packages, so
 neither side imports the other (docs/design.md §7, the wire).
@@ -20,9 +22,15 @@ travels in every message, so a receiver can refuse what it does not speak):
 * 1.0 – scheduler -> reporter: claim (with its build request), resync_request;
   reporter -> scheduler: claim_result (accepted, or rejected with a
   correction), resync_answer.
+* 1.1 – scheduler -> scheduler: claim, as sent to its reporter but without the
+  build request, cast to every live peer (``[cache] announce_claims``); a
+  receiver that predates it drops the message as an unexpected type.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
 
 from protocol.codec import Encoder
 from protocol.messages import Claim, ClaimResult, ResyncAnswer, ResyncRequest
@@ -59,6 +67,18 @@ class SchedulerAPI:
 
     def send(self, scheduler: str, message: ClaimResult | ResyncAnswer) -> None:
         self._client.cast(self.topic, scheduler, self._encoder.encode(message))
+
+    def announce(self, peers: Iterable[str], claim: Claim) -> int:
+        """Cast ``claim`` (a scheduler's own, its build request left out) to each of ``peers``;
+        encoded once.  Returns the number of casts."""
+        body = None
+        sent = 0
+        for peer in peers:
+            if body is None:
+                body = self._encoder.encode(dataclasses.replace(claim, request={}))
+            self._client.cast(self.topic, peer, body)
+            sent += 1
+        return sent
 
 
 __all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI"]
