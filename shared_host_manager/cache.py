@@ -37,6 +37,7 @@ own lock for writing.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import logging
@@ -118,6 +119,8 @@ class HostStateCache:
     ) -> None:
         self.receiver = receiver
         self.lock = threading.RLock()
+        #: peers' claims received while the lock was taken (see ingest_control)
+        self._peer_inbox: collections.deque[tuple[bytes, Claim]] = collections.deque()
         self._send = send
         self._decoder = decoder or Decoder()
         self.clock = clock
@@ -173,6 +176,7 @@ class HostStateCache:
             decoded.append((body, offset, msg))
         sends: list[Send] = []
         with self.lock:
+            self.apply_peer_claims()
             receive = self.receiver.receive
             recorder = self.recorder
             for body, offset, msg in decoded:
@@ -200,7 +204,19 @@ class HostStateCache:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
             return
+        if type(msg) is Claim:
+            # A peer's claim counts only if it is in the view before our next decision:
+            # rather than wait for the lock behind a decision or a stream batch, it joins
+            # the inbox that whoever takes the lock next applies first (design §5.2).
+            self._peer_inbox.append((body, msg))
+            if self.lock.acquire(blocking=False):
+                try:
+                    self.apply_peer_claims()
+                finally:
+                    self.lock.release()
+            return
         with self.lock:
+            self.apply_peer_claims()
             now = self.clock()
             sends = self.receiver.receive(msg, now)
             if self.recorder is not None:
@@ -208,15 +224,28 @@ class HostStateCache:
             self.messages += 1
             if type(msg) is ClaimResult:
                 self.control_received["claim_accepted" if msg.accepted else "claim_rejected"] += 1
-            elif type(msg) is Claim:
-                self.control_received["peer_claim"] += 1
             else:
                 self.control_received["resync_answer"] += 1
             self._notify()
         self._dispatch(sends)
 
+    def apply_peer_claims(self) -> None:
+        """Apply the peers' claims waiting in the inbox (under the lock; every step that
+        takes the lock, and a decision before it reads the view, calls this first).
+        Each is recorded as a control message received at the moment it is applied."""
+        inbox = self._peer_inbox
+        while inbox:
+            body, msg = inbox.popleft()
+            now = self.clock()
+            sends = self.receiver.receive(msg, now)
+            if self.recorder is not None:
+                self.recorder.control(body, now, sends)
+            self.messages += 1
+            self.control_received["peer_claim"] += 1
+
     def tick(self) -> None:
         with self.lock:
+            self.apply_peer_claims()
             now = self.clock()
             sends = self.receiver.tick(now)
             if self.recorder is not None:
