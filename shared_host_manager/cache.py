@@ -72,8 +72,9 @@ LOG = logging.getLogger(__name__)
 #: wrong view (format 1, unchecked, is still read)
 STATE_FORMAT = 2
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
-#: a Claim on the control plane is a live peer's, announced (design §5.2)
-_CONTROL_TYPES = (ResyncAnswer, ClaimResult, Claim)
+_CONTROL_TYPES = (ResyncAnswer, ClaimResult)
+#: a Claim sent to a scheduler is a live peer's, announced (design §5.2)
+_PEER_TYPES = (Claim,)
 
 
 class CacheObserver(ReceiverObserver):
@@ -204,17 +205,6 @@ class HostStateCache:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
             return
-        if type(msg) is Claim:
-            # A peer's claim counts only if it is in the view before our next decision:
-            # rather than wait for the lock behind a decision or a stream batch, it joins
-            # the inbox that whoever takes the lock next applies first (design §5.2).
-            self._peer_inbox.append((body, msg))
-            if self.lock.acquire(blocking=False):
-                try:
-                    self.apply_peer_claims()
-                finally:
-                    self.lock.release()
-            return
         with self.lock:
             self.apply_peer_claims()
             now = self.clock()
@@ -228,6 +218,26 @@ class HostStateCache:
                 self.control_received["resync_answer"] += 1
             self._notify()
         self._dispatch(sends)
+
+    def ingest_peer_claim(self, body: bytes) -> None:
+        """A live peer's claim, announced to us (the peer topic's server, design §5.2).
+
+        It counts only if it is in the view before our next decision: rather than wait
+        for the lock behind a decision or a stream batch, it joins an inbox that whoever
+        takes the lock next applies first, and is applied at once if the lock is free."""
+        msg = self._decode(body, _PEER_TYPES, "peer topic")
+        if msg is None:
+            if self.recorder is not None:
+                with self.lock:
+                    self.recorder.dropped(body, "control", None, self.clock())
+            return
+        assert type(msg) is Claim
+        self._peer_inbox.append((body, msg))
+        if self.lock.acquire(blocking=False):
+            try:
+                self.apply_peer_claims()
+            finally:
+                self.lock.release()
 
     def apply_peer_claims(self) -> None:
         """Apply the peers' claims waiting in the inbox (under the lock; every step that

@@ -73,7 +73,7 @@ from transport.base import (
     StreamPublisher,
 )
 from transport.metrics import Histogram
-from transport.rpcapi import ReporterAPI, SchedulerAPI
+from transport.rpcapi import ReporterAPI, SchedulerAPI, peer_topic
 from transport.startup import check_state_dir
 
 LOG = logging.getLogger(__name__)
@@ -143,6 +143,7 @@ class SchedulerService:
         #: cast every claim to the live peers too (they deduct it until its host lists it)
         self.announce_claims = announce_claims
         self.claims_announced = 0
+        self._peer_server: ControlServer | None = None
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -163,12 +164,17 @@ class SchedulerService:
             check_state_dir(os.path.dirname(self._state_path), "[cache] state_dir")
         self._client = self._control_plane.control_client()
         self.reporter_api = ReporterAPI(self._client, self._encoder, self._reporter_topic)
-        self.peer_api = SchedulerAPI(self._client, self._encoder, self._scheduler_topic)
+        self.peer_api = SchedulerAPI(self._client, self._encoder, peer_topic(self._scheduler_topic))
         offset = self.cache.load(self._state_path) if self._state_path else None
         self.resumed_from = offset
         self._server = self._control_plane.control_server(
             self._scheduler_topic, self.name, self.cache.ingest_control)
         self._server.start()
+        if self.announce_claims and self.membership_interval is not None:
+            # a server of its own: an announcement must not queue behind claim results
+            self._peer_server = self._control_plane.control_server(
+                peer_topic(self._scheduler_topic), self.name, self.cache.ingest_peer_claim)
+            self._peer_server.start()
         self._consumer = self._data_plane.stream_consumer(on_retention_gap=self._on_retention_gap)
         if offset is None and self._known_sources:
             self._consumer.start(self.cache.ingest_stream, "next", on_batch=self.cache.ingest_stream_batch)
@@ -199,6 +205,8 @@ class SchedulerService:
             self._publisher.close()
         self._consumer.stop()
         self._server.stop()
+        if self._peer_server is not None:
+            self._peer_server.stop()
         self._stop.set()
         if self._timer is not None:
             self._timer.join(timeout=10)

@@ -54,6 +54,7 @@ from simulator.modes import DatabaseScheduler, ModeSettings, Outcome, SharedSche
 from simulator.run_transport import RunTransport
 from simulator.topology import build_cloud
 from simulator.workload import Workload
+from transport.rpcapi import peer_topic
 
 NVH_ORACLE_CHECKS = 50
 
@@ -385,7 +386,9 @@ class Simulation:
                                  refresh_interval=cfg.refresh_interval,
                                  announce_claims=cfg.announce_claims)
                     for i in range(cfg.schedulers)]
-        self.transport.queues.extend(f"{stopic}.{s.name}" for s in settings)
+        self.transport.queues.extend(f"{topic}.{s.name}" for s in settings
+                                     for topic in (stopic, peer_topic(stopic)))
+        self.transport.queues.append(peer_topic(stopic))
         return settings
 
     def _start_schedulers(self) -> None:

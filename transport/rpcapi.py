@@ -10,8 +10,11 @@ server)``, where the server is the receiving party's own name:
   endpoint is :meth:`compute_reporter.manager.ReporterManager.handle`.
 * :class:`SchedulerAPI` casts to ``(scheduler topic, scheduler name)``; the
   endpoint is :meth:`shared_host_manager.cache.HostStateCache.ingest_control`.
-  Reporters answer through it, and a scheduler announces its claims to its
-  live peers through it (:meth:`SchedulerAPI.announce`).
+  Reporters answer through it.  A scheduler announces its claims to its live
+  peers through one on the topic :func:`peer_topic` (``(scheduler topic +
+  "-peers", peer name)``; endpoint
+  :meth:`shared_host_manager.cache.HostStateCache.ingest_peer_claim`), so that
+  an announcement never waits behind the claim results of the main topic.
 
 Both clients live here, below the reporter and the scheduler packages, so
 neither side imports the other (docs/design.md §7, the wire).
@@ -23,8 +26,8 @@ travels in every message, so a receiver can refuse what it does not speak):
   reporter -> scheduler: claim_result (accepted, or rejected with a
   correction), resync_answer.
 * 1.1 – scheduler -> scheduler: claim, as sent to its reporter but without the
-  build request, cast to every live peer (``[cache] announce_claims``); a
-  receiver that predates it drops the message as an unexpected type.
+  build request, cast to every live peer on the peer topic (``[cache]
+  announce_claims``); a scheduler that predates it has no server there.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ from transport.base import ControlClient
 #: default topics (``[control_plane] reporter_topic`` / ``scheduler_topic``)
 REPORTER_TOPIC = "shm-reporter"
 SCHEDULER_TOPIC = "shm-scheduler"
+
+
+def peer_topic(scheduler_topic: str) -> str:
+    """The topic schedulers announce their claims to each other on."""
+    return f"{scheduler_topic}-peers"
 
 
 class ReporterAPI:
@@ -81,4 +89,4 @@ class SchedulerAPI:
         return sent
 
 
-__all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI"]
+__all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI", "peer_topic"]

@@ -24,6 +24,7 @@ from protocol.signing import Keyring
 from transport import no_eventlet  # noqa: F401  (before oslo_messaging)
 from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
 from transport.oslo_rpc import OsloRpcControlPlane
+from transport.rpcapi import peer_topic
 
 
 @pytest.fixture
@@ -234,7 +235,7 @@ def test_bad_input_on_the_real_bus_is_dropped_and_counted(planes, rabbit_url, st
         _stop(reporter, sched)
 
 
-def test_schedulers_announce_their_claims_to_their_live_peers(planes):
+def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_broker_queues):
     """[cache] announce_claims over oslo.messaging (design §5.2): a peer deducts an accepted
     claim until its delta lists it and a rejected one until peer_claim_ttl; a peer that has
     left only misses the casts."""
@@ -263,6 +264,7 @@ def test_schedulers_announce_their_claims_to_their_live_peers(planes):
                  or not s0.receiver.sources[source].pending, 20, "rejection")
         wait_for(lambda: s1.receiver.stats["peer_claims_expired"] == 1, 20, "the ttl")
         assert s1.cache.control_received["peer_claim"] == 2
+        assert not s1.cache.invalid
         assert s0.figures()["claims_announced"] == 2
         with s1.cache.lock:
             assert not s1.receiver.sources[source].peer
@@ -273,3 +275,5 @@ def test_schedulers_announce_their_claims_to_their_live_peers(planes):
                  20, "a claim with the peer gone")
     finally:
         _stop(reporter, s0, s1)
+        peers = peer_topic(topics[1])
+        delete_broker_queues([peers, f"{peers}.s0", f"{peers}.s1"])
