@@ -174,7 +174,7 @@ class HostView:
         self.doc: Mapping[str, Any] = view.doc or _EMPTY
         self.compute = compute_of(self.doc)
         self.overlay = overlay
-        self._pending: dict[str, int] | None = None
+        self._pending: Mapping[str, int] | None = None
         self._counts: tuple[int, int, tuple[str, ...]] | None = None
         self._aggs: tuple[Aggregate, ...] | None = None
         self._instances: frozenset[str] | None = None
