@@ -50,15 +50,18 @@ milliseconds before the host's delta arrives already sees it::
 
     a peer's Claim --> HELD (deducted like our own, but never an outcome)
                          |---(delta or snapshot lists it)-------> gone (now in the document)
-                         |---(peer_claim_ttl passes, at a tick)-> gone (rejected or lost:
-                         |                                         the host never listed it)
+                         |---(the host's rejection, forwarded)--> gone (its correction is
+                         |                                         the peer's, not applied)
+                         |---(peer_claim_ttl passes, at a tick)-> gone (the verdict or the
+                         |                                         delta was lost)
                          +---(source's epoch changes, forget())-> gone
 
 A peer claim that arrives after the host already included it (its instance is
-in the document), on another epoch, or for a source without a document, is
+in the document) or rejected it (the last ``PEER_REJECTIONS_KEPT`` rejections
+are remembered), on another epoch, or for a source without a document, is
 ignored: it would count twice or against a past.  It is advice: losing it
-costs at most the rejection it would have avoided; a rejected one holds its
-resources here for at most ``peer_claim_ttl``.
+costs at most the rejection it would have avoided; a rejected one whose verdict
+is lost holds its resources here for at most ``peer_claim_ttl``.
 
 Rules: the clock is an argument; nothing here does I/O; every step returns
 the :class:`~protocol.messages.Send` instructions (resync requests) it needs.
@@ -235,8 +238,13 @@ STAT_KEYS = (
     "resyncs_requested", "heartbeat_resyncs", "divergences", "epochs_changed", "went_down",
     "came_up", "goodbyes", "claims_added", "claims_included", "claims_rejected", "claims_expired",
     "claims_epoch_retired", "claims_cancelled", "claim_results_late", "claim_results_foreign",
-    "peer_claims", "peer_claims_included", "peer_claims_expired", "peer_claims_ignored",
+    "peer_claims", "peer_claims_included", "peer_claims_rejected", "peer_claims_expired",
+    "peer_claims_ignored",
 )
+
+
+#: how many rejections of peers' claims a receiver remembers (see ReceiverMachine._peer_claim)
+PEER_REJECTIONS_KEPT = 4096
 
 
 class ReceiverParams(TypedDict, total=False):
@@ -284,6 +292,9 @@ class ReceiverMachine:
         #: seconds a peer's announced claim is deducted at most (its host's delta normally
         #: retires it within tens of milliseconds; a rejected or lost one lingers this long)
         self.peer_claim_ttl = peer_claim_ttl
+        #: ids of the peer claims whose rejection we heard, oldest first: an announcement
+        #: overtaken by its verdict must not be held
+        self._peer_rejected: dict[str, None] = {}
         self.sources: dict[str, SourceView] = {}
         self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
         self._troubled: set[str] = set()
@@ -621,8 +632,10 @@ class ReceiverMachine:
         view = self.sources.get(claim.source)
         if (claim.scheduler == self.name or view is None or view.doc is None
                 or claim.epoch != view.epoch or claim.claim_id in view.pending
+                or claim.claim_id in self._peer_rejected
                 or (claim.instance and claim.instance in (view.doc.get(INSTANCES) or {}))):
-            # ours (echoed back), a source or epoch we do not hold, or already included
+            # ours (echoed back), a source or epoch we do not hold, already rejected or
+            # already included
             self.stats["peer_claims_ignored"] += 1
             return
         if claim.claim_id in view.peer:
@@ -651,9 +664,21 @@ class ReceiverMachine:
 
     def _claim_result(self, result: ClaimResult, now: float, out: list[Send]) -> None:
         if result.scheduler != self.name:
-            # an answer to another scheduler's claim (misrouted, or replayed at us): none
-            # of it is ours to apply, not even its correction (design §7.4)
-            self.stats["claim_results_foreign"] += 1
+            # an answer to another scheduler's claim: none of it is ours to apply, not even
+            # its correction (design §7.4); but the host's rejection of a peer claim we hold
+            # (forwarded by that peer, design §5.2) ends it
+            view = self.sources.get(result.source)
+            if result.accepted or view is None:
+                self.stats["claim_results_foreign"] += 1
+                return
+            rejected = self._peer_rejected
+            rejected[result.claim_id] = None
+            while len(rejected) > PEER_REJECTIONS_KEPT:
+                del rejected[next(iter(rejected))]
+            if result.claim_id in view.peer:
+                self._drop_peer(view, result.claim_id, "peer_claims_rejected")
+            else:  # not held (yet): remembered, so that a late announcement is ignored
+                self.stats["claim_results_foreign"] += 1
             return
         view = self.sources.get(result.source)
         if view is None:

@@ -73,8 +73,9 @@ LOG = logging.getLogger(__name__)
 STATE_FORMAT = 2
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
 _CONTROL_TYPES = (ResyncAnswer, ClaimResult)
-#: a Claim sent to a scheduler is a live peer's, announced (design §5.2)
-_PEER_TYPES = (Claim,)
+#: on the peer topic: a live peer's claim, announced, or the host's rejection of it, forwarded
+#: by that peer (design §5.2)
+_PEER_TYPES = (Claim, ClaimResult)
 
 
 class CacheObserver(ReceiverObserver):
@@ -121,7 +122,7 @@ class HostStateCache:
         self.receiver = receiver
         self.lock = threading.RLock()
         #: peers' claims received while the lock was taken (see ingest_control)
-        self._peer_inbox: collections.deque[tuple[bytes, Claim]] = collections.deque()
+        self._peer_inbox: collections.deque[tuple[bytes, Message]] = collections.deque()
         self._send = send
         self._decoder = decoder or Decoder()
         self.clock = clock
@@ -198,13 +199,14 @@ class HostStateCache:
             LOG.error("host state divergence: %s", alert)
         self._dispatch(sends)
 
-    def ingest_control(self, body: bytes) -> None:
+    def ingest_control(self, body: bytes) -> Message | None:
+        """A claim result or resync answer; returns it decoded (None: dropped)."""
         msg = self._decode(body, _CONTROL_TYPES, "control plane")
         if msg is None:
             if self.recorder is not None:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
-            return
+            return None
         with self.lock:
             self.apply_peer_claims()
             now = self.clock()
@@ -218,9 +220,11 @@ class HostStateCache:
                 self.control_received["resync_answer"] += 1
             self._notify()
         self._dispatch(sends)
+        return msg
 
     def ingest_peer_claim(self, body: bytes) -> None:
-        """A live peer's claim, announced to us (the peer topic's server, design §5.2).
+        """A live peer's claim, announced to us, or the host's rejection of one, forwarded
+        by that peer (the peer topic's server, design §5.2).
 
         It counts only if it is in the view before our next decision: rather than wait
         for the lock behind a decision or a stream batch, it joins an inbox that whoever
@@ -231,7 +235,6 @@ class HostStateCache:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
             return
-        assert type(msg) is Claim
         self._peer_inbox.append((body, msg))
         if self.lock.acquire(blocking=False):
             try:
@@ -251,7 +254,7 @@ class HostStateCache:
             if self.recorder is not None:
                 self.recorder.control(body, now, sends)
             self.messages += 1
-            self.control_received["peer_claim"] += 1
+            self.control_received["peer_claim" if type(msg) is Claim else "peer_rejection"] += 1
 
     def tick(self) -> None:
         with self.lock:

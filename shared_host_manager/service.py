@@ -56,7 +56,7 @@ from typing import Any, Unpack
 from oslo_config import cfg
 
 from protocol.codec import Decoder, Encoder
-from protocol.messages import Claim, Message, ResyncRequest
+from protocol.messages import Claim, ClaimResult, Message, ResyncRequest
 from protocol.receiver import ReceiverMachine, ReceiverParams
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.conf import cache as cache_conf
@@ -168,7 +168,7 @@ class SchedulerService:
         offset = self.cache.load(self._state_path) if self._state_path else None
         self.resumed_from = offset
         self._server = self._control_plane.control_server(
-            self._scheduler_topic, self.name, self.cache.ingest_control)
+            self._scheduler_topic, self.name, self._on_control)
         self._server.start()
         if self.announce_claims and self.membership_interval is not None:
             # a server of its own: an announcement must not queue behind claim results
@@ -246,6 +246,21 @@ class SchedulerService:
                     LOG.debug("scheduler %s could not announce claim %s: %s", self.name,
                               claim.claim_id, exc)
         return True
+
+    def _on_control(self, body: bytes) -> None:
+        """The control server's handler: the cache ingests; the host's rejection of a claim
+        we announced goes on to the peers, as received (signed by the host), so that they
+        stop deducting it at once rather than at peer_claim_ttl (design §5.2)."""
+        msg = self.cache.ingest_control(body)
+        if (type(msg) is ClaimResult and not msg.accepted and self._peer_server is not None
+                and msg.scheduler == self.name):
+            peers = [p for p in self.peers if p != self.name]
+            if peers:
+                try:
+                    self.peer_api.forward(peers, body)
+                except Exception as exc:  # advice only: peers drop it at its ttl
+                    LOG.debug("scheduler %s could not forward the rejection of %s: %s",
+                              self.name, msg.claim_id, exc)
 
     def _on_retention_gap(self, requested: int, first: int) -> None:
         self.retention_gaps += 1

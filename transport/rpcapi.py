@@ -27,7 +27,8 @@ travels in every message, so a receiver can refuse what it does not speak):
   correction), resync_answer.
 * 1.1 – scheduler -> scheduler: claim, as sent to its reporter but without the
   build request, cast to every live peer on the peer topic (``[cache]
-  announce_claims``); a scheduler that predates it has no server there.
+  announce_claims``), and the host's claim_result rejecting it, forwarded as
+  received; a scheduler that predates it has no server there.
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ class SchedulerAPI:
             self._client.cast(self.topic, peer, body)
             sent += 1
         return sent
+
+    def forward(self, peers: Iterable[str], body: bytes) -> None:
+        """Cast a message as received (a host's signed rejection of one of our claims) to
+        each of ``peers``."""
+        for peer in peers:
+            self._client.cast(self.topic, peer, body)
 
 
 __all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI", "peer_topic"]

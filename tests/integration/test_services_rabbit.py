@@ -237,12 +237,13 @@ def test_bad_input_on_the_real_bus_is_dropped_and_counted(planes, rabbit_url, st
 
 def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_broker_queues):
     """[cache] announce_claims over oslo.messaging (design §5.2): a peer deducts an accepted
-    claim until its delta lists it and a rejected one until peer_claim_ttl; a peer that has
-    left only misses the casts."""
+    claim until its delta lists it, a rejected one until the host's rejection, forwarded by
+    the claimer, arrives (long before peer_claim_ttl here); a peer that has left only misses
+    the casts."""
     data, control, topics = planes
     reporter = make_reporter(data, control, "r0", hosts=5, seed=1, topics=topics)
     s0, s1 = (make_scheduler(data, control, f"s{i}", topics=topics, membership_interval=0.5,
-                             peer_claim_ttl=1.0) for i in range(2))
+                             peer_claim_ttl=60.0) for i in range(2))
     _start(s0, s1, reporter)
     try:
         wait_for(lambda: all(s.peers == ("s0", "s1") for s in (s0, s1)), 30, "membership")
@@ -262,8 +263,10 @@ def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_bro
         too_big = _claim(s0, source, {"memory_mb": 10**9})
         wait_for(lambda: (too_big.claim_id, source, Outcome.REJECTED) in s0.receiver.drain_outcomes()
                  or not s0.receiver.sources[source].pending, 20, "rejection")
-        wait_for(lambda: s1.receiver.stats["peer_claims_expired"] == 1, 20, "the ttl")
+        wait_for(lambda: s1.receiver.stats["peer_claims_rejected"] == 1, 20, "the rejection")
         assert s1.cache.control_received["peer_claim"] == 2
+        assert s1.cache.control_received["peer_rejection"] == 1
+        assert s1.receiver.stats["peer_claims_expired"] == 0
         assert not s1.cache.invalid
         assert s0.figures()["claims_announced"] == 2
         with s1.cache.lock:
