@@ -16,10 +16,13 @@ Life cycle::
                                   membership_interval and the live peers
                                   (shared_host_manager.membership)
                decisions      --> under cache.lock, from any thread
-               claims         --> cast to the reporter of the host and, with
-                                  ``announce_claims``, to every live peer
-                                  (design §5.2: peers deduct them until the
-                                  host's delta lists them)
+               claims         --> cast to the reporter of the host; with
+                                  ``announce_claims``, queued for the announcer
+               announcer      --> every claim, then the host's rejection of it,
+                                  cast to every live peer (design §5.2: peers
+                                  deduct it until the host's delta lists it);
+                                  off the caller's path, whose cast to the
+                                  reporter is what its request waits for
       stop():  publish "leaving" (peers take this scheduler's hosts over), stop
                the stream consumer, the control server and the timers, write a
                last snapshot, close the client.
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections import Counter
@@ -144,6 +148,8 @@ class SchedulerService:
         self.announce_claims = announce_claims
         self.claims_announced = 0
         self._peer_server: ControlServer | None = None
+        self._announcements: queue.SimpleQueue[Claim | bytes | None] = queue.SimpleQueue()
+        self._announcer: threading.Thread | None = None
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -175,6 +181,9 @@ class SchedulerService:
             self._peer_server = self._control_plane.control_server(
                 peer_topic(self._scheduler_topic), self.name, self.cache.ingest_peer_claim)
             self._peer_server.start()
+            self._announcer = threading.Thread(target=self._announce, daemon=True,
+                                               name=f"scheduler-{self.name}-announcer")
+            self._announcer.start()
         self._consumer = self._data_plane.stream_consumer(on_retention_gap=self._on_retention_gap)
         if offset is None and self._known_sources:
             self._consumer.start(self.cache.ingest_stream, "next", on_batch=self.cache.ingest_stream_batch)
@@ -207,6 +216,10 @@ class SchedulerService:
         self._server.stop()
         if self._peer_server is not None:
             self._peer_server.stop()
+        if self._announcer is not None:
+            self._announcements.put(None)
+            self._announcer.join(timeout=10)
+            self._announcer = None
         self._stop.set()
         if self._timer is not None:
             self._timer.join(timeout=10)
@@ -229,22 +242,16 @@ class SchedulerService:
 
     def send_claim(self, claim: Claim) -> bool:
         """Cast a claim (with its build request) to the reporter of its source; with
-        ``announce_claims``, then to every live peer (at most once, like every cast: a
-        peer that misses it decides as it would without, design §5.2)."""
+        ``announce_claims``, hand it to the announcer for the live peers (at most once,
+        like every cast: a peer that misses it decides as it would without, design §5.2)."""
         endpoint = self.cache.endpoint_of(claim.source)
         if endpoint is None:
             return False
         self.reporter_api.claim(endpoint, claim)
         if self.recorder is not None:
             self.recorder.sent(endpoint, claim, self.clock())
-        if self.announce_claims:
-            peers = [p for p in self.peers if p != self.name]
-            if peers:
-                try:
-                    self.claims_announced += self.peer_api.announce(peers, claim)
-                except Exception as exc:  # advice only: the claim itself is on its way
-                    LOG.debug("scheduler %s could not announce claim %s: %s", self.name,
-                              claim.claim_id, exc)
+        if self._announcer is not None:
+            self._announcements.put(claim)
         return True
 
     def _on_control(self, body: bytes) -> None:
@@ -252,15 +259,24 @@ class SchedulerService:
         we announced goes on to the peers, as received (signed by the host), so that they
         stop deducting it at once rather than at peer_claim_ttl (design §5.2)."""
         msg = self.cache.ingest_control(body)
-        if (type(msg) is ClaimResult and not msg.accepted and self._peer_server is not None
+        if (type(msg) is ClaimResult and not msg.accepted and self._announcer is not None
                 and msg.scheduler == self.name):
+            self._announcements.put(body)
+
+    def _announce(self) -> None:
+        """The announcer thread: claims and forwarded rejections to the live peers, in order."""
+        while (item := self._announcements.get()) is not None:
             peers = [p for p in self.peers if p != self.name]
-            if peers:
-                try:
-                    self.peer_api.forward(peers, body)
-                except Exception as exc:  # advice only: peers drop it at its ttl
-                    LOG.debug("scheduler %s could not forward the rejection of %s: %s",
-                              self.name, msg.claim_id, exc)
+            if not peers:
+                continue
+            try:
+                if type(item) is bytes:
+                    self.peer_api.forward(peers, item)
+                else:
+                    assert isinstance(item, Claim)
+                    self.claims_announced += self.peer_api.announce(peers, item)
+            except Exception as exc:  # advice only: a peer that misses it decides without
+                LOG.debug("scheduler %s could not announce to its peers: %s", self.name, exc)
 
     def _on_retention_gap(self, requested: int, first: int) -> None:
         self.retention_gaps += 1
