@@ -235,6 +235,10 @@ class HostStateCache:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
             return
+        if msg.scheduler == self.receiver.name:  # type: ignore[union-attr]
+            # our own announcement or forwarded rejection, fanned out to us too
+            self.control_received["peer_echo"] += 1
+            return
         self._peer_inbox.append((body, msg))
         if self.lock.acquire(blocking=False):
             try:

@@ -264,17 +264,18 @@ class SchedulerService:
             self._announcements.put(body)
 
     def _announce(self) -> None:
-        """The announcer thread: claims and forwarded rejections to the live peers, in order."""
+        """The announcer thread: claims and forwarded rejections to the peers, in order, one
+        fanout publish each (alone, nobody listens: nothing is sent)."""
         while (item := self._announcements.get()) is not None:
-            peers = [p for p in self.peers if p != self.name]
-            if not peers:
+            if not any(p != self.name for p in self.peers):
                 continue
             try:
                 if type(item) is bytes:
-                    self.peer_api.forward(peers, item)
+                    self.peer_api.forward(item)
                 else:
                     assert isinstance(item, Claim)
-                    self.claims_announced += self.peer_api.announce(peers, item)
+                    self.peer_api.announce(item)
+                    self.claims_announced += 1
             except Exception as exc:  # advice only: a peer that misses it decides without
                 LOG.debug("scheduler %s could not announce to its peers: %s", self.name, exc)
 

@@ -11,8 +11,8 @@ server)``, where the server is the receiving party's own name:
 * :class:`SchedulerAPI` casts to ``(scheduler topic, scheduler name)``; the
   endpoint is :meth:`shared_host_manager.cache.HostStateCache.ingest_control`.
   Reporters answer through it.  A scheduler announces its claims to its live
-  peers through one on the topic :func:`peer_topic` (``(scheduler topic +
-  "-peers", peer name)``; endpoint
+  peers through one on the topic :func:`peer_topic` (a fanout cast to every
+  ``(scheduler topic + "-peers", peer name)``; endpoint
   :meth:`shared_host_manager.cache.HostStateCache.ingest_peer_claim`), so that
   an announcement never waits behind the claim results of the main topic.
 
@@ -26,7 +26,7 @@ travels in every message, so a receiver can refuse what it does not speak):
   reporter -> scheduler: claim_result (accepted, or rejected with a
   correction), resync_answer.
 * 1.1 – scheduler -> scheduler: claim, as sent to its reporter but without the
-  build request, cast to every live peer on the peer topic (``[cache]
+  build request, fanned out to the schedulers on the peer topic (``[cache]
   announce_claims``), and the host's claim_result rejecting it, forwarded as
   received; a scheduler that predates it has no server there.
 """
@@ -34,7 +34,6 @@ travels in every message, so a receiver can refuse what it does not speak):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 
 from protocol.codec import Encoder
 from protocol.messages import Claim, ClaimResult, ResyncAnswer, ResyncRequest
@@ -77,23 +76,14 @@ class SchedulerAPI:
     def send(self, scheduler: str, message: ClaimResult | ResyncAnswer) -> None:
         self._client.cast(self.topic, scheduler, self._encoder.encode(message))
 
-    def announce(self, peers: Iterable[str], claim: Claim) -> int:
-        """Cast ``claim`` (a scheduler's own, its build request left out) to each of ``peers``;
-        encoded once.  Returns the number of casts."""
-        body = None
-        sent = 0
-        for peer in peers:
-            if body is None:
-                body = self._encoder.encode(dataclasses.replace(claim, request={}))
-            self._client.cast(self.topic, peer, body)
-            sent += 1
-        return sent
+    def announce(self, claim: Claim) -> None:
+        """Fan ``claim`` (a scheduler's own, its build request left out) out to every
+        scheduler listening on this topic: one publish, whatever their number."""
+        self._client.fanout(self.topic, self._encoder.encode(dataclasses.replace(claim, request={})))
 
-    def forward(self, peers: Iterable[str], body: bytes) -> None:
-        """Cast a message as received (a host's signed rejection of one of our claims) to
-        each of ``peers``."""
-        for peer in peers:
-            self._client.cast(self.topic, peer, body)
+    def forward(self, body: bytes) -> None:
+        """Fan a message out as received (a host's signed rejection of one of our claims)."""
+        self._client.fanout(self.topic, body)
 
 
 __all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI", "peer_topic"]
