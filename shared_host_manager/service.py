@@ -17,12 +17,11 @@ Life cycle::
                                   (shared_host_manager.membership)
                decisions      --> under cache.lock, from any thread
                claims         --> cast to the reporter of the host; with
-                                  ``announce_claims``, queued for the announcer
-               announcer      --> every claim, then the host's rejection of it,
-                                  cast to every live peer (design §5.2: peers
-                                  deduct it until the host's delta lists it);
-                                  off the caller's path, whose cast to the
-                                  reporter is what its request waits for
+                                  ``announce_claims``, then one fanout cast to
+                                  the peers (design §5.2: they deduct it until
+                                  the host's delta lists it)
+               announcer      --> the host's rejection of a claim, forwarded to
+                                  the peers off the control server's thread
       stop():  publish "leaving" (peers take this scheduler's hosts over), stop
                the stream consumer, the control server and the timers, write a
                last snapshot, close the client.
@@ -148,7 +147,7 @@ class SchedulerService:
         self.announce_claims = announce_claims
         self.claims_announced = 0
         self._peer_server: ControlServer | None = None
-        self._announcements: queue.SimpleQueue[Claim | bytes | None] = queue.SimpleQueue()
+        self._announcements: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._announcer: threading.Thread | None = None
 
     @property
@@ -242,16 +241,23 @@ class SchedulerService:
 
     def send_claim(self, claim: Claim) -> bool:
         """Cast a claim (with its build request) to the reporter of its source; with
-        ``announce_claims``, hand it to the announcer for the live peers (at most once,
-        like every cast: a peer that misses it decides as it would without, design §5.2)."""
+        ``announce_claims``, then announce it to the peers: one fanout cast from this
+        thread, at once (a hop to the announcer thread measured later, and more claims
+        rejected, in-process), at most once like every cast: a peer that misses it decides
+        as it would without (design §5.2)."""
         endpoint = self.cache.endpoint_of(claim.source)
         if endpoint is None:
             return False
         self.reporter_api.claim(endpoint, claim)
         if self.recorder is not None:
             self.recorder.sent(endpoint, claim, self.clock())
-        if self._announcer is not None:
-            self._announcements.put(claim)
+        if self._announcer is not None and any(p != self.name for p in self.peers):
+            try:
+                self.peer_api.announce(claim)
+                self.claims_announced += 1
+            except Exception as exc:  # advice only: the claim itself is on its way
+                LOG.debug("scheduler %s could not announce claim %s: %s", self.name,
+                          claim.claim_id, exc)
         return True
 
     def _on_control(self, body: bytes) -> None:
@@ -264,20 +270,15 @@ class SchedulerService:
             self._announcements.put(body)
 
     def _announce(self) -> None:
-        """The announcer thread: claims and forwarded rejections to the peers, in order, one
-        fanout publish each (alone, nobody listens: nothing is sent)."""
+        """The announcer thread: forwarded rejections to the peers, in order, one fanout
+        publish each (alone, nobody listens: nothing is sent)."""
         while (item := self._announcements.get()) is not None:
             if not any(p != self.name for p in self.peers):
                 continue
             try:
-                if type(item) is bytes:
-                    self.peer_api.forward(item)
-                else:
-                    assert isinstance(item, Claim)
-                    self.peer_api.announce(item)
-                    self.claims_announced += 1
-            except Exception as exc:  # advice only: a peer that misses it decides without
-                LOG.debug("scheduler %s could not announce to its peers: %s", self.name, exc)
+                self.peer_api.forward(item)
+            except Exception as exc:  # advice only: peers drop it at its ttl
+                LOG.debug("scheduler %s could not forward a rejection: %s", self.name, exc)
 
     def _on_retention_gap(self, requested: int, first: int) -> None:
         self.retention_gaps += 1
