@@ -44,6 +44,25 @@ A claim is retired exactly once, in the same step that makes its consumption
 part of the document, so the usable view (document minus this scheduler's own
 pending claims) never subtracts a claim twice nor forgets it early.
 
+Peer claims (docs/design.md §5.2): a live peer casts every claim it sends to
+its host to this scheduler too, so that a decision taken here in the few
+milliseconds before the host's delta arrives already sees it::
+
+    a peer's Claim --> HELD (deducted like our own, but never an outcome)
+                         |---(delta or snapshot lists it)-------> gone (now in the document)
+                         |---(the host's rejection, forwarded)--> gone (its correction is
+                         |                                         the peer's, not applied)
+                         |---(peer_claim_ttl passes, at a tick)-> gone (the verdict or the
+                         |                                         delta was lost)
+                         +---(source's epoch changes, forget())-> gone
+
+A peer claim that arrives after the host already included it (its instance is
+in the document) or rejected it (the last ``PEER_REJECTIONS_KEPT`` rejections
+are remembered), on another epoch, or for a source without a document, is
+ignored: it would count twice or against a past.  It is advice: losing it
+costs at most the rejection it would have avoided; a rejected one whose verdict
+is lost holds its resources here for at most ``peer_claim_ttl``.
+
 Rules: the clock is an argument; nothing here does I/O; every step returns
 the :class:`~protocol.messages.Send` instructions (resync requests) it needs.
 The edge drains :meth:`ReceiverMachine.drain_changed` (sources whose view
@@ -67,7 +86,7 @@ from typing import TypedDict
 
 from protocol.document import CanonicalCache, Document, apply_ops, copy_document
 from protocol.errors import LocalProtocolError
-from protocol.hostdoc import said_goodbye
+from protocol.hostdoc import INSTANCES, said_goodbye
 from protocol.messages import (
     NO_EPOCH,
     Batch,
@@ -141,6 +160,9 @@ class SourceView:
     want_full: bool = False
     pending: dict[str, PendingClaim] = field(default_factory=dict)
     pending_usage: dict[str, int] = field(default_factory=dict)
+    #: the claims live peers announced on this source and its delta has not listed yet
+    peer: dict[str, PendingClaim] = field(default_factory=dict)
+    peer_usage: dict[str, int] = field(default_factory=dict)
     _digest: bytes | None = None
     _canonical: CanonicalCache = field(default_factory=CanonicalCache)
 
@@ -216,7 +238,13 @@ STAT_KEYS = (
     "resyncs_requested", "heartbeat_resyncs", "divergences", "epochs_changed", "went_down",
     "came_up", "goodbyes", "claims_added", "claims_included", "claims_rejected", "claims_expired",
     "claims_epoch_retired", "claims_cancelled", "claim_results_late", "claim_results_foreign",
+    "peer_claims", "peer_claims_included", "peer_claims_rejected", "peer_claims_expired",
+    "peer_claims_ignored",
 )
+
+
+#: how many rejections of peers' claims a receiver remembers (see ReceiverMachine._peer_claim)
+PEER_REJECTIONS_KEPT = 4096
 
 
 class ReceiverParams(TypedDict, total=False):
@@ -229,6 +257,7 @@ class ReceiverParams(TypedDict, total=False):
     resync_backoff_max: float
     down_interval: float
     claim_deadline: float
+    peer_claim_ttl: float
 
 
 class ReceiverMachine:
@@ -244,6 +273,7 @@ class ReceiverMachine:
         resync_backoff_max: float = 10.0,
         down_interval: float = 30.0,
         claim_deadline: float = 30.0,
+        peer_claim_ttl: float = 1.0,
         planted: frozenset[PlantedBug] = frozenset(),
     ) -> None:
         self.name = name
@@ -259,6 +289,12 @@ class ReceiverMachine:
         self.resync_backoff_max = resync_backoff_max
         self.down_interval = down_interval
         self.claim_deadline = claim_deadline
+        #: seconds a peer's announced claim is deducted at most (its host's delta normally
+        #: retires it within tens of milliseconds; a rejected or lost one lingers this long)
+        self.peer_claim_ttl = peer_claim_ttl
+        #: ids of the peer claims whose rejection we heard, oldest first: an announcement
+        #: overtaken by its verdict must not be held
+        self._peer_rejected: dict[str, None] = {}
         self.sources: dict[str, SourceView] = {}
         self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
         self._troubled: set[str] = set()
@@ -322,6 +358,8 @@ class ReceiverMachine:
                 self._settle(view, now, out)
         elif isinstance(msg, ClaimResult):
             self._claim_result(msg, now, out)
+        elif type(msg) is Claim:
+            self._peer_claim(msg, now)
         else:
             raise LocalProtocolError(f"a receiver does not handle {t.__name__}")
         return out
@@ -419,6 +457,10 @@ class ReceiverMachine:
             for claim_id in delta.claims:
                 if claim_id in view.pending:
                     self._retire(view, claim_id, Outcome.INCLUDED)
+        if delta.claims and view.peer:
+            for claim_id in delta.claims:
+                if claim_id in view.peer:
+                    self._drop_peer(view, claim_id, "peer_claims_included")
 
     def _drain_buffer(self, view: SourceView, doc: Document) -> None:
         buffer = view.buffer
@@ -452,6 +494,9 @@ class ReceiverMachine:
             for claim_id in [] if self._bug_epoch else list(view.pending):
                 self._retire(view, claim_id,
                              Outcome.INCLUDED if claim_id in listed else Outcome.EPOCH_CHANGED)
+            for claim_id in list(view.peer):
+                self._drop_peer(view, claim_id, "peer_claims_included" if claim_id in listed
+                                else "peer_claims_expired")
             view.buffer.clear()
         previous = view.doc
         view.doc = doc = copy_document(snap.doc)
@@ -468,6 +513,10 @@ class ReceiverMachine:
             for claim_id in snap.claims:
                 if claim_id in view.pending:
                     self._retire(view, claim_id, Outcome.INCLUDED)
+        if view.peer:
+            for claim_id in snap.claims:
+                if claim_id in view.peer:
+                    self._drop_peer(view, claim_id, "peer_claims_included")
         self._drain_buffer(view, doc)
         self._settle(view, now, out)
 
@@ -577,11 +626,59 @@ class ReceiverMachine:
         if self._observer is not None:
             self._observer.claim_resolved(claim_id, view.source, outcome)
 
+    def _peer_claim(self, claim: Claim, now: float) -> None:
+        """A live peer's claim, announced to us: deduct it until its host lists it (module
+        docstring).  Not our ledger: it never yields an outcome, and our tracker never sees it."""
+        view = self.sources.get(claim.source)
+        if (claim.scheduler == self.name or view is None or view.doc is None
+                or claim.epoch != view.epoch or claim.claim_id in view.pending
+                or claim.claim_id in self._peer_rejected
+                or (claim.instance and claim.instance in (view.doc.get(INSTANCES) or {}))):
+            # ours (echoed back), a source or epoch we do not hold, already rejected or
+            # already included
+            self.stats["peer_claims_ignored"] += 1
+            return
+        if claim.claim_id in view.peer:
+            self.stats["duplicates"] += 1
+            return
+        deadline = now + self.peer_claim_ttl
+        view.peer[claim.claim_id] = PendingClaim(claim, deadline)
+        usage = view.peer_usage
+        for resource, amount in claim.resources.items():
+            usage[resource] = usage.get(resource, 0) + amount
+        heapq.heappush(self._deadlines, (deadline, claim.claim_id, claim.source))
+        self.stats["peer_claims"] += 1
+        self._changed.add(claim.source)
+
+    def _drop_peer(self, view: SourceView, claim_id: str, counter: str) -> None:
+        held = view.peer.pop(claim_id)
+        usage = view.peer_usage
+        for resource, amount in held.claim.resources.items():
+            left = usage.get(resource, 0) - amount
+            if left:
+                usage[resource] = left
+            else:
+                usage.pop(resource, None)
+        self.stats[counter] += 1
+        self._changed.add(view.source)
+
     def _claim_result(self, result: ClaimResult, now: float, out: list[Send]) -> None:
         if result.scheduler != self.name:
-            # an answer to another scheduler's claim (misrouted, or replayed at us): none
-            # of it is ours to apply, not even its correction (design §7.4)
-            self.stats["claim_results_foreign"] += 1
+            # an answer to another scheduler's claim: none of it is ours to apply, not even
+            # its correction (design §7.4); but the host's rejection of a peer claim we hold
+            # (forwarded by that peer, design §5.2) ends it
+            view = self.sources.get(result.source)
+            if result.accepted or view is None:
+                self.stats["claim_results_foreign"] += 1
+                return
+            rejected = self._peer_rejected
+            rejected[result.claim_id] = None
+            while len(rejected) > PEER_REJECTIONS_KEPT:
+                del rejected[next(iter(rejected))]
+            if result.claim_id in view.peer:
+                self._drop_peer(view, result.claim_id, "peer_claims_rejected")
+            else:  # not held (yet): remembered, so that a late announcement is ignored
+                self.stats["claim_results_foreign"] += 1
             return
         view = self.sources.get(result.source)
         if view is None:
@@ -623,6 +720,10 @@ class ReceiverMachine:
             pending = view.pending.get(claim_id)
             if pending is not None and pending.deadline <= now:
                 self._retire(view, claim_id, Outcome.EXPIRED)
+                continue
+            held = view.peer.get(claim_id)
+            if held is not None and held.deadline <= now:
+                self._drop_peer(view, claim_id, "peer_claims_expired")
         for source in list(self._troubled):
             view = self.sources[source]
             if view.buffer and view.gap_since is not None and view.gap_since + self.reorder_timeout <= now:

@@ -37,6 +37,7 @@ own lock for writing.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import logging
@@ -55,6 +56,7 @@ from protocol.errors import ProtocolError
 from protocol.hostdoc import endpoint_of
 from protocol.messages import (
     Batch,
+    Claim,
     ClaimResult,
     Delta,
     Heartbeat,
@@ -72,6 +74,9 @@ LOG = logging.getLogger(__name__)
 STATE_FORMAT = 2
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
 _CONTROL_TYPES = (ResyncAnswer, ClaimResult)
+#: on the peer topic: a live peer's claim, announced, or the host's rejection of it, forwarded
+#: by that peer (design §5.2)
+_PEER_TYPES = (Claim, ClaimResult)
 
 
 class CacheObserver(ReceiverObserver):
@@ -121,6 +126,8 @@ class HostStateCache:
     ) -> None:
         self.receiver = receiver
         self.lock = threading.RLock()
+        #: peers' claims received while the lock was taken (see ingest_control)
+        self._peer_inbox: collections.deque[tuple[bytes, Message]] = collections.deque()
         self._send = send
         self._decoder = decoder or Decoder()
         self.clock = clock
@@ -176,6 +183,7 @@ class HostStateCache:
             decoded.append((body, offset, msg))
         sends: list[Send] = []
         with self.lock:
+            self.apply_peer_claims()
             receive = self.receiver.receive
             recorder = self.recorder
             for body, offset, msg in decoded:
@@ -196,14 +204,16 @@ class HostStateCache:
             LOG.error("host state divergence: %s", alert)
         self._dispatch(sends)
 
-    def ingest_control(self, body: bytes) -> None:
+    def ingest_control(self, body: bytes) -> Message | None:
+        """A claim result or resync answer; returns it decoded (None: dropped)."""
         msg = self._decode(body, _CONTROL_TYPES, "control plane")
         if msg is None:
             if self.recorder is not None:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
-            return
+            return None
         with self.lock:
+            self.apply_peer_claims()
             now = self.clock()
             sends = self.receiver.receive(msg, now)
             if self.recorder is not None:
@@ -215,9 +225,49 @@ class HostStateCache:
                 self.control_received["resync_answer"] += 1
             self._notify()
         self._dispatch(sends)
+        return msg
+
+    def ingest_peer_claim(self, body: bytes) -> None:
+        """A live peer's claim, announced to us, or the host's rejection of one, forwarded
+        by that peer (the peer topic's server, design §5.2).
+
+        It counts only if it is in the view before our next decision: rather than wait
+        for the lock behind a decision or a stream batch, it joins an inbox that whoever
+        takes the lock next applies first, and is applied at once if the lock is free."""
+        msg = self._decode(body, _PEER_TYPES, "peer topic")
+        if msg is None:
+            if self.recorder is not None:
+                with self.lock:
+                    self.recorder.dropped(body, "control", None, self.clock())
+            return
+        if msg.scheduler == self.receiver.name:  # type: ignore[union-attr]
+            # our own announcement or forwarded rejection, fanned out to us too
+            self.control_received["peer_echo"] += 1
+            return
+        self._peer_inbox.append((body, msg))
+        if self.lock.acquire(blocking=False):
+            try:
+                self.apply_peer_claims()
+            finally:
+                self.lock.release()
+
+    def apply_peer_claims(self) -> None:
+        """Apply the peers' claims waiting in the inbox (under the lock; every step that
+        takes the lock, and a decision before it reads the view, calls this first).
+        Each is recorded as a control message received at the moment it is applied."""
+        inbox = self._peer_inbox
+        while inbox:
+            body, msg = inbox.popleft()
+            now = self.clock()
+            sends = self.receiver.receive(msg, now)
+            if self.recorder is not None:
+                self.recorder.control(body, now, sends)
+            self.messages += 1
+            self.control_received["peer_claim" if type(msg) is Claim else "peer_rejection"] += 1
 
     def tick(self) -> None:
         with self.lock:
+            self.apply_peer_claims()
             now = self.clock()
             sends = self.receiver.tick(now)
             if self.recorder is not None:

@@ -16,6 +16,12 @@ Life cycle::
                                   membership_interval and the live peers
                                   (shared_host_manager.membership)
                decisions      --> under cache.lock, from any thread
+               claims         --> cast to the reporter of the host; with
+                                  ``announce_claims``, then one fanout cast to
+                                  the peers (design §5.2: they deduct it until
+                                  the host's delta lists it)
+               announcer      --> the host's rejection of a claim, forwarded to
+                                  the peers off the control server's thread
       stop():  publish "leaving" (peers take this scheduler's hosts over), stop
                the stream consumer, the control server and the timers, write a
                last snapshot, close the client.
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from collections import Counter
@@ -52,7 +59,7 @@ from typing import Any, Unpack
 from oslo_config import cfg
 
 from protocol.codec import Decoder, Encoder
-from protocol.messages import Claim, Message, ResyncRequest
+from protocol.messages import Claim, ClaimResult, Message, ResyncRequest
 from protocol.receiver import ReceiverMachine, ReceiverParams
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.conf import cache as cache_conf
@@ -69,7 +76,7 @@ from transport.base import (
     StreamPublisher,
 )
 from transport.metrics import Histogram
-from transport.rpcapi import ReporterAPI
+from transport.rpcapi import ReporterAPI, SchedulerAPI, peer_topic
 from transport.startup import check_state_dir
 
 LOG = logging.getLogger(__name__)
@@ -100,6 +107,7 @@ class SchedulerService:
         known_sources: Mapping[str, str] | None = None,
         recorder: CacheObserver | None = None,
         membership_interval: float | None = None,
+        announce_claims: bool = True,
         **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
@@ -135,6 +143,12 @@ class SchedulerService:
         self.membership_interval = membership_interval
         self.membership: MembershipPublisher | None = None
         self._next_peer_scan = 0.0
+        #: cast every claim to the live peers too (they deduct it until its host lists it)
+        self.announce_claims = announce_claims
+        self.claims_announced = 0
+        self._peer_server: ControlServer | None = None
+        self._announcements: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._announcer: threading.Thread | None = None
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -155,11 +169,20 @@ class SchedulerService:
             check_state_dir(os.path.dirname(self._state_path), "[cache] state_dir")
         self._client = self._control_plane.control_client()
         self.reporter_api = ReporterAPI(self._client, self._encoder, self._reporter_topic)
+        self.peer_api = SchedulerAPI(self._client, self._encoder, peer_topic(self._scheduler_topic))
         offset = self.cache.load(self._state_path) if self._state_path else None
         self.resumed_from = offset
         self._server = self._control_plane.control_server(
-            self._scheduler_topic, self.name, self.cache.ingest_control)
+            self._scheduler_topic, self.name, self._on_control)
         self._server.start()
+        if self.announce_claims and self.membership_interval is not None:
+            # a server of its own: an announcement must not queue behind claim results
+            self._peer_server = self._control_plane.control_server(
+                peer_topic(self._scheduler_topic), self.name, self.cache.ingest_peer_claim)
+            self._peer_server.start()
+            self._announcer = threading.Thread(target=self._announce, daemon=True,
+                                               name=f"scheduler-{self.name}-announcer")
+            self._announcer.start()
         self._consumer = self._data_plane.stream_consumer(on_retention_gap=self._on_retention_gap)
         if offset is None and self._known_sources:
             self._consumer.start(self.cache.ingest_stream, "next", on_batch=self.cache.ingest_stream_batch)
@@ -190,6 +213,12 @@ class SchedulerService:
             self._publisher.close()
         self._consumer.stop()
         self._server.stop()
+        if self._peer_server is not None:
+            self._peer_server.stop()
+        if self._announcer is not None:
+            self._announcements.put(None)
+            self._announcer.join(timeout=10)
+            self._announcer = None
         self._stop.set()
         if self._timer is not None:
             self._timer.join(timeout=10)
@@ -211,14 +240,45 @@ class SchedulerService:
             raise TypeError(f"a scheduler does not send {type(message).__name__}")
 
     def send_claim(self, claim: Claim) -> bool:
-        """Cast a claim (with its build request) to the reporter of its source."""
+        """Cast a claim (with its build request) to the reporter of its source; with
+        ``announce_claims``, then announce it to the peers: one fanout cast from this
+        thread, at once (a hop to the announcer thread measured later, and more claims
+        rejected, in-process), at most once like every cast: a peer that misses it decides
+        as it would without (design §5.2)."""
         endpoint = self.cache.endpoint_of(claim.source)
         if endpoint is None:
             return False
         self.reporter_api.claim(endpoint, claim)
         if self.recorder is not None:
             self.recorder.sent(endpoint, claim, self.clock())
+        if self._announcer is not None and any(p != self.name for p in self.peers):
+            try:
+                self.peer_api.announce(claim)
+                self.claims_announced += 1
+            except Exception as exc:  # advice only: the claim itself is on its way
+                LOG.debug("scheduler %s could not announce claim %s: %s", self.name,
+                          claim.claim_id, exc)
         return True
+
+    def _on_control(self, body: bytes) -> None:
+        """The control server's handler: the cache ingests; the host's rejection of a claim
+        we announced goes on to the peers, as received (signed by the host), so that they
+        stop deducting it at once rather than at peer_claim_ttl (design §5.2)."""
+        msg = self.cache.ingest_control(body)
+        if (type(msg) is ClaimResult and not msg.accepted and self._announcer is not None
+                and msg.scheduler == self.name):
+            self._announcements.put(body)
+
+    def _announce(self) -> None:
+        """The announcer thread: forwarded rejections to the peers, in order, one fanout
+        publish each (alone, nobody listens: nothing is sent)."""
+        while (item := self._announcements.get()) is not None:
+            if not any(p != self.name for p in self.peers):
+                continue
+            try:
+                self.peer_api.forward(item)
+            except Exception as exc:  # advice only: peers drop it at its ttl
+                LOG.debug("scheduler %s could not forward a rejection: %s", self.name, exc)
 
     def _on_retention_gap(self, requested: int, first: int) -> None:
         self.retention_gaps += 1
@@ -314,6 +374,7 @@ class SchedulerService:
                 "retention_gaps": self.retention_gaps,
                 "decisions": dict(self.decisions),
                 "peers": list(self.peers),
+                "claims_announced": self.claims_announced,
                 "save_failures": self.save_failures,
                 "last_save_error": self.last_save_error,
                 "last_saved_at": self.last_saved_at,
@@ -352,4 +413,5 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         reorder_timeout=group.reorder_timeout, resync_timeout=group.resync_timeout,
         resync_backoff_max=group.resync_backoff_max, down_interval=group.down_interval,
         claim_deadline=group.claim_deadline, recorder=recorder,
-        membership_interval=group.membership_interval or None)
+        membership_interval=group.membership_interval or None,
+        announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl)

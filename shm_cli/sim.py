@@ -74,6 +74,9 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p.add_argument("--no-peer-ownership", dest="peer_ownership", action="store_false",
                    help="shared mode: do not tell schedulers about each other (each then picks "
                         "only by host_subset_choice)")
+    p.add_argument("--no-announce-claims", dest="announce_claims", action="store_false",
+                   help="shared mode: schedulers do not cast their claims to their peers "
+                        "([cache] announce_claims = false)")
     p.add_argument("--record", metavar="DIR",
                    help="write an update log of every party into DIR/<host manager>/ "
                         "(replay with: shm replay DIR/shared)")

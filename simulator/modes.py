@@ -74,6 +74,8 @@ class ModeSettings:
     down_interval: float = 6.0
     claim_deadline: float = 30.0
     refresh_interval: float = 60.0
+    #: shared mode: cast every claim to the live peers too ([cache] announce_claims)
+    announce_claims: bool = True
 
 
 class SharedScheduler(SchedulerManager):
@@ -84,7 +86,7 @@ class SharedScheduler(SchedulerManager):
             s.name, data, control, reporter_topic=s.reporter_topic,
             scheduler_topic=s.scheduler_topic, down_interval=s.down_interval,
             claim_deadline=s.claim_deadline, reorder_timeout=0.1, resync_timeout=1.0,
-            membership_interval=MEMBERSHIP_INTERVAL)
+            membership_interval=MEMBERSHIP_INTERVAL, announce_claims=s.announce_claims)
         super().__init__(service, config=s.config, rng=random.Random(f"{s.seed}-{s.name}"),
                          request_timeout=REQUEST_TIMEOUT)
         self.engine.live_schedulers = s.live_schedulers

@@ -54,6 +54,7 @@ from simulator.modes import DatabaseScheduler, ModeSettings, Outcome, SharedSche
 from simulator.run_transport import RunTransport
 from simulator.topology import build_cloud
 from simulator.workload import Workload
+from transport.rpcapi import peer_topic
 
 NVH_ORACLE_CHECKS = 50
 
@@ -86,6 +87,8 @@ class SimConfig(RunShape):
     host_subset_size: int | None = None
     host_subset_choice: str = "rendezvous"
     peer_ownership: bool = True
+    #: shared mode: schedulers announce their claims to their live peers (design §5.2)
+    announce_claims: bool = True
     #: directory for update logs of every party (shm replay reads them)
     record: str | None = None
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
@@ -380,9 +383,12 @@ class Simulation:
         rtopic, stopic = self.transport.topics
         settings = [ModeSettings(f"{self.mode}-{i}", stopic, rtopic, cfg.schedulers, cfg.seed,
                                  self._scheduler_config(), down_interval=3 * cfg.heartbeat_interval,
-                                 refresh_interval=cfg.refresh_interval)
+                                 refresh_interval=cfg.refresh_interval,
+                                 announce_claims=cfg.announce_claims)
                     for i in range(cfg.schedulers)]
-        self.transport.queues.extend(f"{stopic}.{s.name}" for s in settings)
+        self.transport.queues.extend(f"{topic}.{s.name}" for s in settings
+                                     for topic in (stopic, peer_topic(stopic)))
+        self.transport.queues.append(peer_topic(stopic))
         return settings
 
     def _start_schedulers(self) -> None:

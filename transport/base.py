@@ -260,6 +260,11 @@ class ControlClient(Protocol):
         """
         ...
 
+    def fanout(self, topic: str, body: bytes) -> None:
+        """Send *body* once to every server listening on *topic*, the sender's own
+        included (one publish, whatever their number); at most once, like a cast."""
+        ...
+
     def close(self) -> None:
         """Release the client's resources; idempotent."""
         ...

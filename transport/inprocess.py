@@ -277,6 +277,14 @@ class InProcessBus:
             if server in self._servers:
                 self._servers.remove(server)
 
+    def _fanout(self, topic: str, body: bytes) -> None:
+        # to the servers listening now (RabbitMQ's fanout queues leave with their consumer)
+        with self._lock:
+            servers = [s for (t, s), inbox in self._inboxes.items()
+                       if t == topic and inbox.server is not None]
+        for server in servers:
+            self._cast(topic, server, body)
+
     def _cast(self, topic: str, server: str, body: bytes) -> None:
         inbox = self._inboxes.get((topic, server))
         if inbox is None:
@@ -593,6 +601,11 @@ class InProcessControlClient:
         if self._closed:
             raise CastError("control client is closed")
         self._bus._cast(topic, server, _as_bytes(body))
+
+    def fanout(self, topic: str, body: bytes) -> None:
+        if self._closed:
+            raise CastError("control client is closed")
+        self._bus._fanout(topic, _as_bytes(body))
 
     def close(self) -> None:
         self._closed = True

@@ -211,6 +211,23 @@ class OsloControlClient:
         self.casts += 1
         self.cast_bytes += len(body)
 
+    def fanout(self, topic: str, body: bytes) -> None:
+        """One publish to the topic's fanout exchange, which every RPC server of the topic
+        consumes from."""
+        if self._closed:
+            raise CastError("control client is closed")
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise TypeError(f"cast body must be bytes, got {type(body).__name__}")
+        encoded = base64.b64encode(body).decode("ascii")
+        try:
+            self._client.prepare(
+                topic=topic, fanout=True, retry=self._plane.cast_retry,
+            ).cast({}, _METHOD, body=encoded)
+        except oslo_messaging.MessagingException as exc:
+            raise CastError(f"fanout cast to {topic} failed: {exc}") from exc
+        self.casts += 1
+        self.cast_bytes += len(body)
+
     def close(self) -> None:
         # The transport is the plane's; the client holds nothing else.
         self._closed = True

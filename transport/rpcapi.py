@@ -10,6 +10,11 @@ server)``, where the server is the receiving party's own name:
   endpoint is :meth:`compute_reporter.manager.ReporterManager.handle`.
 * :class:`SchedulerAPI` casts to ``(scheduler topic, scheduler name)``; the
   endpoint is :meth:`shared_host_manager.cache.HostStateCache.ingest_control`.
+  Reporters answer through it.  A scheduler announces its claims to its live
+  peers through one on the topic :func:`peer_topic` (a fanout cast to every
+  ``(scheduler topic + "-peers", peer name)``; endpoint
+  :meth:`shared_host_manager.cache.HostStateCache.ingest_peer_claim`), so that
+  an announcement never waits behind the claim results of the main topic.
 
 Both clients live here, below the reporter and the scheduler packages, so
 neither side imports the other (docs/design.md §7, the wire).
@@ -20,9 +25,15 @@ travels in every message, so a receiver can refuse what it does not speak):
 * 1.0 – scheduler -> reporter: claim (with its build request), resync_request;
   reporter -> scheduler: claim_result (accepted, or rejected with a
   correction), resync_answer.
+* 1.1 – scheduler -> scheduler: claim, as sent to its reporter but without the
+  build request, fanned out to the schedulers on the peer topic (``[cache]
+  announce_claims``), and the host's claim_result rejecting it, forwarded as
+  received; a scheduler that predates it has no server there.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from protocol.codec import Encoder
 from protocol.messages import Claim, ClaimResult, ResyncAnswer, ResyncRequest
@@ -31,6 +42,11 @@ from transport.base import ControlClient
 #: default topics (``[control_plane] reporter_topic`` / ``scheduler_topic``)
 REPORTER_TOPIC = "shm-reporter"
 SCHEDULER_TOPIC = "shm-scheduler"
+
+
+def peer_topic(scheduler_topic: str) -> str:
+    """The topic schedulers announce their claims to each other on."""
+    return f"{scheduler_topic}-peers"
 
 
 class ReporterAPI:
@@ -60,5 +76,14 @@ class SchedulerAPI:
     def send(self, scheduler: str, message: ClaimResult | ResyncAnswer) -> None:
         self._client.cast(self.topic, scheduler, self._encoder.encode(message))
 
+    def announce(self, claim: Claim) -> None:
+        """Fan ``claim`` (a scheduler's own, its build request left out) out to every
+        scheduler listening on this topic: one publish, whatever their number."""
+        self._client.fanout(self.topic, self._encoder.encode(dataclasses.replace(claim, request={})))
 
-__all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI"]
+    def forward(self, body: bytes) -> None:
+        """Fan a message out as received (a host's signed rejection of one of our claims)."""
+        self._client.fanout(self.topic, body)
+
+
+__all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI", "peer_topic"]

@@ -81,6 +81,22 @@ this process decides: a cache that only watches (``shm scheduler``) or decides
 with nova's own weighers (``nova-scheduler-shared``) must not take a share of
 the hosts.
 """),
+    cfg.BoolOpt("announce_claims", default=True,
+                help="""
+Cast every claim this scheduler sends to its host to its live peers too (those
+known from ``membership_interval``; none without it). A peer deducts the claim
+in its view until the host's next delta lists it, instead of deciding on the
+same capacity in the milliseconds before that delta arrives: most claims
+rejected between active-active schedulers are decided in that window. One
+extra cast per peer per claim; the build request is not sent.
+"""),
+    cfg.FloatOpt("peer_claim_ttl", default=1.0, min=0.0,
+                 help="""
+Seconds at most a peer's announced claim is deducted. Its host's delta retires
+it sooner (tens of milliseconds); one the host rejected, or whose delta was
+lost, holds its resources in this view until then. Keep it above the time a
+claim's delta takes to reach the schedulers.
+"""),
 ]
 
 

@@ -52,15 +52,30 @@ _EMPTY: Mapping[str, Any] = {}
 def pending_counts(view: SourceView) -> tuple[int, int, tuple[str, ...]]:
     """(claims, claims that create an instance, their instance uuids) pending in ``view``.
 
-    A pending claim is a build this scheduler sent and the host has not yet
-    reported: it counts as an io op and, if it names an instance, as an
-    instance on the host, exactly as nova's consume_from_request counts them.
+    A pending claim is a build this scheduler sent, or one a live peer announced
+    (docs/design.md §5.2), that the host has not yet reported: it counts as an io
+    op and, if it names an instance, as an instance on the host, exactly as nova's
+    consume_from_request counts them.
     """
-    pending = view.pending
-    if not pending:
+    pending, peer = view.pending, view.peer
+    if not pending and not peer:
         return 0, 0, ()
     insts = tuple(p.claim.instance for p in pending.values() if p.claim.instance)
-    return len(pending), len(insts), insts
+    if peer:
+        insts += tuple(p.claim.instance for p in peer.values() if p.claim.instance)
+    return len(pending) + len(peer), len(insts), insts
+
+
+def held_usage(view: SourceView) -> Mapping[str, int]:
+    """What the view's pending claims hold, ours and the live peers' announced ones, per
+    resource class: the usable view is the document minus this."""
+    peer = view.peer_usage
+    if not peer:
+        return view.pending_usage
+    merged = dict(view.pending_usage)
+    for resource, amount in peer.items():
+        merged[resource] = merged.get(resource, 0) + amount
+    return merged
 
 
 def fit_inputs(compute: Mapping[str, Any], resource: str, pending: int) -> tuple[float, int]:
@@ -159,7 +174,7 @@ class HostView:
         self.doc: Mapping[str, Any] = view.doc or _EMPTY
         self.compute = compute_of(self.doc)
         self.overlay = overlay
-        self._pending: dict[str, int] | None = None
+        self._pending: Mapping[str, int] | None = None
         self._counts: tuple[int, int, tuple[str, ...]] | None = None
         self._aggs: tuple[Aggregate, ...] | None = None
         self._instances: frozenset[str] | None = None
@@ -240,13 +255,15 @@ class HostView:
 
     @property
     def pending_usage(self) -> Mapping[str, int]:
-        """This scheduler's pending claims plus this request's scratch, per resource class."""
+        """The pending claims (ours, and the peers' announced ones) plus this request's
+        scratch, per resource class."""
         if self._pending is None:
             over = self.overlay
+            held = held_usage(self.view)
             if over is None or not over.resources:
-                self._pending = self.view.pending_usage
+                self._pending = held
             else:
-                merged = dict(self.view.pending_usage)
+                merged = dict(held)
                 for resource, amount in over.resources.items():
                     merged[resource] = merged.get(resource, 0) + amount
                 self._pending = merged
@@ -324,4 +341,4 @@ def host_views(
 
 
 __all__ = ["Consumption", "HasAggregates", "HasCapabilities", "HostView", "fit_inputs", "host_views",
-           "pending_counts", "weigher_inputs"]
+           "held_usage", "pending_counts", "weigher_inputs"]

@@ -66,7 +66,7 @@ from protocol.hostdoc import (
 )
 from protocol.receiver import ReceiverMachine, SourceView, Status
 from protocol.resources import STANDARD_RESOURCES
-from shared_host_manager.decision.hostview import fit_inputs, pending_counts, weigher_inputs
+from shared_host_manager.decision.hostview import fit_inputs, held_usage, pending_counts, weigher_inputs
 
 #: per-row columns of the index
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
@@ -359,7 +359,7 @@ class HostIndex:
         compute = doc["compute"]
         self.live[row] = True
         self.compute_ok[row] = view.status is Status.ACTIVE and enabled(service_of(doc))
-        pending = view.pending_usage
+        pending = held_usage(view)
         for resource in STANDARD_RESOURCES:
             cap, used = fit_inputs(compute, resource, pending.get(resource, 0))
             self.cap[resource][row] = cap

@@ -172,6 +172,8 @@ class SchedulerManager:
     def _decide(self, spec: RequestSpec, waiter: _Waiter) -> bool:
         """Decide ``spec`` under the lock; False when it failed at once (NoValidHost)."""
         with self.lock:
+            # the peers' claims that arrived while the lock was taken count in this decision
+            self.service.cache.apply_peer_claims()
             if self.follow_membership and self.service.peers != self._peers:
                 # a peer came or left: the hosts are shared out again among the live ones
                 self._peers = self.service.peers

@@ -189,7 +189,7 @@ REPORTER = "reporter"
 
 #: receiver parameters copied into a scheduler log's header (replay builds its receiver from them)
 RECEIVER_PARAMS = ("reorder_window", "reorder_timeout", "resync_timeout", "resync_backoff_max",
-                   "down_interval", "claim_deadline")
+                   "down_interval", "claim_deadline", "peer_claim_ttl")
 
 
 #: digest field of a view that holds no document yet (None means "not digested at this checkpoint")

@@ -24,6 +24,7 @@ from protocol.signing import Keyring
 from transport import no_eventlet  # noqa: F401  (before oslo_messaging)
 from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
 from transport.oslo_rpc import OsloRpcControlPlane
+from transport.rpcapi import peer_topic
 
 
 @pytest.fixture
@@ -232,3 +233,52 @@ def test_bad_input_on_the_real_bus_is_dropped_and_counted(planes, rabbit_url, st
         assert sched.running
     finally:
         _stop(reporter, sched)
+
+
+def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_broker_queues):
+    """[cache] announce_claims over oslo.messaging (design §5.2): a peer deducts an accepted
+    claim until its delta lists it, a rejected one until the host's rejection, forwarded by
+    the claimer, arrives (long before peer_claim_ttl here); a peer that has left only misses
+    the casts."""
+    data, control, topics = planes
+    reporter = make_reporter(data, control, "r0", hosts=5, seed=1, topics=topics)
+    s0, s1 = (make_scheduler(data, control, f"s{i}", topics=topics, membership_interval=0.5,
+                             peer_claim_ttl=60.0) for i in range(2))
+    _start(s0, s1, reporter)
+    try:
+        wait_for(lambda: all(s.peers == ("s0", "s1") for s in (s0, s1)), 30, "membership")
+        wait_for(lambda: len([v for v in s1.receiver.sources.values() if v.doc is not None]) >= 7,
+                 30, "sources")
+        quiesce([reporter])
+        source = sorted(s for s in s0.receiver.sources if not s.startswith("scheduler/"))[0]
+        ok = _claim(s0, source, {"vcpus": 1, "memory_mb": 512})
+        # held until its delta lists it, or already included when the cast arrived
+        wait_for(lambda: s1.receiver.stats["peer_claims"] + s1.receiver.stats["peer_claims_ignored"]
+                 >= 1, 20, "the announcement")
+        wait_for(lambda: ok.instance in (s1.receiver.sources[source].doc.get("instances") or {}),
+                 20, "the including delta")
+        with s1.cache.lock:
+            assert not s1.receiver.sources[source].peer
+            assert not s1.receiver.sources[source].peer_usage
+        too_big = _claim(s0, source, {"memory_mb": 10**9})
+        wait_for(lambda: (too_big.claim_id, source, Outcome.REJECTED) in s0.receiver.drain_outcomes()
+                 or not s0.receiver.sources[source].pending, 20, "rejection")
+        wait_for(lambda: s1.receiver.stats["peer_claims_rejected"] == 1, 20, "the rejection")
+        assert s1.cache.control_received["peer_claim"] == 2
+        assert s1.cache.control_received["peer_rejection"] == 1
+        assert s1.receiver.stats["peer_claims_expired"] == 0
+        assert not s1.cache.invalid
+        assert s0.figures()["claims_announced"] == 2
+        # one fanout publish per claim and rejection, which reaches the sender too
+        wait_for(lambda: s0.cache.control_received["peer_echo"] == 3, 20, "the echoes")
+        with s1.cache.lock:
+            assert not s1.receiver.sources[source].peer
+        # a peer gone: the casts go nowhere, the claim itself is arbitrated as ever
+        s1.stop()
+        third = _claim(s0, source, {"vcpus": 1, "memory_mb": 512})
+        wait_for(lambda: third.instance in (s0.receiver.sources[source].doc.get("instances") or {}),
+                 20, "a claim with the peer gone")
+    finally:
+        _stop(reporter, s0, s1)
+        peers = peer_topic(topics[1])
+        delete_broker_queues([peers, f"{peers}.s0", f"{peers}.s1"])

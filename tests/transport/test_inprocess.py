@@ -532,3 +532,19 @@ def test_sync_delivers_a_large_interleaved_backlog_in_order():
     bus.pump()
     assert len(offsets) == n
     assert offsets == sorted(set(offsets))
+
+
+def test_fanout_reaches_every_server_listening_on_the_topic_once(sync_bus):
+    got: dict[str, list[bytes]] = {"a": [], "b": [], "other": []}
+    servers = [sync_bus.control_server("peers", name, got[name].append) for name in ("a", "b")]
+    servers.append(sync_bus.control_server("elsewhere", "other", got["other"].append))
+    for s in servers:
+        s.start()
+    client = sync_bus.control_client()
+    client.fanout("peers", b"one")
+    servers[1].stop()  # a server that left gets nothing more (a fanout queue leaves with it)
+    client.fanout("peers", b"two")
+    for s in servers:
+        if s is not servers[1]:
+            s.poll()
+    assert got == {"a": [b"one", b"two"], "b": [], "other": []}
