@@ -201,6 +201,14 @@ class InProcessPlacement:
         conf.set_override("connection", db_url, group="placement_database")
         conf.set_override("sync_on_startup", True, group="placement_database")
         conf.set_override("auth_strategy", "noauth2", group="api")
+        # placement retries a claim that lost a provider generation race inside the request's
+        # own transaction, where the retry still sees its failed attempt's allocation rows (its
+        # "no worse than before" exemption then passes any amount) and, on REPEATABLE READ, the
+        # transaction's first snapshot: concurrent claims overcommit (README, "Known limits";
+        # tests/nova/test_placement_claims.py).  One attempt per request: the conflict goes back
+        # to nova as 409 placement.concurrent_update, and nova's report client retries the whole
+        # claim in a new transaction.
+        conf.set_override("allocation_conflict_retry_count", 1, group="placement")
         conf([], project="placement", default_config_files=[], default_config_dirs=[])
         db_api.configure(conf)
         inner = deploy.loadapp(conf)
