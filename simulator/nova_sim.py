@@ -96,6 +96,7 @@ class _Metrics:
     compute_rejected: int = 0
     claims: int = 0
     claims_refused: int = 0
+    claim_conflicts: int = 0
     #: servers placed for a request with an availability zone / whose flavor asks for aggregate
     #: metadata, and those of them on a host outside the zone or without the metadata
     az_servers: int = 0
@@ -225,6 +226,7 @@ class NovaRun:
             m.e2e_s.append(e2e)
             m.claims += outcome.claims
             m.claims_refused += outcome.claims_refused
+            m.claim_conflicts += outcome.claim_conflicts
             m.compute_rejected += outcome.compute_rejected
             for phase in PHASES:
                 m.phases[phase].append(outcome.phases.get(phase, 0.0))
@@ -279,6 +281,8 @@ class NovaRun:
             "scheduler_own_ms_p99": ms(m.own_s, 0.99),
             # placement's two calls (candidates, claims with nova's retries)
             "placement_ms_p50": ms(m.placement_s, 0.50),
+            # claims placement answered 409 placement.concurrent_update, retried by nova
+            "claim_conflicts": m.claim_conflicts,
             "no_valid_host": m.no_valid_host,
             "compute_rejected": m.compute_rejected,
             "server_group_violations": len(self.workload.violations),
@@ -374,6 +378,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("scheduler's own ms p99", "scheduler_own_ms_p99"),
         ("placement ms p50 (query + claims)", "placement_ms_p50"),
         ("placement claims refused", "claims_rejected"),
+        ("claims retried (generation conflict)", "claim_conflicts"),
         ("NoValidHost (instances)", "no_valid_host"),
         ("builds refused at the compute", "compute_rejected"),
         ("overcommitted hosts (computes)", "overcommitted_hosts"),

@@ -132,7 +132,8 @@ def _report_client_class() -> type:
     from nova.scheduler.client import report
 
     class TimedReportClient(report.SchedulerReportClient):
-        """nova's report client; the scheduler's two placement calls timed, refused claims counted."""
+        """nova's report client: the scheduler's two placement calls timed; refused claims and
+        provider generation conflicts counted."""
 
         def __init__(self, adapter: Any) -> None:
             super().__init__(adapter=adapter)
@@ -156,6 +157,16 @@ def _report_client_class() -> type:
                 # this thread's request (several client threads share a scheduler)
                 _local.refused = getattr(_local, "refused", 0) + 1
             return bool(ok)
+
+        def _put_allocations(self, context: Any, consumer_uuid: str, payload: Any,
+                             version: str = report.CONSUMER_GENERATION_VERSION) -> Any:
+            r = super()._put_allocations(context, consumer_uuid, payload, version=version)
+            # a provider generation conflict, which claim_resources retries (a consumer
+            # generation conflict it does not retry)
+            if (r.status_code == 409 and "placement.concurrent_update" in r.text
+                    and "consumer generation conflict" not in r.text):
+                _local.conflicts = getattr(_local, "conflicts", 0) + 1
+            return r
 
     return TimedReportClient
 
@@ -316,6 +327,8 @@ class SimOutcome:
     #: placement claims made / refused by placement (another scheduler got there first)
     claims: int = 0
     claims_refused: int = 0
+    #: claims placement answered with a provider generation conflict (nova retried them)
+    claim_conflicts: int = 0
     decision_s: float = 0.0
     #: seconds per phase of this request (PHASES, "compute", "other")
     phases: dict[str, float] = field(default_factory=dict)
@@ -564,6 +577,7 @@ class NovaCloud:
         spec = self._spec(req)
         _local.spent = {}
         _local.refused = 0
+        _local.conflicts = 0
         start = time.perf_counter()
         try:
             selections = sched.select_destinations(
@@ -582,6 +596,7 @@ class NovaCloud:
         out.decision_s = time.perf_counter() - start
         phases = dict(_phases())
         out.claims_refused = _local.refused
+        out.claim_conflicts = _local.conflicts
         out.claims = out.claims_refused
         if selections is None:
             out.failed = {u: reason for u in req.instance_uuids}
