@@ -32,7 +32,9 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
                         "host_ownership (each scheduler puts its own best host first; "
                         "membership on the stream)")
     p.add_argument("--filters", help="--scheduler nova: comma-separated [filter_scheduler] "
-                                     "enabled_filters (default: nova's defaults)")
+                                     "enabled_filters (default: nova's defaults and "
+                                     "AggregateInstanceExtraSpecsFilter, which the workload's "
+                                     "SSD flavor needs)")
     p.add_argument("--host-manager", choices=[*MODES, "all"], default=d.host_manager,
                    help="which host manager(s) to run; 'all' runs the three one after the other "
                         "on the same seeded workload (default: %(default)s)")

@@ -8,11 +8,13 @@ no nova): ``legacy`` is nova's own HostManager reading nova's database,
 ``shared`` the drop-in fed by the stream.  The cloud and the workload are
 today's ``shm sim``'s (:func:`~simulator.topology.build_cloud`,
 :class:`~simulator.workload.Workload`, same seed, same pre-fill, same churn:
-every server that boots is matched by the deletion of a running one).  What
-of the workload nova mode does not apply: availability zones and the
-aggregate extra spec of the ``ssd`` flavor (the nova cloud has no host
-aggregates yet), so a request asks for its flavor's VCPU / MEMORY_MB /
-DISK_GB, its server group and its number of instances.
+every server that boots is matched by the deletion of a running one), its
+availability zones and SSD aggregate included: they become nova host
+aggregates (API database, mirrored to placement), a request's availability
+zone is the RequestSpec's, its flavor's extra specs (the ``ssd`` flavor's
+``aggregate_instance_extra_specs:ssd``) the flavor's, and without
+``--filters`` nova's default filters run with AggregateInstanceExtraSpecsFilter
+added (:data:`WORKLOAD_FILTERS`), as an operator with such aggregates enables it.
 
 Life cycle of :func:`run`: each host manager runs in a process of its own
 (nova's configuration, its DB context managers and placement's are process
@@ -26,12 +28,14 @@ its GIL, as in ``shm sim``.
 
 Figures per host manager: today's (scheduled/s, decision and end-to-end
 latency, claims and refusals, NoValidHost, overcommitted hosts, server-group
-violations) plus the time per phase per request -- placement query, host
-states, filter + weigh, placement claim, other (the rest of
-``select_destinations``: request filters, Selection objects), compute (the
-builds) -- as medians and as each phase's share of the mean end-to-end time; and per
-request the scheduler's own time (host states + filter + weigh + other: what the host manager
-changes) apart from placement's (query + claims).
+violations), the servers placed in a requested availability zone or by an
+aggregate extra spec and those of them outside it (must be 0), plus the time
+per phase per request -- placement query, host states, filter + weigh,
+placement claim, other (the rest of ``select_destinations``: request filters,
+Selection objects), compute (the builds) -- as medians and as each phase's
+share of the mean end-to-end time; and per request the scheduler's own time
+(host states + filter + weigh + other: what the host manager changes) apart
+from placement's (query + claims).
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ from simulator.workload import Workload
 MODES = ("shared", "legacy")
 #: the phases of a request, in the order they happen
 PHASES = (*NOVA_PHASES, "other", "compute")
+#: added to nova's default filters when ``--filters`` is not given: the workload's SSD flavor
+#: asks for the SSD aggregate through its extra specs (availability zones need no filter in
+#: nova 34: its request filter asks placement for the zone's aggregate)
+WORKLOAD_FILTERS = ("AggregateInstanceExtraSpecsFilter",)
+#: the extra specs AggregateInstanceExtraSpecsFilter reads (nova's scope for them)
+AGGREGATE_SPEC = "aggregate_instance_extra_specs:"
 #: the scheduler's own work (what the host manager changes) and placement's, per request
 OWN = ("host_states", "filter_weigh", "other")
 PLACEMENT = ("placement_query", "placement_claim")
@@ -86,12 +96,41 @@ class _Metrics:
     compute_rejected: int = 0
     claims: int = 0
     claims_refused: int = 0
+    claim_conflicts: int = 0
+    #: servers placed for a request with an availability zone / whose flavor asks for aggregate
+    #: metadata, and those of them on a host outside the zone or without the metadata
+    az_servers: int = 0
+    aggregate_spec_servers: int = 0
+    outside_aggregate_servers: int = 0
     decision_s: list[float] = field(default_factory=list)
     e2e_s: list[float] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=lambda: {p: [] for p in PHASES})
     own_s: list[float] = field(default_factory=list)
     placement_s: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _aggregates(cloud: Any) -> list[Any]:
+    from shared_host_manager.nova.simulation import SimAggregate
+
+    return [SimAggregate(name=a["name"], metadata=dict(a["metadata"]), hosts=list(a["hosts"]))
+            for _, a in sorted(cloud.aggregates.items())]
+
+
+def _aggregate_specs(spec: Any) -> dict[str, str]:
+    """The aggregate metadata ``spec``'s flavor asks for (AggregateInstanceExtraSpecsFilter's)."""
+    return {k[len(AGGREGATE_SPEC):]: v for k, v in spec.flavor.extra_specs.items()
+            if k.startswith(AGGREGATE_SPEC)}
+
+
+def _in_place(spec: Any, metadata: list[dict[str, str]]) -> bool:
+    """Whether a host whose aggregates have ``metadata`` is where ``spec`` asked: in its zone's
+    aggregate, and every aggregate extra spec's value in one of the host's aggregates (the
+    workload asks only for plain values, no operators)."""
+    zone = spec.availability_zone
+    return ((not zone or any(m.get("availability_zone") == zone for m in metadata))
+            and all(any(m.get(k) == v for m in metadata)
+                    for k, v in _aggregate_specs(spec).items()))
 
 
 def _hosts(cloud: Any) -> list[Any]:
@@ -122,6 +161,9 @@ class NovaRun:
         self.workload = Workload(cfg.seed)
         self.prefilled = self.workload.prefill(self.cloud.documents, cfg.fill)
         self.host_of = {s: d["compute"]["host"] for s, d in self.cloud.documents.items()}
+        #: source -> the metadata of each of its aggregates
+        self.metadata_of = {s: [a["metadata"] for a in d.get("aggregates", {}).values()]
+                            for s, d in self.cloud.documents.items()}
         self.metrics = _Metrics()
         self._workload_lock = threading.Lock()
         self.errors: list[str] = []
@@ -129,6 +171,8 @@ class NovaRun:
         self.nova = NovaCloud(_hosts(self.cloud), mode=mode, schedulers=cfg.schedulers,
                               directory=directory, cell_uuid=self.cloud.cell_uuid,
                               filters=cfg.filters, db_url=cfg.db_url,
+                              aggregates=_aggregates(self.cloud),
+                              extra_filters=None if cfg.filters else list(WORKLOAD_FILTERS),
                               hosts_per_reporter=cfg.hosts_per_reporter,
                               host_ownership=cfg.host_ownership)
         self.setup_s = time.perf_counter() - started
@@ -149,6 +193,8 @@ class NovaRun:
         req = SimRequest(instance_uuids=list(spec.instance_uuids), vcpus=spec.flavor.vcpus,
                          memory_mb=spec.flavor.memory_mb, root_gb=spec.flavor.root_gb,
                          project_id=spec.project_id,
+                         availability_zone=spec.availability_zone,
+                         extra_specs=dict(spec.flavor.extra_specs),
                          group_uuid=group.uuid if group is not None else None,
                          group_policy=group.policy if group is not None else None,
                          group_members=list(group.members) if group is not None else [],
@@ -180,6 +226,7 @@ class NovaRun:
             m.e2e_s.append(e2e)
             m.claims += outcome.claims
             m.claims_refused += outcome.claims_refused
+            m.claim_conflicts += outcome.claim_conflicts
             m.compute_rejected += outcome.compute_rejected
             for phase in PHASES:
                 m.phases[phase].append(outcome.phases.get(phase, 0.0))
@@ -189,6 +236,13 @@ class NovaRun:
                 m.no_valid_host += len(outcome.failed) - outcome.compute_rejected
             else:
                 m.scheduled += 1
+            placed = len(outcome.placed)
+            if spec.availability_zone:
+                m.az_servers += placed
+            if _aggregate_specs(spec):
+                m.aggregate_spec_servers += placed
+            m.outside_aggregate_servers += sum(
+                not _in_place(spec, self.metadata_of[s]) for s in outcome.placed.values())
         if outcome.placed:
             with self._workload_lock:
                 self.workload.booted(spec, outcome.placed)
@@ -227,9 +281,14 @@ class NovaRun:
             "scheduler_own_ms_p99": ms(m.own_s, 0.99),
             # placement's two calls (candidates, claims with nova's retries)
             "placement_ms_p50": ms(m.placement_s, 0.50),
+            # claims placement answered 409 placement.concurrent_update, retried by nova
+            "claim_conflicts": m.claim_conflicts,
             "no_valid_host": m.no_valid_host,
             "compute_rejected": m.compute_rejected,
             "server_group_violations": len(self.workload.violations),
+            "az_servers": m.az_servers,
+            "aggregate_spec_servers": m.aggregate_spec_servers,
+            "outside_aggregate_servers": m.outside_aggregate_servers,
             "prefilled_instances": self.prefilled,
             "setup_s": round(self.setup_s, 1),
             "setup_s_by_part": {k: round(v, 1) for k, v in self.nova.setup_s.items()},
@@ -319,12 +378,16 @@ def summary_table(report: dict[str, Any]) -> str:
         ("scheduler's own ms p99", "scheduler_own_ms_p99"),
         ("placement ms p50 (query + claims)", "placement_ms_p50"),
         ("placement claims refused", "claims_rejected"),
+        ("claims retried (generation conflict)", "claim_conflicts"),
         ("NoValidHost (instances)", "no_valid_host"),
         ("builds refused at the compute", "compute_rejected"),
         ("overcommitted hosts (computes)", "overcommitted_hosts"),
         ("overcommitted hosts (placement)", "placement_overcommitted_hosts"),
         ("hosts whose allocations differ", "allocation_mismatched_hosts"),
         ("server group violations", "server_group_violations"),
+        ("servers placed in a requested zone", "az_servers"),
+        ("servers placed by aggregate extra specs", "aggregate_spec_servers"),
+        ("  of them outside zone / aggregate", "outside_aggregate_servers"),
         ("decisions on an owned host", "owned_choices"),
         ("set-up s", "setup_s"),
     ]

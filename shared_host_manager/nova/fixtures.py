@@ -325,8 +325,10 @@ class NovaDatabase:
 
     def populate(self, compute_nodes: list[Any], *, instances_per_host: int = 0,
                  cell_uuid: str = CELL1, aggregates: Iterable[tuple[str, dict[str, str], list[str]]] = (),
-                 instances: Mapping[str, Iterable[str]] | None = None) -> None:
-        """``instances``: host -> instance uuids (default: ``instances_per_host`` made-up ones)."""
+                 instances: Mapping[str, Iterable[str]] | None = None) -> list[Any]:
+        """``instances``: host -> instance uuids (default: ``instances_per_host`` made-up ones);
+        ``aggregates``: (name, metadata, host names) of the host aggregates to create, returned as
+        nova Aggregate objects."""
         import sqlalchemy as sa
         from nova import context as nova_context
         from nova import objects
@@ -366,13 +368,16 @@ class NovaDatabase:
                 values = _compute_node_row(cn)
                 values["service_id"] = seen_hosts[cn.host]
                 conn.execute(nodes.insert().values(**values))
+        created = []
         for name, metadata, hosts in aggregates:
             agg = objects.Aggregate(ctxt, name=name, metadata=metadata)
             agg.create()
             for host in hosts:
                 agg.add_host(host)
+            created.append(agg)
         engine.dispose()
         api_engine.dispose()
+        return created
 
 
 def recreate_database(url: str) -> None:

@@ -15,6 +15,14 @@ they meet nova 34's real code on its whole scheduling path:
 * **nova's database** -- the API and cell schemas (SQLite files, or a server
   through ``db_url``) with the cell mapping, one Service and one ComputeNode per
   host and the running instances (:class:`~.fixtures.NovaDatabase`);
+* **host aggregates** -- as nova's aggregate API leaves them: the aggregate,
+  its metadata (``availability_zone`` among it) and its hosts in the API
+  database, the membership mirrored to placement by nova's own
+  ``SchedulerReportClient.aggregate_add_host``, so that nova's request filter
+  ``map_az_to_placement_aggregate`` (what is left of the AvailabilityZoneFilter
+  in nova 34) asks placement for the zone's providers, and the Aggregate*
+  filters see each host's aggregates (legacy: nova's HostManager reads them
+  from the API database; shared: the compute hooks publish them);
 * **schedulers** -- ``schedulers`` instances of nova's own ``SchedulerManager``,
   each with its own ``SchedulerReportClient`` on placement.  ``legacy``: nova's
   HostManager reading nova's database on every request.  ``shared``: the
@@ -124,7 +132,8 @@ def _report_client_class() -> type:
     from nova.scheduler.client import report
 
     class TimedReportClient(report.SchedulerReportClient):
-        """nova's report client; the scheduler's two placement calls timed, refused claims counted."""
+        """nova's report client: the scheduler's two placement calls timed; refused claims and
+        provider generation conflicts counted."""
 
         def __init__(self, adapter: Any) -> None:
             super().__init__(adapter=adapter)
@@ -148,6 +157,16 @@ def _report_client_class() -> type:
                 # this thread's request (several client threads share a scheduler)
                 _local.refused = getattr(_local, "refused", 0) + 1
             return bool(ok)
+
+        def _put_allocations(self, context: Any, consumer_uuid: str, payload: Any,
+                             version: str = report.CONSUMER_GENERATION_VERSION) -> Any:
+            r = super()._put_allocations(context, consumer_uuid, payload, version=version)
+            # a provider generation conflict, which claim_resources retries (a consumer
+            # generation conflict it does not retry)
+            if (r.status_code == 409 and "placement.concurrent_update" in r.text
+                    and "consumer generation conflict" not in r.text):
+                _local.conflicts = getattr(_local, "conflicts", 0) + 1
+            return r
 
     return TimedReportClient
 
@@ -201,6 +220,14 @@ class InProcessPlacement:
         conf.set_override("connection", db_url, group="placement_database")
         conf.set_override("sync_on_startup", True, group="placement_database")
         conf.set_override("auth_strategy", "noauth2", group="api")
+        # placement retries a claim that lost a provider generation race inside the request's
+        # own transaction, where the retry still sees its failed attempt's allocation rows (its
+        # "no worse than before" exemption then passes any amount) and, on REPEATABLE READ, the
+        # transaction's first snapshot: concurrent claims overcommit (README, "Known limits";
+        # tests/nova/test_placement_claims.py).  One attempt per request: the conflict goes back
+        # to nova as 409 placement.concurrent_update, and nova's report client retries the whole
+        # claim in a new transaction.
+        conf.set_override("allocation_conflict_retry_count", 1, group="placement")
         conf([], project="placement", default_config_files=[], default_config_dirs=[])
         db_api.configure(conf)
         inner = deploy.loadapp(conf)
@@ -262,6 +289,16 @@ class SimHost:
 
 
 @dataclass
+class SimAggregate:
+    """One host aggregate as the simulator draws it (an availability zone is one with
+    ``availability_zone`` in its metadata)."""
+
+    name: str
+    metadata: dict[str, str]
+    hosts: list[str]  # host names
+
+
+@dataclass
 class SimRequest:
     instance_uuids: list[str]
     vcpus: int
@@ -269,6 +306,10 @@ class SimRequest:
     root_gb: int
     project_id: str = "project"
     user_id: str = "user"
+    #: the server's availability zone (None: any)
+    availability_zone: str | None = None
+    #: the flavor's extra specs (``aggregate_instance_extra_specs:<key>`` among them)
+    extra_specs: dict[str, str] = field(default_factory=dict)
     #: server group: uuid, policy ("affinity" / "anti-affinity"), members, and the hosts
     #: (names) its running members are on -- what nova's conductor fills in
     group_uuid: str | None = None
@@ -286,6 +327,8 @@ class SimOutcome:
     #: placement claims made / refused by placement (another scheduler got there first)
     claims: int = 0
     claims_refused: int = 0
+    #: claims placement answered with a provider generation conflict (nova retried them)
+    claim_conflicts: int = 0
     decision_s: float = 0.0
     #: seconds per phase of this request (PHASES, "compute", "other")
     phases: dict[str, float] = field(default_factory=dict)
@@ -299,8 +342,11 @@ class NovaCloud:
 
     def __init__(self, hosts: list[SimHost], *, mode: str, schedulers: int, directory: str,
                  cell_uuid: str, filters: list[str] | None = None, db_url: str | None = None,
+                 aggregates: list[SimAggregate] | None = None, extra_filters: list[str] | None = None,
                  hosts_per_reporter: int = 500, coalesce_window: float = 0.02,
                  host_ownership: bool = False) -> None:
+        """``filters``: nova's [filter_scheduler] enabled_filters (None: nova's defaults), with
+        ``extra_filters`` appended (those not in it already)."""
         if mode not in ("legacy", "shared"):
             raise ValueError(f"mode must be legacy or shared, not {mode!r}")
         from nova import context as nova_context
@@ -314,6 +360,10 @@ class NovaCloud:
         if filters:
             overrides["filter_scheduler.enabled_filters"] = filters
         conf = fx.setup_nova(**overrides)
+        enabled = list(conf.filter_scheduler.enabled_filters)
+        added = [f for f in extra_filters or () if f not in enabled]
+        if added:
+            conf.set_override("enabled_filters", enabled + added, group="filter_scheduler")
         self.filters = list(conf.filter_scheduler.enabled_filters)
         self.cell_uuid = cell_uuid
         self.hosts = {h.source: h for h in hosts}
@@ -332,8 +382,14 @@ class NovaCloud:
                                   cell_url=_db_url(db_url, "nova_cell1"))
         self.db.configure()
         nodes = [_compute_node(i, h) for i, h in enumerate(hosts)]
-        self.db.populate(nodes, cell_uuid=cell_uuid,
-                         instances={h.host: list(h.instances) for h in hosts})
+        made = self.db.populate(
+            nodes, cell_uuid=cell_uuid, instances={h.host: list(h.instances) for h in hosts},
+            aggregates=[(a.name, dict(a.metadata), list(a.hosts)) for a in aggregates or ()])
+        #: host name -> the nova Aggregates it is in (what nova-compute-shared's hook reads)
+        self.host_aggregates: dict[str, list[Any]] = {}
+        for agg in made:
+            for host in agg.hosts:
+                self.host_aggregates.setdefault(host, []).append(agg)
         cell = objects.CellMapping.get_by_uuid(self._ctx, cell_uuid)
         with nova_context.target_cell(self._ctx, cell) as cctxt:
             loaded = objects.ComputeNodeList.get_all(cctxt)
@@ -348,6 +404,18 @@ class NovaCloud:
         self._where: dict[str, str] = {u: h.source for h in hosts for u in h.instances}
         self.setup_s["nova_db"] = time.perf_counter() - t
 
+        client_cls = _report_client_class()
+        self.clients = [client_cls(self.placement.adapter()) for _ in range(schedulers)]
+        self.compute_client = client_cls(self.placement.adapter())
+        t = time.perf_counter()
+        # what nova's aggregate API does after adding a host to an aggregate in the API database
+        # (compute.api.AggregateAPI.add_host_to_aggregate): the node's provider joins the
+        # placement aggregate of the same uuid, through nova's report client
+        for agg in made:
+            for host in agg.hosts:
+                self.compute_client.aggregate_add_host(self._ctx, agg.uuid, host_name=host)
+        self.setup_s["aggregates"] = time.perf_counter() - t
+
         t = time.perf_counter()
         self.hooks: dict[str, Any] = {}
         self.reporters: list[Any] = []
@@ -359,10 +427,7 @@ class NovaCloud:
                 self._new_cache_service(f"scheduler-{i}", 1.0 if host_ownership else None)
             shm.install()
             self._closers.append(shm.uninstall)
-        client_cls = _report_client_class()
         manager_cls = _scheduler_manager_class()
-        self.clients = [client_cls(self.placement.adapter()) for _ in range(schedulers)]
-        self.compute_client = client_cls(self.placement.adapter())
         self.schedulers: list[Any] = []
         for i in range(schedulers):
             if mode == "shared":
@@ -439,7 +504,8 @@ class NovaCloud:
                                             aggregate_refresh_interval=0)
             for s in sources[i:i + per_reporter]:
                 cn = self.nodes[s]
-                hook.report(cn, instances=sorted(self.tracked[s]), service=fx.service_dict(cn.host))
+                hook.report(cn, instances=sorted(self.tracked[s]), service=fx.service_dict(cn.host),
+                            aggregates=self.host_aggregates.get(cn.host, []))
                 self.hooks[s] = hook
             reporter = ReporterService(
                 f"compute-{n}", compute_hook.NovaTracker(hook), self.bus, self.bus,
@@ -511,6 +577,7 @@ class NovaCloud:
         spec = self._spec(req)
         _local.spent = {}
         _local.refused = 0
+        _local.conflicts = 0
         start = time.perf_counter()
         try:
             selections = sched.select_destinations(
@@ -529,6 +596,7 @@ class NovaCloud:
         out.decision_s = time.perf_counter() - start
         phases = dict(_phases())
         out.claims_refused = _local.refused
+        out.claim_conflicts = _local.conflicts
         out.claims = out.claims_refused
         if selections is None:
             out.failed = {u: reason for u in req.instance_uuids}
@@ -619,8 +687,10 @@ class NovaCloud:
                                           hosts=sorted(set(req.group_hosts)), rules={})
         spec = fx.request_spec(instance_uuid=req.instance_uuids[0], memory_mb=req.memory_mb,
                                vcpus=req.vcpus, root_gb=req.root_gb, group=group,
-                               num_instances=len(req.instance_uuids))
+                               num_instances=len(req.instance_uuids), extra_specs=req.extra_specs)
         spec.project_id, spec.user_id = req.project_id, req.user_id
+        # as nova's API records the server's zone (nova's request filter maps it to placement)
+        spec.availability_zone = req.availability_zone
         return spec
 
     # -- the end -----------------------------------------------------------------------------
@@ -732,5 +802,5 @@ def _placement_url(directory: str, db_url: str | None) -> str:
     return url
 
 
-__all__ = ["EXTRA", "InProcessPlacement", "NovaCloud", "PHASES", "SimHost", "SimOutcome",
-           "SimRequest", "missing"]
+__all__ = ["EXTRA", "InProcessPlacement", "NovaCloud", "PHASES", "SimAggregate", "SimHost",
+           "SimOutcome", "SimRequest", "missing"]

@@ -4,8 +4,11 @@ Both host managers run (each in a process of its own, as the CLI runs them) on
 20 nodes: nova's real SchedulerManager, placement in-process, nova's database
 in SQLite.  What must hold whatever the timing: every request is accounted for,
 no host is overcommitted at the computes or in placement, every server the
-computes run has its placement allocation and no other consumer has one, and
-the phases of a request add up to no more than its end-to-end time.
+computes run has its placement allocation and no other consumer has one, the
+workload's availability zones and SSD aggregate are applied (nova host
+aggregates mirrored to placement: servers that asked for them are placed, none
+outside them), and the phases of a request add up to no more than its
+end-to-end time.
 """
 
 from __future__ import annotations
@@ -41,8 +44,23 @@ def test_every_request_accounted_and_no_overcommit(report, mode):
     # every server running at a compute has its allocation in placement, and only those
     assert r["allocation_mismatched_hosts"] == 0
     assert r["compute_rejected"] == 0  # placement arbitrated every claim
+    assert r["claim_conflicts"] == 0  # SQLite: placement's writes wait for each other
     # a scheduled request made at least one accepted claim per instance; refusals are claims too
     assert r["claims"] - r["claims_rejected"] >= r["scheduled"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", ["shared", "legacy"])
+def test_zones_and_aggregate_extra_specs_apply(report, mode):
+    """Requests of a zone go to the zone's hosts (nova's request filter asks placement for the
+    zone's aggregate), the SSD flavor to the SSD aggregate's (AggregateInstanceExtraSpecsFilter,
+    added to nova's defaults): without the aggregates SSD servers would find no host and zone
+    servers would land anywhere."""
+    r = report["results"][mode]
+    assert "AggregateInstanceExtraSpecsFilter" in r["filters"]
+    assert r["az_servers"] > 0
+    assert r["aggregate_spec_servers"] > 0
+    assert r["outside_aggregate_servers"] == 0
 
 
 @pytest.mark.timeout(180)
