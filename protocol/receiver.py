@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -613,13 +614,7 @@ class ReceiverMachine:
 
     def _retire(self, view: SourceView, claim_id: str, outcome: Outcome) -> None:
         pending = view.pending.pop(claim_id)
-        usage = view.pending_usage
-        for resource, amount in pending.claim.resources.items():
-            left = usage.get(resource, 0) - amount
-            if left:
-                usage[resource] = left
-            else:
-                usage.pop(resource, None)
+        _release(view.pending_usage, pending.claim.resources)
         self.stats[f"claims_{'epoch_retired' if outcome is Outcome.EPOCH_CHANGED else outcome.value}"] += 1
         self._outcomes.append((claim_id, view.source, outcome))
         self._changed.add(view.source)
@@ -652,13 +647,7 @@ class ReceiverMachine:
 
     def _drop_peer(self, view: SourceView, claim_id: str, counter: str) -> None:
         held = view.peer.pop(claim_id)
-        usage = view.peer_usage
-        for resource, amount in held.claim.resources.items():
-            left = usage.get(resource, 0) - amount
-            if left:
-                usage[resource] = left
-            else:
-                usage.pop(resource, None)
+        _release(view.peer_usage, held.claim.resources)
         self.stats[counter] += 1
         self._changed.add(view.source)
 
@@ -792,3 +781,13 @@ class ReceiverMachine:
 
 __all__ = ["Outcome", "PendingClaim", "PlantedBug", "ReceiverMachine", "ReceiverObserver", "ReceiverParams",
            "ResyncRequest", "SourceView", "Status"]
+
+
+def _release(usage: dict[str, int], resources: Mapping[str, int]) -> None:
+    """Take a claim's resources out of a ledger's usage (a resource at 0 leaves the map)."""
+    for resource, amount in resources.items():
+        left = usage.get(resource, 0) - amount
+        if left:
+            usage[resource] = left
+        else:
+            usage.pop(resource, None)

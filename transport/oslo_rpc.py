@@ -196,35 +196,24 @@ class OsloControlClient:
         self.cast_bytes = 0
 
     def cast(self, topic: str, server: str, body: bytes) -> None:
-        if self._closed:
-            raise CastError("control client is closed")
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise TypeError(f"cast body must be bytes, got "
-                            f"{type(body).__name__}")
-        encoded = base64.b64encode(body).decode("ascii")
-        try:
-            self._client.prepare(
-                topic=topic, server=server, retry=self._plane.cast_retry,
-            ).cast({}, _METHOD, body=encoded)
-        except oslo_messaging.MessagingException as exc:
-            raise CastError(f"cast to {topic}.{server} failed: {exc}") from exc
-        self.casts += 1
-        self.cast_bytes += len(body)
+        self._send(body, f"cast to {topic}.{server}", topic=topic, server=server)
 
     def fanout(self, topic: str, body: bytes) -> None:
         """One publish to the topic's fanout exchange, which every RPC server of the topic
         consumes from."""
+        self._send(body, f"fanout cast to {topic}", topic=topic, fanout=True)
+
+    def _send(self, body: bytes, what: str, **target: Any) -> None:
         if self._closed:
             raise CastError("control client is closed")
         if not isinstance(body, (bytes, bytearray, memoryview)):
             raise TypeError(f"cast body must be bytes, got {type(body).__name__}")
         encoded = base64.b64encode(body).decode("ascii")
         try:
-            self._client.prepare(
-                topic=topic, fanout=True, retry=self._plane.cast_retry,
-            ).cast({}, _METHOD, body=encoded)
+            self._client.prepare(retry=self._plane.cast_retry, **target).cast(
+                {}, _METHOD, body=encoded)
         except oslo_messaging.MessagingException as exc:
-            raise CastError(f"fanout cast to {topic} failed: {exc}") from exc
+            raise CastError(f"{what} failed: {exc}") from exc
         self.casts += 1
         self.cast_bytes += len(body)
 
