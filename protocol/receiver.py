@@ -581,12 +581,7 @@ class ReceiverMachine:
             raise LocalProtocolError(f"claim on {claim.source!r}, which this view does not hold")
         if claim.claim_id in view.pending:
             raise LocalProtocolError(f"claim {claim.claim_id} is already pending")
-        deadline = now + self.claim_deadline
-        view.pending[claim.claim_id] = PendingClaim(claim, deadline)
-        usage = view.pending_usage
-        for resource, amount in claim.resources.items():
-            usage[resource] = usage.get(resource, 0) + amount
-        heapq.heappush(self._deadlines, (deadline, claim.claim_id, claim.source))
+        self._hold(view.pending, view.pending_usage, claim, now + self.claim_deadline)
         self.stats["claims_added"] += 1
         self._changed.add(claim.source)
         if self._observer is not None:
@@ -636,14 +631,17 @@ class ReceiverMachine:
         if claim.claim_id in view.peer:
             self.stats["duplicates"] += 1
             return
-        deadline = now + self.peer_claim_ttl
-        view.peer[claim.claim_id] = PendingClaim(claim, deadline)
-        usage = view.peer_usage
+        self._hold(view.peer, view.peer_usage, claim, now + self.peer_claim_ttl)
+        self.stats["peer_claims"] += 1
+        self._changed.add(claim.source)
+
+    def _hold(self, ledger: dict[str, PendingClaim], usage: dict[str, int], claim: Claim,
+              deadline: float) -> None:
+        """Put a claim in one of a view's ledgers (ours or the peers') until ``deadline``."""
+        ledger[claim.claim_id] = PendingClaim(claim, deadline)
         for resource, amount in claim.resources.items():
             usage[resource] = usage.get(resource, 0) + amount
         heapq.heappush(self._deadlines, (deadline, claim.claim_id, claim.source))
-        self.stats["peer_claims"] += 1
-        self._changed.add(claim.source)
 
     def _drop_peer(self, view: SourceView, claim_id: str, counter: str) -> None:
         held = view.peer.pop(claim_id)
