@@ -139,6 +139,10 @@ class HostStateCache:
         #: the live schedulers (this one included once its own entry came back), sorted, as
         #: the owning service last scanned them (shared_host_manager.membership); () alone
         self.peers: tuple[str, ...] = ()
+        #: set by the scheduler service while it announces claims to its peers (design §5.2): a
+        #: host manager that claims outside the engine (the nova drop-in, in placement) hands
+        #: each claim it holds as pending to it, outside the lock
+        self.claim_announcer: Callable[[Claim], None] | None = None
         #: control messages applied, by kind: "resync_answer", "claim_accepted", "claim_rejected"
         self.control_received: Counter[str] = Counter()
         #: called under :attr:`lock` after every receive and tick, e.g. to drain claim

@@ -183,6 +183,7 @@ class SchedulerService:
             self._announcer = threading.Thread(target=self._announce, daemon=True,
                                                name=f"scheduler-{self.name}-announcer")
             self._announcer.start()
+            self.cache.claim_announcer = self.announce
         self._consumer = self._data_plane.stream_consumer(on_retention_gap=self._on_retention_gap)
         if offset is None and self._known_sources:
             self._consumer.start(self.cache.ingest_stream, "next", on_batch=self.cache.ingest_stream_batch)
@@ -215,6 +216,7 @@ class SchedulerService:
         self._server.stop()
         if self._peer_server is not None:
             self._peer_server.stop()
+        self.cache.claim_announcer = None
         if self._announcer is not None:
             self._announcements.put(None)
             self._announcer.join(timeout=10)
@@ -251,14 +253,22 @@ class SchedulerService:
         self.reporter_api.claim(endpoint, claim)
         if self.recorder is not None:
             self.recorder.sent(endpoint, claim, self.clock())
-        if self._announcer is not None and any(p != self.name for p in self.peers):
-            try:
-                self.peer_api.announce(claim)
-                self.claims_announced += 1
-            except Exception as exc:  # advice only: the claim itself is on its way
-                LOG.debug("scheduler %s could not announce claim %s: %s", self.name,
-                          claim.claim_id, exc)
+        self.announce(claim)
         return True
+
+    def announce(self, claim: Claim) -> None:
+        """With ``announce_claims`` and live peers: one fanout cast of ``claim`` to them, from
+        this thread (advice, at most once; never raises).  The engine's claims are announced
+        by :meth:`send_claim`; the nova drop-in's, which placement arbitrates, through
+        ``cache.claim_announcer`` once placement accepted them."""
+        if self._announcer is None or not any(p != self.name for p in self.peers):
+            return
+        try:
+            self.peer_api.announce(claim)
+            self.claims_announced += 1
+        except Exception as exc:  # advice only: the claim itself is on its way
+            LOG.debug("scheduler %s could not announce claim %s: %s", self.name,
+                      claim.claim_id, exc)
 
     def _on_control(self, body: bytes) -> None:
         """The control server's handler: the cache ingests; the host's rejection of a claim

@@ -147,7 +147,8 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         requests=args.requests, seed=args.seed, fill=args.fill, db_url=args.db_url,
         hosts_per_reporter=args.hosts_per_reporter,
         filters=args.filters.split(",") if args.filters else None,
-        host_ownership=args.host_ownership, progress=not args.quiet)
+        host_ownership=args.host_ownership, announce_claims=args.announce_claims,
+        progress=not args.quiet)
     try:
         nova_sim.check_config(cfg)
     except ValueError as exc:

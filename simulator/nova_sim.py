@@ -76,6 +76,9 @@ class NovaSimConfig(RunShape):
     filters: list[str] | None = None
     #: the drop-in's [shared_host_manager] host_ownership (shared mode)
     host_ownership: bool = False
+    #: shared mode: each scheduler casts the claims placement accepted to its peers ([cache]
+    #: announce_claims, with membership on the stream)
+    announce_claims: bool = True
 
 
 def check_config(cfg: NovaSimConfig) -> None:
@@ -174,7 +177,8 @@ class NovaRun:
                               aggregates=_aggregates(self.cloud),
                               extra_filters=None if cfg.filters else list(WORKLOAD_FILTERS),
                               hosts_per_reporter=cfg.hosts_per_reporter,
-                              host_ownership=cfg.host_ownership)
+                              host_ownership=cfg.host_ownership,
+                              announce_claims=cfg.announce_claims)
         self.setup_s = time.perf_counter() - started
 
     def _request(self) -> tuple[Any, Any] | None:
@@ -389,6 +393,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("servers placed by aggregate extra specs", "aggregate_spec_servers"),
         ("  of them outside zone / aggregate", "outside_aggregate_servers"),
         ("decisions on an owned host", "owned_choices"),
+        ("claims announced to the peers", "claims_announced"),
         ("set-up s", "setup_s"),
     ]
     cfg = report["config"]

@@ -89,13 +89,17 @@ in its view until the host's next delta lists it, instead of deciding on the
 same capacity in the milliseconds before that delta arrives: most claims
 rejected between active-active schedulers are decided in that window. One
 extra cast per peer per claim; the build request is not sent.
+nova-scheduler-shared announces each claim placement accepted, so its peers
+stop choosing that host before the compute reports the instance.
 """),
     cfg.FloatOpt("peer_claim_ttl", default=1.0, min=0.0,
                  help="""
 Seconds at most a peer's announced claim is deducted. Its host's delta retires
 it sooner (tens of milliseconds); one the host rejected, or whose delta was
 lost, holds its resources in this view until then. Keep it above the time a
-claim's delta takes to reach the schedulers.
+claim's delta takes to reach the schedulers. With nova-scheduler-shared that
+delta comes when nova-compute's resource tracker reports the instance, seconds
+after placement's claim: raise it to cover a build's start.
 """),
 ]
 

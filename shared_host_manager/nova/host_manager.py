@@ -695,6 +695,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         cache = self.cache
         logged_spec = self._steps.spec(spec_obj)
         with cache.lock:
+            # the peers' claims that arrived while the lock was taken count in this request
+            cache.apply_peer_claims()
             sources = cache.receiver.sources
             if compute_uuids is None:
                 views = list(sources.values())
@@ -1001,6 +1003,12 @@ class SharedHostManager(nova_host_manager.HostManager):
             while len(self._claimed) > _CLAIMED_MEMORY:
                 self._claimed.popitem(last=False)
         host_state._claim_id = instance
+        announce = cache.claim_announcer
+        if announce is not None:
+            # placement accepted it: the peer schedulers deduct it until the host lists the
+            # instance (design §5.2), instead of choosing the same host until then
+            announce(claim)
+            self.counters["claims_announced"] += 1
 
     def cancel_claims(self, instance_uuids: Any) -> int:
         """Stop deducting our pending claims of these instances (their builds were given up).

@@ -57,6 +57,9 @@ class _ReplayedCache:
     def clock(self) -> float:
         return self.now
 
+    def apply_peer_claims(self) -> None:
+        """The peers' claims are in the replayed receiver already (recorded when applied)."""
+
 
 class _Request:
     def __init__(self, spec: Any, hosts: list[Any]) -> None:

@@ -344,7 +344,7 @@ class NovaCloud:
                  cell_uuid: str, filters: list[str] | None = None, db_url: str | None = None,
                  aggregates: list[SimAggregate] | None = None, extra_filters: list[str] | None = None,
                  hosts_per_reporter: int = 500, coalesce_window: float = 0.02,
-                 host_ownership: bool = False) -> None:
+                 host_ownership: bool = False, announce_claims: bool = False) -> None:
         """``filters``: nova's [filter_scheduler] enabled_filters (None: nova's defaults), with
         ``extra_filters`` appended (those not in it already)."""
         if mode not in ("legacy", "shared"):
@@ -422,9 +422,12 @@ class NovaCloud:
         self.services: list[Any] = []
         if mode == "shared":
             self._start_stream(hosts, hosts_per_reporter, coalesce_window)
+            # with ownership or announcements, each scheduler's own entry on the stream (its
+            # live peers)
+            peers = host_ownership or announce_claims
             for i in range(schedulers):
-                # with ownership, each scheduler's own entry on the stream (its live peers)
-                self._new_cache_service(f"scheduler-{i}", 1.0 if host_ownership else None)
+                self._new_cache_service(f"scheduler-{i}", 1.0 if peers else None,
+                                        announce_claims=announce_claims)
             shm.install()
             self._closers.append(shm.uninstall)
         manager_cls = _scheduler_manager_class()
@@ -444,7 +447,7 @@ class NovaCloud:
             self._sync_instance_info()
         else:
             self._wait_for_hosts()
-            if host_ownership:
+            if peers:
                 self._wait_for_peers()
         self.setup_s["schedulers"] = time.perf_counter() - t
 
@@ -515,12 +518,14 @@ class NovaCloud:
             self.reporters.append(reporter)
         self._topics = topics
 
-    def _new_cache_service(self, name: str, membership_interval: float | None = None) -> Any:
+    def _new_cache_service(self, name: str, membership_interval: float | None = None, *,
+                           announce_claims: bool = False) -> Any:
         from shared_host_manager.service import SchedulerService
 
         service = SchedulerService(name, self.bus, self.bus, reporter_topic=self._topics[0],
                                    scheduler_topic=self._topics[1], down_interval=60.0,
-                                   membership_interval=membership_interval)
+                                   membership_interval=membership_interval,
+                                   announce_claims=announce_claims)
         service.start()
         self.services.append(service)
         return service
@@ -719,11 +724,14 @@ class NovaCloud:
             consumers = set(allocs["allocations"])
             if consumers != set(self.tracked[source]):
                 mismatched += 1
-        # decisions that put this scheduler's own host first ([shared_host_manager] host_ownership)
-        owned = sum(getattr(s.host_manager, "counters", {}).get("owned_choices", 0)
-                    for s in self.schedulers)
+        def counted(name: str) -> int:
+            return sum(getattr(s.host_manager, "counters", {}).get(name, 0) for s in self.schedulers)
+
+        # decisions that put this scheduler's own host first ([shared_host_manager]
+        # host_ownership), and the claims placement accepted that peers were told of
         return {"overcommitted_hosts": compute_over, "placement_overcommitted_hosts": placement_over,
-                "allocation_mismatched_hosts": mismatched, "owned_choices": owned}
+                "allocation_mismatched_hosts": mismatched, "owned_choices": counted("owned_choices"),
+                "claims_announced": counted("claims_announced")}
 
     def close(self) -> None:
         for reporter in self.reporters:

@@ -285,8 +285,9 @@ class HostRows:
         if api_service is not None or hints:
             self.overrides[len(self._recs) - 1] = (api_service, hints or None)
         self.last_heard.append(view.last_heard)
-        if view.pending:
-            pending = dict(view.pending)
+        if view.pending or view.peer:
+            # our pending claims and the peers' announced ones, held alike (design §5.2)
+            pending = {**view.pending, **view.peer} if view.peer else dict(view.pending)
             effect = self._pending_effect(_Snap(view.last_heard, pending), tpl.doc_instances)
             self.pending[len(self._recs) - 1] = (pending, effect)
 

@@ -8,6 +8,8 @@ everywhere without talking), looking at most 2 x peers hosts deep.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
@@ -79,3 +81,33 @@ def test_a_peer_leaving_hands_its_hosts_over(schedulers):
     cache.peers = ("s1", "s2")  # s3 left: its hosts go to s1 or s2
     order, _ = _order(manager, 5)
     assert PeerOwnership("s1", ["s1", "s2"]).owns(order[0])
+
+
+def test_a_claim_placement_accepted_is_deducted_by_the_peers(schedulers):
+    """[cache] announce_claims in the drop-in (design §5.2): the claim nova's manager made is
+    handed to the cache's announcer, and a peer that ingests it counts the host that much
+    fuller (and with one more build in flight) until the host lists the instance."""
+    from protocol.codec import Encoder
+
+    (cache1, m1), (cache2, m2) = schedulers["s1"], schedulers["s2"]
+    m1.register_claims = True
+    encoder = Encoder()
+    cache1.claim_announcer = lambda claim: cache2.ingest_peer_claim(
+        encoder.encode(dataclasses.replace(claim, request={})))
+    spec = fx.request_spec(instance_uuid=fx.uuid_for("peer", 1), memory_mb=4096)
+    rows = m1.get_host_states_by_uuids(None, None, spec)
+    target = rows.shells[0]
+    before = {h.uuid: (h.free_ram_mb, h.num_io_ops)
+              for h in m2.get_host_states_by_uuids(None, [vector.node_uuid(target)], spec)}
+    target.consume_from_request(spec)
+    assert m1.counters["claims_announced"] == 1
+    (after,) = m2.get_host_states_by_uuids(None, [target.uuid], spec)
+    ram, io_ops = before[target.uuid]
+    assert (after.free_ram_mb, after.num_io_ops) == (ram - 4096, io_ops + 1)
+    # the peer's own claims are not touched by it: nothing to cancel or resolve there
+    assert cache2.receiver.pending_claims() == 0
+    # without an announcer (no peers, or announce_claims off) nothing is sent
+    cache1.claim_announcer = None
+    spec2 = fx.request_spec(instance_uuid=fx.uuid_for("peer", 2))
+    m1.get_host_states_by_uuids(None, None, spec2).shells[1].consume_from_request(spec2)
+    assert m1.counters["claims_announced"] == 1
