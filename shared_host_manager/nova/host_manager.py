@@ -796,7 +796,31 @@ class SharedHostManager(nova_host_manager.HostManager):
             self.phase_seconds["weigh"] += time.perf_counter() - started
         if weighed:
             self._steps.weighed(weighed[0].obj.__dict__.get("_rows"), weighed)
+            self._announce_intent(weighed[0].obj, spec_obj)
         return weighed
+
+    def _announce_intent(self, host: Any, spec_obj: Any) -> None:
+        """Tell the peers the host nova's manager is about to claim in placement (its first,
+        with nova's host_subset_size = 1): they deduct it from now, not from when placement
+        answered, hundreds of milliseconds later (design §5.2).  The claim recorded after
+        placement accepted has the same id, so a peer holds it once; an intent placement
+        refused is held until peer_claim_ttl."""
+        cache = self.cache
+        announce = cache.claim_announcer
+        instance = spec_obj.instance_uuid if "instance_uuid" in spec_obj else None
+        if announce is None or not instance or nova_host_manager.CONF.filter_scheduler.host_subset_size != 1:
+            return
+        d = host.__dict__
+        tpl = d["_rows"].tpls[d["_row"]] if "_rows" in d and "_tpl" not in d else d.get("_tpl")
+        if tpl is None:
+            return
+        epoch, seq = tpl.version
+        announce(Claim(claim_id=instance, scheduler=cache.receiver.name,
+                       source=vector.node_uuid(host), epoch=epoch, seq=seq,
+                       resources={"vcpus": spec_obj.vcpus, "memory_mb": spec_obj.memory_mb,
+                                  "disk_gb": spec_obj.root_gb + spec_obj.ephemeral_gb},
+                       instance=instance))
+        self.counters["intents_announced"] += 1
 
     def _weighed(self, hosts: Any, spec_obj: Any) -> Any:
         weighed = self._weighed_as_nova(hosts, spec_obj)

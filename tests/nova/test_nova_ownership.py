@@ -111,3 +111,33 @@ def test_a_claim_placement_accepted_is_deducted_by_the_peers(schedulers):
     spec2 = fx.request_spec(instance_uuid=fx.uuid_for("peer", 2))
     m1.get_host_states_by_uuids(None, None, spec2).shells[1].consume_from_request(spec2)
     assert m1.counters["claims_announced"] == 1
+
+
+def test_the_host_about_to_be_claimed_is_announced_before_placement_answers(schedulers):
+    """With nova's host_subset_size = 1, the best weighed host is the one nova's manager
+    claims first: announced as soon as it is weighed (an intent), it is held once by a peer,
+    also when the claim recorded after placement accepted follows with the same id."""
+    from protocol.codec import Encoder
+
+    (cache1, m1), (cache2, m2) = schedulers["s1"], schedulers["s2"]
+    m1.register_claims = True
+    sent = []
+    encoder = Encoder()
+
+    def announce(claim):
+        sent.append(claim)
+        cache2.ingest_peer_claim(encoder.encode(dataclasses.replace(claim, request={})))
+
+    cache1.claim_announcer = announce
+    spec = fx.request_spec(instance_uuid=fx.uuid_for("intent", 1), memory_mb=2048)
+    free = {h.uuid: h.free_ram_mb for h in m2.get_host_states_by_uuids(None, None, spec)}
+    rows = m1.get_host_states_by_uuids(None, None, spec)
+    weighed = m1.get_weighed_hosts(m1.get_filtered_hosts(rows, spec, 0), spec)
+    first = weighed[0].obj
+    assert [(c.source, c.claim_id) for c in sent] == [(vector.node_uuid(first), spec.instance_uuid)]
+    (seen,) = m2.get_host_states_by_uuids(None, [vector.node_uuid(first)], spec)
+    assert seen.free_ram_mb == free[seen.uuid] - 2048
+    first.consume_from_request(spec)  # placement accepted: the pending claim, announced again
+    assert len(sent) == 2
+    (seen,) = m2.get_host_states_by_uuids(None, [first.uuid], spec)
+    assert seen.free_ram_mb == free[seen.uuid] - 2048  # held once
