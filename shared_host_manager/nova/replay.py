@@ -53,6 +53,7 @@ class _ReplayedCache:
         self.now = 0.0
         self.peers: tuple[str, ...] = ()
         self.recorder = None
+        self.claim_announcer = None  # a re-run tells no peer anything
 
     def clock(self) -> float:
         return self.now
