@@ -112,3 +112,27 @@ def test_shm_replay_decisions_on_a_nova_log(tmp_path, nova_conf, capsys):
         cli.main(["replay", base, "--decisions", "--decision-option", "filter_scheduler.no_such=1"])
     assert exited.value.code == 2
     assert "nova.conf has no option 'no_such' in [filter_scheduler]" in capsys.readouterr().err
+
+
+def test_a_request_recorded_against_one_not_in_the_log_is_skipped_not_different(tmp_path, nova_conf):
+    """A log whose older parts were deleted starts with requests recorded as changes from
+    requests it no longer holds: they are counted as not reproducible, the next whole one
+    (every KEYFRAME-th) is re-run again."""
+    from shared_host_manager.nova.decision_log import code_digests, nova_options
+
+    fx.setup_nova()
+    cache = fx.cache_from_documents({})
+    code = code_digests(shm.SharedHostManager(cache, register_claims=False))
+    replayer = StepReplayer()
+    try:
+        assert replayer.step(cache.receiver, 1.0, {"step": "config", "nova": nova_options(),
+                                                   "code": code}) is None
+        out = replayer.step(cache.receiver, 2.0, {
+            "step": "hosts", "id": 70, "base": 69, "added": [], "removed": [], "n": 0,
+            "spec": fx.request_spec(instance_uuid=fx.uuid_for("gone", 1)).obj_to_primitive(),
+            "wall": 2.0, "peers": []})
+        assert "not in the replayed log" in out["skipped"]
+        assert replayer.step(cache.receiver, 3.0, {"step": "filter", "id": 70, "n": 0,
+                                                   "digest": b""})["skipped"]
+    finally:
+        replayer.close()
