@@ -40,6 +40,8 @@ import pytest
 pytest.importorskip("placement.deploy")
 pytest.importorskip("wsgi_intercept")
 
+from servers import database_unavailable  # noqa: E402
+
 CAPACITY_MB = 10240
 CLAIM_MB = 5120
 THREADS = 12
@@ -181,7 +183,7 @@ def _server_url(backend: str) -> str:
             pass
         engine.dispose()
     except Exception as exc:  # any failure to reach the server means: not available here
-        pytest.skip(f"{backend} not reachable: {exc.__class__.__name__}")
+        database_unavailable(f"{backend} not reachable: {exc.__class__.__name__}")
     return url
 
 

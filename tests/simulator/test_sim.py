@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from servers import database_unavailable
 
 from shm_cli import sim as sim_cmd
 from simulator.run import run_mode, summary_table
@@ -120,7 +121,7 @@ def _database_url(name: str) -> str | None:
         with engine.connect():
             pass
     except Exception as exc:  # any driver error means: no server here
-        pytest.skip(f"no {name} server at {url}: {type(exc).__name__}")
+        database_unavailable(f"no {name} server at {url}: {type(exc).__name__}")
     finally:
         engine.dispose()
     return url
