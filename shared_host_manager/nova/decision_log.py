@@ -120,7 +120,7 @@ class StepLog:
     def recorder(self) -> Any:
         """The cache's observer, or None (then nothing is built for it)."""
         cache = self._manager._cache
-        return None if cache is None else getattr(cache, "recorder", None)
+        return None if cache is None else cache.recorder
 
     def spec(self, spec_obj: Any) -> Any:
         """nova's RequestSpec as plain data if recording (taken before the cache lock), else None."""

@@ -805,22 +805,28 @@ class SharedHostManager(nova_host_manager.HostManager):
         answered, hundreds of milliseconds later (design §5.2).  The claim recorded after
         placement accepted has the same id, so a peer holds it once; an intent placement
         refused is held until peer_claim_ttl."""
-        cache = self.cache
-        announce = cache.claim_announcer
+        announce = self.cache.claim_announcer
         instance = spec_obj.instance_uuid if "instance_uuid" in spec_obj else None
-        if announce is None or not instance or nova_host_manager.CONF.filter_scheduler.host_subset_size != 1:
+        if announce is None or not instance \
+                or nova_host_manager.CONF.filter_scheduler.host_subset_size != 1:
             return
         d = host.__dict__
         tpl = d["_rows"].tpls[d["_row"]] if "_rows" in d and "_tpl" not in d else d.get("_tpl")
         if tpl is None:
             return
-        epoch, seq = tpl.version
-        announce(Claim(claim_id=instance, scheduler=cache.receiver.name,
-                       source=vector.node_uuid(host), epoch=epoch, seq=seq,
-                       resources={"vcpus": spec_obj.vcpus, "memory_mb": spec_obj.memory_mb,
-                                  "disk_gb": spec_obj.root_gb + spec_obj.ephemeral_gb},
-                       instance=instance))
+        announce(self._claim(vector.node_uuid(host), tpl.version, spec_obj, instance))
         self.counters["intents_announced"] += 1
+
+    def _claim(self, source: str, version: tuple[int, int], spec_obj: Any, instance: str,
+               usage: dict[str, Any] | None = None) -> Claim:
+        """This scheduler's claim of ``spec_obj``'s resources on ``source`` for ``instance``
+        (id = the instance), against the host's version it decided on."""
+        epoch, seq = version
+        return Claim(claim_id=instance, scheduler=self.cache.receiver.name, source=source,
+                     epoch=epoch, seq=seq,
+                     resources={"vcpus": spec_obj.vcpus, "memory_mb": spec_obj.memory_mb,
+                                "disk_gb": spec_obj.root_gb + spec_obj.ephemeral_gb},
+                     instance=instance, request={_USAGE_KEY: usage} if usage else {})
 
     def _weighed(self, hosts: Any, spec_obj: Any) -> Any:
         weighed = self._weighed_as_nova(hosts, spec_obj)
@@ -1006,13 +1012,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         instance = spec_obj.instance_uuid if "instance_uuid" in spec_obj else None
         if not instance:
             return
-        epoch, seq = host_state._tpl.version
-        claim = Claim(
-            claim_id=instance, scheduler=self.cache.receiver.name, source=host_state.uuid,
-            epoch=epoch, seq=seq,
-            resources={"vcpus": spec_obj.vcpus, "memory_mb": spec_obj.memory_mb,
-                       "disk_gb": spec_obj.root_gb + spec_obj.ephemeral_gb},
-            instance=instance, request={_USAGE_KEY: usage} if usage else {})
+        claim = self._claim(host_state.uuid, host_state._tpl.version, spec_obj, instance, usage)
         cache = self.cache
         with cache.lock:
             try:
