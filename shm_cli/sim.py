@@ -79,6 +79,12 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p.add_argument("--no-announce-claims", dest="announce_claims", action="store_false",
                    help="shared mode: schedulers do not cast their claims to their peers "
                         "([cache] announce_claims = false)")
+    p.add_argument("--nvh-checks", type=int, default=d.nvh_checks, metavar="N",
+                   help="check at most N refused requests against the hosts' true state "
+                        "(NoValidHost (wrong, in flight) in the table; default: %(default)s)")
+    p.add_argument("--nvh-oracle-share", type=float, default=d.nvh_oracle_share, metavar="F",
+                   help="the share of a core those checks may take, 0 < F <= 1 (default: "
+                        "%(default)s; raise it with --nvh-checks to check more of a short run)")
     p.add_argument("--record", metavar="DIR",
                    help="write an update log of every party into DIR/<host manager>/ "
                         "(replay with: shm replay DIR/shared)")
@@ -138,7 +144,9 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     unsupported = [flag for flag, given in (
         ("--processes", args.processes is not None), ("--record", bool(args.record)),
         ("--transport", args.transport != "fake"), ("--plot", bool(args.plot)),
-        ("--host-subset-size", args.host_subset_size is not None)) if given]
+        ("--host-subset-size", args.host_subset_size is not None),
+        ("--nvh-checks", args.nvh_checks != SimConfig.nvh_checks),
+        ("--nvh-oracle-share", args.nvh_oracle_share != SimConfig.nvh_oracle_share)) if given]
     if unsupported:
         parser.error(f"{', '.join(unsupported)} not supported with --scheduler nova")
     cfg = nova_sim.NovaSimConfig(

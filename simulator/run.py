@@ -64,7 +64,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("claims rejected %", "claims_rejected_pct"),
         ("retries per request", "retries_per_request"),
         ("retries per scheduled", "retries_per_scheduled"),
-        ("NoValidHost (wrong)", None),
+        ("NoValidHost (wrong, in flight)", None),
         ("staleness ms p50", "staleness_ms_p50"),
         ("staleness ms p99", "staleness_ms_p99"),
         ("staleness ms max", "staleness_ms_max"),
@@ -89,7 +89,9 @@ def summary_table(report: dict[str, Any]) -> str:
         for n in names:
             r = results[n]
             if key is None:
-                value: Any = f"{r['no_valid_host']} ({r['no_valid_host_wrong']})"
+                flight = r.get("no_valid_host_wrong_in_flight")
+                value: Any = (f"{r['no_valid_host']} ({r['no_valid_host_wrong']}, "
+                              f"{'-' if flight is None else flight})")
             else:
                 value = r.get(key)
             if key == "scheduler_processes" and not value:

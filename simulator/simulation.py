@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,8 @@ from simulator.workload import Workload
 from transport.rpcapi import peer_topic
 
 NVH_ORACLE_CHECKS = 50
+#: the share of a core the NoValidHost oracle may take (``--nvh-oracle-share``)
+NVH_ORACLE_SHARE = 0.1
 
 
 @dataclass
@@ -93,10 +95,17 @@ class SimConfig(RunShape):
     record: str | None = None
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
     processes: int | None = None
+    #: the NoValidHost oracle: at most this many checks per run, at most this share of a core
+    nvh_checks: int = NVH_ORACLE_CHECKS
+    nvh_oracle_share: float = NVH_ORACLE_SHARE
 
 
 def check_config(cfg: SimConfig) -> None:
     """Refuse combinations that cannot run (ValueError, saying what to do instead)."""
+    if cfg.nvh_checks < 0:
+        raise ValueError("--nvh-checks must be 0 or more")
+    if not 0.0 < cfg.nvh_oracle_share <= 1.0:
+        raise ValueError("--nvh-oracle-share must be above 0 and at most 1 (a share of one core)")
     if cfg.record and cfg.processes is not None:
         raise ValueError("--record records in-process runs; drop --processes (or record each "
                          "scheduler process with [update_log] in its own configuration)")
@@ -130,6 +139,8 @@ class Metrics:
     no_valid_host: int = 0
     nvh_checked: int = 0
     nvh_wrong: int = 0
+    #: of nvh_wrong: the host's fitting state had not reached the scheduler (None: unknown)
+    nvh_wrong_in_flight: int | None = 0
     nvh_inconclusive: int = 0
     staleness_s: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -207,14 +218,20 @@ class _NoValidHostChecker:
 
     Each check rebuilds the true state of every host (expensive at 10 000
     nodes), so clients only offer their refused requests; one check runs at a
-    time, at most :data:`NVH_ORACLE_CHECKS` per run, and after a check taking t
-    seconds the next waits 9t: the oracle costs at most a tenth of a core and
-    never delays a client.  Offers made while it is busy are not checked.
+    time, at most ``checks`` per run (``--nvh-checks``), and after a check taking
+    t seconds the next waits t(1 - share)/share: at the default share (a tenth)
+    the oracle costs at most a tenth of a core.  Offers made while it is busy
+    are not checked.  An accepted offer snapshots the versions the deciding
+    scheduler holds (``held``, a dict copy under its lock, once per check), so a
+    wrong verdict can tell a state still in flight to it from one it held.
     """
 
-    def __init__(self, check: Callable[[Any, float], None]) -> None:
+    def __init__(self, check: Callable[[Any, float, Mapping[str, tuple[int, int]] | None], None],
+                 checks: int = NVH_ORACLE_CHECKS, share: float = NVH_ORACLE_SHARE) -> None:
         self._check = check
-        self._slot: tuple[Any, float] | None = None
+        self._checks = checks
+        self._wait = (1.0 - share) / share
+        self._slot: tuple[Any, float, Mapping[str, tuple[int, int]] | None] | None = None
         self._cond = threading.Condition()
         self._closed = False
         self._not_before = 0.0
@@ -222,11 +239,12 @@ class _NoValidHostChecker:
         self._thread = threading.Thread(target=self._run, name="nvh-oracle", daemon=True)
         self._thread.start()
 
-    def offer(self, spec: Any, decided_at: float) -> None:
+    def offer(self, spec: Any, decided_at: float,
+              held: Callable[[], Mapping[str, tuple[int, int]]] | None = None) -> None:
         with self._cond:
-            if (self._slot is None and self.done < NVH_ORACLE_CHECKS
+            if (self._slot is None and self.done < self._checks
                     and time.monotonic() >= self._not_before):
-                self._slot = (spec, decided_at)
+                self._slot = (spec, decided_at, held() if held is not None else None)
                 self._cond.notify()
 
     def _run(self) -> None:
@@ -236,15 +254,15 @@ class _NoValidHostChecker:
                     self._cond.wait()
                 if self._closed:
                     return
-                spec, decided_at = self._slot  # type: ignore[misc]
+                spec, decided_at, held = self._slot  # type: ignore[misc]
             start = time.monotonic()
             try:
-                self._check(spec, decided_at)
+                self._check(spec, decided_at, held)
             finally:
                 with self._cond:
                     self.done += 1
                     self._slot = None
-                    self._not_before = time.monotonic() + 9 * (time.monotonic() - start)
+                    self._not_before = time.monotonic() + self._wait * (time.monotonic() - start)
 
     def close(self) -> None:
         """Finish the check under way (its verdict counts) and stop."""
@@ -314,7 +332,8 @@ class Simulation:
         self.client_errors: list[str] = []
         self.recording: Any = None
         self.clock = time.monotonic
-        self._nvh_checker = _NoValidHostChecker(self._check_no_valid_host)
+        self._nvh_checker = _NoValidHostChecker(self._check_no_valid_host, cfg.nvh_checks,
+                                                cfg.nvh_oracle_share)
 
     # -- set-up -----------------------------------------------------------------
 
@@ -464,7 +483,7 @@ class Simulation:
             decided_at = self.clock()
             outcome: Outcome = sched.schedule(spec)
             e2e = time.perf_counter() - start
-            self.record_outcome(spec, outcome, e2e, decided_at)
+            self.record_outcome(spec, outcome, e2e, decided_at, sched.versions)
 
     def _next_request(self) -> Any:
         """The workload's next request, made now (its group members are those booted so far);
@@ -474,11 +493,14 @@ class Simulation:
                 return None
             return self.workload.next_request()
 
-    def record_outcome(self, spec: Any, outcome: Outcome, e2e: float, decided_at: float) -> None:
-        """A request's outcome: offered to the NoValidHost oracle, counted, then the churn."""
+    def record_outcome(self, spec: Any, outcome: Outcome, e2e: float, decided_at: float,
+                       held: Callable[[], Mapping[str, tuple[int, int]]] | None = None) -> None:
+        """A request's outcome: offered to the NoValidHost oracle, counted, then the churn.
+
+        ``held`` reads the versions the deciding scheduler holds (None: not at hand)."""
         m = self.metrics
         if outcome.failed:
-            self._nvh_checker.offer(spec, decided_at)
+            self._nvh_checker.offer(spec, decided_at, held)
         with m.lock:
             m.requests += 1
             m.decision_s.append(outcome.decision_s)
@@ -503,14 +525,18 @@ class Simulation:
             self.reporter_of[source].manager.release(source, instance, self.clock())
             self.reporter_of[source].wake()
 
-    def _check_no_valid_host(self, spec: Any, decided_at: float) -> None:
+    def _check_no_valid_host(self, spec: Any, decided_at: float,
+                             held: Mapping[str, tuple[int, int]] | None = None) -> None:
         """Was this NoValidHost wrong: did the request fit the sources' true state?
 
         The oracle places every instance of the request on the sources' state
         now.  If it finds hosts whose state has not changed since the decision
         began, that capacity existed when the scheduler said there was none:
         wrong.  If the hosts it finds changed since (a deletion freed them),
-        the verdict is inconclusive and counted apart.
+        the verdict is inconclusive and counted apart.  A wrong verdict is also
+        counted *in flight* when the scheduler, even after deciding (``held``
+        is read then), did not hold that state of one of those hosts: its delta
+        was still on its way, so no view of it could have had the capacity.
         """
         m = self.metrics
         with m.lock:
@@ -528,11 +554,17 @@ class Simulation:
             return
         changed = any(self._first_change.get((row[0].source, *truth[row[0].source][:2]), 0.0)
                       > decided_at for row in selections)
+        in_flight = held is not None and any(
+            held.get(row[0].source, (-1, -1)) < truth[row[0].source][:2] for row in selections)
         with m.lock:
             if changed:
                 m.nvh_inconclusive += 1
-            else:
-                m.nvh_wrong += 1
+                return
+            m.nvh_wrong += 1
+            if held is None:
+                m.nvh_wrong_in_flight = None  # a figure over only some verdicts would mislead
+            elif m.nvh_wrong_in_flight is not None and in_flight:
+                m.nvh_wrong_in_flight += 1
 
     def _sample_staleness(self, stop: threading.Event) -> None:
         rng = random.Random(self.cfg.seed)
@@ -652,6 +684,7 @@ class Simulation:
             "no_valid_host": m.no_valid_host,
             "no_valid_host_checked": m.nvh_checked,
             "no_valid_host_wrong": m.nvh_wrong,
+            "no_valid_host_wrong_in_flight": m.nvh_wrong_in_flight,
             "no_valid_host_inconclusive": m.nvh_inconclusive,
             "timed_out": m.timed_out,
             "staleness_ms_p50": ms(m.staleness_s, 0.50),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -58,14 +59,54 @@ def test_cli_writes_json_and_table(tmp_path, capsys):
 
 
 def test_summary_table_shows_ratios():
-    report = {"results": {"shared": {"scheduled_per_s": 10.0, "no_valid_host": 0,
-                                     "no_valid_host_wrong": 0},
+    report = {"results": {"shared": {"scheduled_per_s": 10.0, "no_valid_host": 3,
+                                     "no_valid_host_wrong": 2, "no_valid_host_wrong_in_flight": 1},
                           "legacy": {"scheduled_per_s": 2.0, "no_valid_host": 1,
                                      "no_valid_host_wrong": 0}},
               "ratios": {"shared_vs_legacy_scheduled_per_s": 5.0}}
     table = summary_table(report)
     assert "shared_vs_legacy_scheduled_per_s: 5.0x" in table
-    assert "1 (0)" in table
+    assert "3 (2, 1)" in table and "1 (0, -)" in table
+
+
+def test_the_oracle_tells_a_state_in_flight_from_one_the_scheduler_held():
+    sim = Simulation(SimConfig(host_manager="shared", **SMALL), "shared")
+    sim.start()
+    try:
+        spec = sim._next_request()
+        decided_at = sim.clock()
+        truth = {s: (e, q) for s, (e, q, _) in sim._truth().items()}
+        # the scheduler held every host's state: wrong, not in flight
+        sim._check_no_valid_host(spec, decided_at, truth)
+        # it held none of them yet: wrong, in flight
+        sim._check_no_valid_host(spec, decided_at, {})
+        # who decided is unknown: wrong, and the in-flight figure becomes unknown
+        sim._check_no_valid_host(spec, decided_at, None)
+        m = sim.metrics
+        assert (m.nvh_checked, m.nvh_wrong, m.nvh_inconclusive) == (3, 3, 0)
+        assert m.nvh_wrong_in_flight is None
+    finally:
+        sim.stop()
+
+
+def test_the_oracle_counts_in_flight_verdicts():
+    sim = Simulation(SimConfig(host_manager="shared", **SMALL), "shared")
+    sim.start()
+    try:
+        spec = sim._next_request()
+        decided_at = sim.clock()
+        truth = {s: (e, q) for s, (e, q, _) in sim._truth().items()}
+        sim._check_no_valid_host(spec, decided_at, truth)
+        sim._check_no_valid_host(spec, decided_at, {})
+        sim._check_no_valid_host(spec, decided_at, {s: (e, q - 1) for s, (e, q) in truth.items()})
+        m = sim.metrics
+        assert (m.nvh_wrong, m.nvh_wrong_in_flight) == (3, 2)
+        # a request no host fits is not checked as wrong
+        spec.flavor = dataclasses.replace(spec.flavor, memory_mb=10**9)
+        sim._check_no_valid_host(spec, decided_at, {})
+        assert (m.nvh_checked, m.nvh_wrong) == (4, 3)
+    finally:
+        sim.stop()
 
 
 def test_plot_writes_a_png(tmp_path):
