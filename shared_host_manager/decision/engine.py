@@ -263,7 +263,8 @@ class DecisionEngine:
         self._claims = 0
         self.stats = {"requests": 0, "instances": 0, "no_valid_host": 0, "claims_sent": 0,
                       "alternates_claimed": 0, "owned_choices": 0, "peer_choices": 0,
-                      "affinity_anchors": 0, "scarce_choices": 0, "scarce_skips": 0}
+                      "affinity_anchors": 0, "scarce_choices": 0, "scarce_skips": 0,
+                      "fresh_alternates": 0}
         #: sums over every instance placed: weight of the best host minus the chosen one's,
         #: and the chosen host's rank (0: the best), for the simulator's quality figures
         self.quality = {"weight_gap": 0.0, "rank": 0.0, "picks": 0.0}
@@ -631,6 +632,28 @@ class DecisionEngine:
             if not f.host_passes(hv, req):
                 return f"{f.name} no longer passes"
         return None
+
+    def fresh_alternates(self, spec: RequestSpec, instance_uuid: str, siblings: Sequence[str],
+                         tried: set[str], n: int) -> list[Selection]:
+        """The best ``n`` hosts for ``instance_uuid`` in our view now, none of ``tried``.
+
+        The request tracker asks when an instance has used up the alternates its decision
+        chose but not its ``max_attempts`` claims (design §5.4): a scarce request may have
+        had none, and the rejection that ended the last one has since put its host's
+        correction into the view.  ``siblings`` are the request's other instances (their
+        claims are pending in the ledger already).  A dry run: nothing is claimed here.
+        """
+        self.index.sync()
+        req = self.request_view(spec, True, [instance_uuid, *siblings])
+        req.begin(0, instance_uuid)
+        out: list[Selection] = []
+        for source, weight in self._rank_fast(req):
+            if source not in tried:
+                out.append(self._selection(source, instance_uuid, weight))
+                if len(out) == n:
+                    break
+        self.stats["fresh_alternates"] += len(out)
+        return out
 
     def claim_alternate(self, selection: Selection, spec: RequestSpec, now: float,
                         siblings: Sequence[str] = ()) -> tuple[Claim | None, str]:

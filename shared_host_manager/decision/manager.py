@@ -145,7 +145,7 @@ class SchedulerManager:
             result = waiter.result
             result.placed = {u: sel.source for u, sel in event.placed.items()}
             result.failed = dict(event.failed)
-            result.claims = sum(i.attempt + 1 for i in request.instances.values())
+            result.claims = sum(i.claims for i in request.instances.values())
             result.rejected = sum(sum("claim rejected" in h for h in i.history)
                                   for i in request.instances.values())
             waiter.event.set()

@@ -14,7 +14,11 @@ of each instance (nova's conductor reschedule loop, without the conductor)::
                                                                 v
                      next alternate still fits in our view? --yes--> CLAIMED  [InstanceRescheduled]
                                       |no (try the next one)
-                                      +--(no alternate left)--------> FAILED  [InstanceFailed: NoValidHost]
+                                      +--(no alternate left, claims < max_attempts)--+
+                                      |    fresh alternates: the best untried hosts  |
+                                      |    in our view now (engine.fresh_alternates) |
+                                      |    <-----------------------------------------+
+                                      +--(none, or max_attempts claims)-> FAILED [InstanceFailed: NoValidHost]
 
     a request finishes when every instance is DONE or FAILED         [RequestFinished]
 
@@ -24,6 +28,12 @@ Rules:
   claim; later outcomes of that claim (the INCLUDED after an ACCEPTED, or an
   EXPIRED after an acceptance whose delta was lost) are ignored: an accepted
   claim is never retried, so an instance is never placed twice by the tracker.
+* ``max_attempts`` bounds the claims made for an instance, as nova's
+  ``[scheduler] max_attempts`` bounds its builds: the alternates a decision
+  chose are tried first, and when they run out early (a scarce request may
+  have none) the best untried hosts of the view at that moment, which by then
+  holds the rejected host's correction.  Failing sooner would refuse a
+  request the cloud had room for.
 * Outcomes of claims the tracker does not know (a previous attempt, another
   caller's) are ignored.
 * Every first resolution of a tracked claim feeds the adaptive subset
@@ -64,6 +74,8 @@ class TrackedInstance:
     hosts: list[Selection]
     attempt: int = 0
     claim_id: str | None = None
+    #: claims made for this instance (at most max_attempts)
+    claims: int = 1
     state: InstanceState = InstanceState.CLAIMED
     #: "host: why it did not work" for every host that failed
     history: list[str] = field(default_factory=list)
@@ -144,7 +156,7 @@ class RequestTracker:
         self._by_claim: dict[str, TrackedInstance] = {}
         self._ids = itertools.count(1)
         self.stats = {"submitted": 0, "no_valid_host_at_once": 0, "scheduled": 0,
-                      "rescheduled": 0, "failed": 0}
+                      "rescheduled": 0, "failed": 0, "fresh_alternates": 0}
 
     # -- intake ---------------------------------------------------------------------
 
@@ -219,13 +231,27 @@ class RequestTracker:
     def _next_host(self, request: TrackedRequest, inst: TrackedInstance, source: str,
                    outcome: Outcome, now: float) -> Event:
         inst.history.append(f"{inst.selection.host}: claim {outcome.value}")
-        while inst.attempt + 1 < len(inst.hosts):
+        siblings = [u for u in request.instances if u != inst.instance_uuid]
+        max_attempts = self.engine.config.max_attempts
+        ranked = False
+        while inst.claims < max_attempts:
+            if inst.attempt + 1 == len(inst.hosts):
+                if ranked:  # once per rejection: every host it found failed its recheck
+                    break
+                ranked = True
+                fresh = self.engine.fresh_alternates(
+                    request.spec, inst.instance_uuid, siblings, {h.source for h in inst.hosts},
+                    max_attempts - inst.claims)
+                if not fresh:
+                    break
+                inst.hosts.extend(fresh)
+                self.stats["fresh_alternates"] += 1
             inst.attempt += 1
             alternate = inst.selection
-            siblings = [u for u in request.instances if u != inst.instance_uuid]
             claim, reason = self.engine.claim_alternate(alternate, request.spec, now, siblings)
             if claim is not None:
                 inst.claim_id = claim.claim_id
+                inst.claims += 1
                 self._by_claim[claim.claim_id] = inst
                 self.stats["rescheduled"] += 1
                 return InstanceRescheduled(inst.request_id, inst.instance_uuid, source, outcome,
@@ -234,9 +260,13 @@ class RequestTracker:
         inst.state = InstanceState.FAILED
         inst.claim_id = None
         self.stats["failed"] += 1
-        return InstanceFailed(inst.request_id, inst.instance_uuid, NoValidHost(
-            f"Exceeded max scheduling attempts {len(inst.hosts)} for instance "
-            f"{inst.instance_uuid}: {'; '.join(inst.history)}"))
+        if inst.claims < max_attempts:
+            why = (f"No valid host left for instance {inst.instance_uuid} after {inst.claims} "
+                   f"of {max_attempts} attempts")
+        else:
+            why = f"Exceeded max scheduling attempts {inst.claims} for instance {inst.instance_uuid}"
+        return InstanceFailed(inst.request_id, inst.instance_uuid,
+                              NoValidHost(f"{why}: {'; '.join(inst.history)}"))
 
     # -- reading ----------------------------------------------------------------------
 

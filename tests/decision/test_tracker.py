@@ -154,5 +154,46 @@ def test_rejected_siblings_do_not_meet_on_a_shared_alternate():
     _reject(rec, sent[1])
     events = tracker.process(rec.drain_outcomes(), 1.0)
     assert isinstance(events[0], InstanceRescheduled) and events[0].selection.source == "cn0"
-    assert isinstance(events[1], InstanceFailed)
-    assert "ServerGroupAntiAffinityFilter no longer passes" in str(events[1].error)
+    # b may not join a on cn0; with attempts left it takes the one host it has not tried,
+    # where no member of the group is now (a's claim there was rejected)
+    assert isinstance(events[1], InstanceRescheduled) and events[1].selection.source == "cn2"
+    assert req.instances["b"].history[-1] == "h0: ServerGroupAntiAffinityFilter no longer passes"
+    assert {c.source for c in sent[2:]} == {"cn0", "cn2"}
+
+
+def test_alternates_run_out_before_max_attempts_then_the_view_now_gives_fresh_ones():
+    # a scarce request: only cn2 fits at decision time, so the decision has no alternate
+    tracker, rec, sent = _setup(max_attempts=3)
+    for s in ("cn0", "cn1"):
+        rec.receive(Delta(s, 1, 1, [[SET, "compute", "vcpus_used", 3]]), 0.0)
+    req = tracker.submit(RequestSpec(flavor=Flavor(vcpus=2), instance_uuids=["vm"]), 0.0)
+    assert [s.source for s in req.selections[0]] == ["cn2"]
+    # meanwhile a deletion freed cn0; cn2 rejects the claim
+    rec.receive(Delta("cn0", 1, 2, [[SET, "compute", "vcpus_used", 0]]), 1.0)
+    _reject(rec, sent[0])
+    [event] = tracker.process(rec.drain_outcomes(), 1.0)
+    assert isinstance(event, InstanceRescheduled) and event.selection.source == "cn0"
+    assert sent[-1].source == "cn0" and tracker.stats["fresh_alternates"] == 1
+    inst = req.instances["vm"]
+    assert inst.claims == 2 and [h.source for h in inst.hosts] == ["cn2", "cn0"]
+    # cn0 rejects too: the only untried host (cn1) still does not fit, so it fails,
+    # saying it had attempts left
+    _reject(rec, sent[-1])
+    events = tracker.process(rec.drain_outcomes(), 2.0)
+    assert isinstance(events[0], InstanceFailed)
+    assert "No valid host left for instance vm after 2 of 3 attempts" in str(events[0].error)
+    assert len(sent) == 2
+
+
+def test_fresh_alternates_never_exceed_max_attempts_claims():
+    tracker, rec, sent = _setup(n=6, max_attempts=3)
+    req = tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["vm"]), 0.0)
+    # two alternates were chosen; one host fills up meanwhile, so its alternate is skipped
+    rec.receive(Delta(req.selections[0][1].source, 1, 1, [[SET, "compute", "vcpus_used", 4]]), 0.5)
+    for step in range(1, 10):
+        _reject(rec, sent[-1], now=float(step))
+        events = tracker.process(rec.drain_outcomes(), float(step))
+        if isinstance(events[0], InstanceFailed):
+            break
+    assert len(sent) == 3 and len({c.source for c in sent}) == 3
+    assert "Exceeded max scheduling attempts 3" in str(events[0].error)
