@@ -35,6 +35,7 @@ are rate-limited per source with exponential backoff.
 Pending-claim ledger (per source)::
 
     add_claim() --> PENDING --(delta or snapshot lists it)-----> retired: "included"
+    (restore_claim(): a replay starting at an update log's checkpoint)
                           |---(claim result: rejected)-------> retired: "rejected"
                           |---(source's epoch changes)-------> retired: "epoch_changed"
                           |---(deadline passes, no word)-----> retired: "expired" (counted)
@@ -55,6 +56,9 @@ milliseconds before the host's delta arrives already sees it::
                          |---(peer_claim_ttl passes, at a tick)-> gone (the verdict or the
                          |                                         delta was lost)
                          +---(source's epoch changes, forget())-> gone
+
+    restore_claim(claim, deadline, peer=True) --> HELD (a replay starting at an update
+                                                  log's checkpoint holds what was held there)
 
 A peer claim that arrives after the host already included it (its instance is
 in the document) or rejected it (the last ``PEER_REJECTIONS_KEPT`` rejections
@@ -634,6 +638,29 @@ class ReceiverMachine:
         self._hold(view.peer, view.peer_usage, claim, now + self.peer_claim_ttl)
         self.stats["peer_claims"] += 1
         self._changed.add(claim.source)
+
+    def restore_claim(self, claim: Claim, deadline: float, *, peer: bool = False,
+                      accepted: bool = False) -> bool:
+        """Hold a claim until ``deadline`` as this scheduler held it at an update log's
+        checkpoint -- ours (pending, ``accepted`` as it was) or, with ``peer``, a peer's --
+        for a replay that starts there (design §8), so that it holds what the scheduler held
+        instead of only the claims made or announced after it.  The claim was checked when
+        it was made or arrived; only a view that holds its source at its epoch takes it,
+        once (False otherwise).  Not an observed step: a live scheduler never calls it."""
+        view = self.sources.get(claim.source)
+        if view is None or view.doc is None or claim.epoch != view.epoch:
+            return False
+        ledger = view.peer if peer else view.pending
+        if claim.claim_id in ledger:
+            return False
+        self._hold(ledger, view.peer_usage if peer else view.pending_usage, claim, deadline)
+        if peer:
+            self.stats["peer_claims"] += 1
+        else:
+            ledger[claim.claim_id].accepted = accepted
+            self.stats["claims_added"] += 1
+        self._changed.add(claim.source)
+        return True
 
     def _hold(self, ledger: dict[str, PendingClaim], usage: dict[str, int], claim: Claim,
               deadline: float) -> None:

@@ -104,6 +104,7 @@ from shared_host_manager.updatelog.format import (
     ViewStates,
     _plain,
     log_base,
+    pending_claims,
     rng_to_wire,
     spec_to_wire,
 )
@@ -343,18 +344,22 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                 self._failed_locked(exc)
                 return
         # a full checkpoint right after the base: one replayed from this part on compares every
-        # view at once (checkpoints otherwise list only what changed since the previous one)
+        # view at once (checkpoints otherwise list only what changed since the previous one),
+        # and holds the claims pending then, which it lists whole
         self._states = ViewStates()
-        self._checkpoint(now)
+        self._checkpoint(now, base=True)
 
-    def _checkpoint(self, now: float) -> None:
+    def _checkpoint(self, now: float, base: bool = False) -> None:
         receiver = self._receiver
         if receiver is None:
             return
         changes = self._states.scan(receiver.sources, self.digest_budget)
         self._next_checkpoint = now + self.checkpoint_interval
         self.checkpoints += 1
-        self._append([CHECKPOINT, now, self._states.combined, len(receiver.sources), changes])
+        record = [CHECKPOINT, now, self._states.combined, len(receiver.sources), changes]
+        if base:
+            record.append({"pending": pending_claims(receiver.sources)})
+        self._append(record)
         self.flush()
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:

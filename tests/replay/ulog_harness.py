@@ -145,7 +145,10 @@ class MiniRun:
             for body in inbox:
                 cache.ingest_control(body)
 
-    def claim(self, name: str, source: str, resources: dict[str, int]) -> Claim:
+    def claim(self, name: str, source: str, resources: dict[str, int], *, announce: bool = False,
+              lost: bool = False) -> Claim:
+        """``name`` claims on ``source``; ``announce``: cast to the other schedulers too (their
+        peer topic, design §5.2); ``lost``: the claim never reaches the host."""
         cache = self.caches[name]
         with cache.lock:
             view = cache.receiver.sources[source]
@@ -153,7 +156,13 @@ class MiniRun:
             claim = Claim(f"{name}-c{self.claims}", name, source, view.epoch, view.seq, resources,
                           f"vm-{self.claims}")
             cache.receiver.add_claim(claim, self.clock())
-        self._to_reporter(REPORTER, claim)
+        if not lost:
+            self._to_reporter(REPORTER, claim)
+        if announce:
+            body = codec.encode(claim)
+            for peer, other in self.caches.items():
+                if peer != name:
+                    other.ingest_peer_claim(body)
         return claim
 
     def pump(self, dt: float = 0.05) -> None:
