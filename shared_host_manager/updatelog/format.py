@@ -49,7 +49,8 @@ CHECKPOINT     12  now, combined hash (8 bytes), number of views, changed views
 DECISION       13  now, {id, spec, rng, subset, live, peers, path, alts}   (before the decision runs)
 DECISION_END   14  now, {id, rows | None, error}                    (after; rows: per instance
                    [uuid, [[source, weight, claim_id, epoch, seq, digest], ...]])
-ENGINE         15  now, {config, filters, weighers, path, live}     (the decision engine attached)
+ENGINE         15  now, {config, filters, weighers, path, live}     (the decision engine attached;
+                   repeated in every part's base)
 NOTE           16  now, text
 HOST_MANAGER   17  now, {step, id, ...}                 (a step of a decision made by a host
                    manager outside the engine: nova's handlers in the drop-in; see

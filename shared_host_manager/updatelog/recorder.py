@@ -181,6 +181,8 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         #: claim outcomes of the step being recorded (told by the receiver, written with the step)
         self._outcomes: list[list[str]] = []
         self._decisions = itertools.count(1)
+        #: the engine's configuration as recorded (repeated in every part's base)
+        self._engine: dict[str, Any] | None = None
         self.enabled = False
         self.closed = False
         self.errors = 0
@@ -327,13 +329,16 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                 self._failed(exc)
 
     def _base(self, now: float) -> None:
-        """A new part began: every held view as restore records (under the cache lock, which
-        every _step caller holds), so the part replays without the parts before it."""
+        """A new part began: every held view as restore records, and the engine's
+        configuration (under the cache lock, which every _step caller holds), then a full
+        checkpoint, so the part replays without the parts before it."""
         receiver = self._receiver
         assert receiver is not None
         records: list[list[Any]] = [
             [RESTORE, now, codec.encode(Snapshot(v.source, v.epoch, v.seq, v.doc))]
             for v in list(receiver.sources.values()) if v.doc is not None]
+        if self._engine is not None:  # so that --decisions re-runs the part's decisions too
+            records.append([ENGINE, now, self._engine])
         with self._lock:
             writer = self._writer
             if not self.enabled or writer is None:
@@ -445,17 +450,18 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
 
     def engine_attached(self, engine: DecisionEngine) -> None:
         """Record the decisions of a :class:`~shared_host_manager.decision.engine.DecisionEngine`
-        from now on; writes its configuration once."""
+        from now on; writes its configuration once (and again in every part's base)."""
         if self._receiver is None:
             raise RuntimeError("attach the cache before the engine")
         config = _plain(engine.config)
         config.pop("__type__", None)
-        self._append([ENGINE, self._clock(), {
+        self._engine = {
             "config": config,
             "filters": [type(f).__name__ for f in engine.filters],
             "weighers": [type(w).__name__ for w in engine.weighers],
             "path": engine.path, "live": engine.live_schedulers,
-        }])
+        }
+        self._append([ENGINE, self._clock(), self._engine])
 
     def decision_started(self, engine: DecisionEngine, spec: RequestSpec, now: float, *,
                          return_alternates: bool, live_schedulers: int | None,

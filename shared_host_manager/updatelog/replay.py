@@ -421,8 +421,9 @@ class Replayer:
         # view held, then a full checkpoint; records before it are already in it.  Replaying
         # on from the previous part, the base repeats what the receiver holds: its restore
         # records are skipped.  Starting at this part (older parts deleted), the records
-        # before the base are skipped, its restore records build the views, and the claims
-        # its checkpoint lists (pending and peers') are held again (_restore_claims).
+        # before the base are skipped, its restore records build the views (its engine record
+        # the engine), and the claims its checkpoint lists (pending and peers') are held
+        # again (_restore_claims).
         has_base = bool(header.get("base")) and r.role != fmt.REPORTER
         if header["session"] == self.session:
             self.base = "continue" if has_base else None
@@ -486,6 +487,9 @@ class Replayer:
                 if self.base == "start":
                     self._restore_claims(rec)
                 self.base = None
+            elif kind == ENGINE:  # the base repeats the engine's configuration
+                if self.base == "continue":
+                    return
             elif (kind == RESTORE) == (self.base == "continue"):
                 return
         r = self.result
