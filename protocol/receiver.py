@@ -35,11 +35,13 @@ are rate-limited per source with exponential backoff.
 Pending-claim ledger (per source)::
 
     add_claim() --> PENDING --(delta or snapshot lists it)-----> retired: "included"
-    (restore_claim(): a replay starting at an update log's checkpoint)
                           |---(claim result: rejected)-------> retired: "rejected"
                           |---(source's epoch changes)-------> retired: "epoch_changed"
                           |---(deadline passes, no word)-----> retired: "expired" (counted)
                           +---(cancel_claim(): build given up)-> retired: "cancelled"
+
+(A replay that starts at an update log's checkpoint puts the claims pending there
+back with ``restore_claim()``, their deadlines as they were.)
 
 A claim is retired exactly once, in the same step that makes its consumption
 part of the document, so the usable view (document minus this scheduler's own

@@ -297,8 +297,7 @@ class ViewStates:
         for source, view in sources.items():
             base = view_base(view, peers)
             old = states.get(source)
-            if same_base(old, base):
-                assert old is not None
+            if old is not None and same_base(old, base):
                 recorded = old[2]
                 if recorded is not None and (recorded == NO_DOCUMENT or view.known_digest == recorded):
                     continue  # unchanged and digested
