@@ -1,8 +1,8 @@
 """``shm fuzz``: coverage-guided fuzzing of every door for untrusted bytes (design §6, invariant 6).
 
 Runs :class:`simulator.fuzzing.FuzzTargets` (the decoder, a scheduler's cache and
-receiver, a reporter's control door, the update-log reader, a scheduler's peer topic) under atheris, the
-libFuzzer-based engine for Python (``pip install 'shared-host-manager[fuzz]'``),
+receiver, a reporter's control door, the update-log reader, a scheduler's peer topic)
+under atheris, the libFuzzer-based engine for Python (``pip install 'shared-host-manager[fuzz]'``),
 starting from the corpus kept in ``tests/fuzz_corpus/``.  Any exception other than a
 typed protocol error is a crash: atheris writes the input that caused it and exits 1.
 
