@@ -41,7 +41,8 @@ Pending-claim ledger (per source)::
                           +---(cancel_claim(): build given up)-> retired: "cancelled"
 
 (A replay that starts at an update log's checkpoint puts the claims pending there
-back with ``restore_claim()``, their deadlines as they were.)
+back with ``restore_claim()``, their deadlines as they were, and the peer claims held
+and the peers' rejections remembered with ``restore_peer_rejections()``.)
 
 A claim is retired exactly once, in the same step that makes its consumption
 part of the document, so the usable view (document minus this scheduler's own
@@ -663,6 +664,20 @@ class ReceiverMachine:
             self.stats["claims_added"] += 1
         self._changed.add(claim.source)
         return True
+
+    def peer_rejections(self) -> list[str]:
+        """The ids of the peer claims whose rejection this receiver remembers, oldest first
+        (an update log's part base lists them, design §8)."""
+        return list(self._peer_rejected)
+
+    def restore_peer_rejections(self, claim_ids: list[str]) -> None:
+        """Remember these rejections of peer claims, as :meth:`peer_rejections` listed them
+        at an update log's checkpoint, for a replay that starts there (design §8)."""
+        rejected = self._peer_rejected
+        for claim_id in claim_ids:
+            rejected[claim_id] = None
+        while len(rejected) > PEER_REJECTIONS_KEPT:
+            del rejected[next(iter(rejected))]
 
     def _hold(self, ledger: dict[str, PendingClaim], usage: dict[str, int], claim: Claim,
               deadline: float) -> None:

@@ -44,8 +44,10 @@ CHECKPOINT     12  now, combined hash (8 bytes), number of views, changed views
                               (, [[peer claim id, deadline, encoded Claim], ...])] | None], ...]
                    (digest: 16 bytes, b"" = no document yet, None = not digested this time;
                    the peer claims held, format 2, only when the view holds some)
-                   [, {"pending": [[source, claim id, deadline, accepted, encoded Claim], ...]}]
-                   (format 2, a part's base only: this scheduler's own pending claims whole)
+                   [, {"pending": [[source, claim id, deadline, accepted, encoded Claim], ...],
+                       "peer_rejected": [claim id, ...]}]
+                   (format 2, a part's base only: this scheduler's own pending claims whole,
+                   and the rejections of peer claims it remembers, oldest first)
 DECISION       13  now, {id, spec, rng, subset, live, peers, path, alts}   (before the decision runs)
 DECISION_END   14  now, {id, rows | None, error}                    (after; rows: per instance
                    [uuid, [[source, weight, claim_id, epoch, seq, digest], ...]])
@@ -72,7 +74,8 @@ claim as encoded, and the deadline its ``peer_claim_ttl`` gave it -- so that a
 replay starting at a part's base (older parts deleted) holds them as the
 scheduler did, instead of only those announced after it.  For the same reason
 the checkpoint of a part's base lists this scheduler's own pending claims whole
-(:func:`pending_claims`; other checkpoints list only their ids).  Format 2 added them;
+(:func:`pending_claims`; other checkpoints list only their ids), and the rejections of
+peer claims the receiver remembers (a late announcement of one is not held).  Format 2 added them;
 a format 1 log (without them) is still read, and its checkpoints are compared
 without peer claims (:data:`READABLE_FORMATS`, ``ViewStates(peers=False)``).
 

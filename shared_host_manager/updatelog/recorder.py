@@ -363,7 +363,8 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         self.checkpoints += 1
         record = [CHECKPOINT, now, self._states.combined, len(receiver.sources), changes]
         if base:
-            record.append({"pending": pending_claims(receiver.sources)})
+            record.append({"pending": pending_claims(receiver.sources),
+                           "peer_rejected": receiver.peer_rejections()})
         self._append(record)
         self.flush()
 

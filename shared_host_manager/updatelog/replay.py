@@ -694,7 +694,8 @@ class Replayer:
     def _restore_claims(self, rec: Record) -> None:
         """The replay starts at a part's base: hold the claims its checkpoint lists -- the
         peer claims in the views' states, our own pending ones in its last field -- with
-        their deadlines, as the scheduler held them (format.py, design §8)."""
+        their deadlines, as the scheduler held them, and remember the peers' rejections it
+        lists (format.py, design §8)."""
         receiver = self.held_receiver
         held: list[tuple[str, bytes, float, bool, bool]] = []
         for change in rec.fields[2]:
@@ -705,6 +706,7 @@ class Replayer:
         extra = rec.fields[3] if len(rec.fields) > 3 and isinstance(rec.fields[3], dict) else {}
         held.extend((claim_id, body, deadline, False, bool(accepted))
                     for _source, claim_id, deadline, accepted, body in extra.get("pending") or ())
+        receiver.restore_peer_rejections(list(extra.get("peer_rejected") or ()))
         for claim_id, body, deadline, peer, accepted in held:
             what = f"{'peer' if peer else 'pending'} claim {claim_id}"
             claim = self._decode(rec, body)

@@ -263,14 +263,16 @@ def _peer_ledgers(receiver):
 
 def _peer_run(mini_run, **kw):
     """s0 claims on a host at every step and announces it to s1; every other claim is lost on
-    its way to the host, so s1 holds it until its peer_claim_ttl (1 s, 20 steps) runs out."""
+    its way to the host, so s1 holds it until its peer_claim_ttl (1 s, 20 steps) runs out;
+    every seventh is too big, and s0 forwards its rejection to s1."""
     run = mini_run(max_file_bytes=4096, checkpoint_interval=0.1, **kw)
     run.settle(5)
     sources = sorted(run.sources)
     for step in range(60):
         run.change(3)
-        run.claim("s0", sources[step % len(sources)], {"vcpus": 1, "memory_mb": 64},
-                  announce=True, lost=step % 2 == 1)
+        run.claim("s0", sources[step % len(sources)],
+                  {"vcpus": 64 if step % 7 == 0 else 1, "memory_mb": 64},
+                  announce=True, lost=step % 2 == 1 and step % 7 != 0)
         run.pump()
     return run
 
@@ -289,6 +291,7 @@ def test_a_replay_starting_at_a_part_base_holds_the_peer_claims_held_there(mini_
     with cache.lock:
         live, live_states = _peer_ledgers(cache.receiver), _live_states(cache)
         live_usage = {s: dict(v.peer_usage) for s, v in cache.receiver.sources.items() if v.peer}
+        live_rejected = cache.receiver.peer_rejections()
     assert live, "s1 holds no peer claim at the end"
     run.close()
     parts = resolve_log(run.log("s1"))
@@ -298,11 +301,14 @@ def test_a_replay_starting_at_a_part_base_holds_the_peer_claims_held_there(mini_
     assert reader.headers[0]["base"] and any(
         state is not None and len(state) > 5 for _, state in base.fields[2]), \
         "the base the replay starts at holds no peer claim"
+    assert base.fields[3]["peer_rejected"], "the base remembers no rejection of a peer claim"
     result = replay(parts)
     assert result.ok and result.checkpoints > 3, result.mismatches[:3]
     assert _states(result) == live_states
     assert _peer_ledgers(result.receiver) == live
     assert {s: dict(v.peer_usage) for s, v in result.receiver.sources.items() if v.peer} == live_usage
+    assert result.receiver.peer_rejections() == live_rejected
+    assert result.receiver.stats["peer_claims_rejected"] > 0
     # without them the base checkpoint and the next ones differ (what format 1 could not avoid)
     monkeypatch.setattr(Replayer, "_restore_claims", lambda self, rec: None)
     unrestored = replay(parts)

@@ -17,7 +17,7 @@ from typing import Any
 from protocol import codec
 from protocol.batching import batches
 from protocol.document import SET
-from protocol.messages import Claim, Delta
+from protocol.messages import Claim, ClaimResult, Delta
 from protocol.receiver import ReceiverMachine
 from protocol.source import SourceMachine
 from shared_host_manager.cache import HostStateCache
@@ -80,6 +80,8 @@ class MiniRun:
                 params={"coalesce_window": 0.0, "heartbeat_interval": 0.5}))
         self._data: list = []
         self.claims = 0
+        #: ids of the claims announced to the peers (their rejections are forwarded too)
+        self.announced: set[str] = set()
 
     # -- the reporter side -----------------------------------------------------------
 
@@ -143,7 +145,10 @@ class MiniRun:
                     cache.ingest_stream(body, offset)
             inbox, self.inbox[name] = self.inbox[name], []
             for body in inbox:
-                cache.ingest_control(body)
+                msg = cache.ingest_control(body)
+                if (type(msg) is ClaimResult and not msg.accepted
+                        and msg.claim_id in self.announced):
+                    self._to_peers(name, body)  # the host's rejection, forwarded as received
 
     def claim(self, name: str, source: str, resources: dict[str, int], *, announce: bool = False,
               lost: bool = False) -> Claim:
@@ -159,11 +164,15 @@ class MiniRun:
         if not lost:
             self._to_reporter(REPORTER, claim)
         if announce:
-            body = codec.encode(claim)
-            for peer, other in self.caches.items():
-                if peer != name:
-                    other.ingest_peer_claim(body)
+            self.announced.add(claim.claim_id)
+            self._to_peers(name, codec.encode(claim))
         return claim
+
+    def _to_peers(self, name: str, body: bytes) -> None:
+        """What ``name`` casts on its peer topic reaches every other scheduler at once."""
+        for peer, other in self.caches.items():
+            if peer != name:
+                other.ingest_peer_claim(body)
 
     def pump(self, dt: float = 0.05) -> None:
         self.clock.t += dt
