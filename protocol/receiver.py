@@ -40,9 +40,9 @@ Pending-claim ledger (per source)::
                           |---(deadline passes, no word)-----> retired: "expired" (counted)
                           +---(cancel_claim(): build given up)-> retired: "cancelled"
 
-(A replay that starts at an update log's checkpoint puts the claims pending there
-back with ``restore_claim()``, their deadlines as they were, and the peer claims held
-and the peers' rejections remembered with ``restore_peer_rejections()``.)
+(A replay that starts at an update log's checkpoint puts back the claims held there,
+ours and peers', with ``restore_claim()``, their deadlines as they were, and the peers'
+rejections remembered there with ``restore_peer_rejections()``.)
 
 A claim is retired exactly once, in the same step that makes its consumption
 part of the document, so the usable view (document minus this scheduler's own
