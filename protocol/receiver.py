@@ -40,6 +40,10 @@ Pending-claim ledger (per source)::
                           |---(deadline passes, no word)-----> retired: "expired" (counted)
                           +---(cancel_claim(): build given up)-> retired: "cancelled"
 
+(A replay that starts at an update log's checkpoint puts back the claims held there,
+ours and peers', with ``restore_claim()``, their deadlines as they were, and the peers'
+rejections remembered there with ``restore_peer_rejections()``.)
+
 A claim is retired exactly once, in the same step that makes its consumption
 part of the document, so the usable view (document minus this scheduler's own
 pending claims) never subtracts a claim twice nor forgets it early.
@@ -55,6 +59,9 @@ milliseconds before the host's delta arrives already sees it::
                          |---(peer_claim_ttl passes, at a tick)-> gone (the verdict or the
                          |                                         delta was lost)
                          +---(source's epoch changes, forget())-> gone
+
+    restore_claim(claim, deadline, peer=True) --> HELD (a replay starting at an update
+                                                  log's checkpoint holds what was held there)
 
 A peer claim that arrives after the host already included it (its instance is
 in the document) or rejected it (the last ``PEER_REJECTIONS_KEPT`` rejections
@@ -634,6 +641,43 @@ class ReceiverMachine:
         self._hold(view.peer, view.peer_usage, claim, now + self.peer_claim_ttl)
         self.stats["peer_claims"] += 1
         self._changed.add(claim.source)
+
+    def restore_claim(self, claim: Claim, deadline: float, *, peer: bool = False,
+                      accepted: bool = False) -> bool:
+        """Hold a claim until ``deadline`` as this scheduler held it at an update log's
+        checkpoint -- ours (pending, ``accepted`` as it was) or, with ``peer``, a peer's --
+        for a replay that starts there (design §8), so that it holds what the scheduler held
+        instead of only the claims made or announced after it.  The claim was checked when
+        it was made or arrived; only a view that holds its source at its epoch takes it,
+        once (False otherwise).  Not an observed step: a live scheduler never calls it."""
+        view = self.sources.get(claim.source)
+        if view is None or view.doc is None or claim.epoch != view.epoch:
+            return False
+        ledger = view.peer if peer else view.pending
+        if claim.claim_id in ledger:
+            return False
+        self._hold(ledger, view.peer_usage if peer else view.pending_usage, claim, deadline)
+        if peer:
+            self.stats["peer_claims"] += 1
+        else:
+            ledger[claim.claim_id].accepted = accepted
+            self.stats["claims_added"] += 1
+        self._changed.add(claim.source)
+        return True
+
+    def peer_rejections(self) -> list[str]:
+        """The ids of the peer claims whose rejection this receiver remembers, oldest first
+        (an update log's part base lists them, design §8)."""
+        return list(self._peer_rejected)
+
+    def restore_peer_rejections(self, claim_ids: list[str]) -> None:
+        """Remember these rejections of peer claims, as :meth:`peer_rejections` listed them
+        at an update log's checkpoint, for a replay that starts there (design §8)."""
+        rejected = self._peer_rejected
+        for claim_id in claim_ids:
+            rejected[claim_id] = None
+        while len(rejected) > PEER_REJECTIONS_KEPT:
+            del rejected[next(iter(rejected))]
 
     def _hold(self, ledger: dict[str, PendingClaim], usage: dict[str, int], claim: Claim,
               deadline: float) -> None:

@@ -1,26 +1,31 @@
 """``shm fuzz``: coverage-guided fuzzing of every door for untrusted bytes (design §6, invariant 6).
 
 Runs :class:`simulator.fuzzing.FuzzTargets` (the decoder, a scheduler's cache and
-receiver, a reporter's control door, the update-log reader) under atheris, the
-libFuzzer-based engine for Python (``pip install 'shared-host-manager[fuzz]'``),
+receiver, a reporter's control door, the update-log reader, a scheduler's peer topic)
+under atheris, the libFuzzer-based engine for Python (``pip install 'shared-host-manager[fuzz]'``),
 starting from the corpus kept in ``tests/fuzz_corpus/``.  Any exception other than a
 typed protocol error is a crash: atheris writes the input that caused it and exits 1.
 
 ``--write-corpus DIR`` writes the seed inputs (valid messages of every type, for every
 door) instead of fuzzing.  The inputs a run found interesting stay in ``--work``; the small
 ones are worth copying into ``tests/fuzz_corpus/`` (the suite replays them).
+
+``--door NAME`` spends every input on one door: the engine's first byte is replaced by
+that door's, so the corpus's inputs keep their layout; a crash input is also written with
+the door's byte (``crash-<door>-<sha1>`` in ``--work``), ready for the corpus.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import sys
 import tempfile
 import time
 
-from simulator.fuzzing import FuzzTargets, seed_inputs
+from simulator.fuzzing import TARGETS, FuzzTargets, seed_inputs
 
 REPO_CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "tests", "fuzz_corpus")
@@ -38,6 +43,8 @@ def build_parser(prog: str = "shm fuzz") -> argparse.ArgumentParser:
     p.add_argument("--work", metavar="DIR",
                    help="where new interesting inputs and crash inputs go (default: a temporary dir)")
     p.add_argument("--max-len", type=int, default=4096, help="longest input (default: %(default)s)")
+    p.add_argument("--door", choices=TARGETS,
+                   help="fuzz only this door (default: every door, picked by the first byte)")
     p.add_argument("--write-corpus", metavar="DIR", help="write the seed inputs to DIR and exit")
     return p
 
@@ -67,8 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     targets = FuzzTargets()
     started = time.monotonic()
 
+    door = None if args.door is None else bytes([TARGETS.index(args.door)])
+
     def one(data: bytes) -> None:
-        targets.one(data)
+        if door is not None:
+            data = door + data[1:]
+            try:
+                targets.one(data)
+            except BaseException:
+                # the engine writes the input it gave; this one is the input the door got
+                name = f"crash-{args.door}-{hashlib.sha1(data).hexdigest()}"
+                with open(os.path.join(work, name), "wb") as f:
+                    f.write(data)
+                raise
+        else:
+            targets.one(data)
         if targets.inputs % 100_000 == 0:
             # the engine ends the process itself (no atexit): report as we go
             elapsed = time.monotonic() - started

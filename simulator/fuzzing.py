@@ -16,7 +16,20 @@ rest is what comes through it:
 * ``updatelog`` – :class:`~shared_host_manager.updatelog.reader.LogReader` on a file: the
   input as a whole file, or (odd second byte) as records the harness frames with valid
   checksums after a valid header, so the fuzzer reaches the record decoding behind the CRC.
-  Nothing in a file may make the reader raise.
+  Nothing in a file may make the reader raise;
+* ``peer`` – the scheduler's peer topic (``<topic>-peers``, design §5.2): the same cache's
+  :meth:`~shared_host_manager.cache.HostStateCache.ingest_peer_claim` (a peer's announced
+  claim, or the host's rejection of one forwarded by that peer), then a tick: nothing may
+  escape.  The views it meets hold a peer's claim and remember a rejection besides the
+  pending claim (rebuilt with them).
+
+After every input through the receiver or peer door the cache's ledgers are checked (see
+:func:`check_ledgers`): a usage that is not the sum of the claims held, or is negative, is
+a crash too, so the fuzzer looks for wrong accounting as well as for exceptions.
+
+The first byte maps to the door modulo the number of doors; a door added later goes last
+and the corpus's inputs are renumbered so that each keeps its door (their first byte is
+rewritten to the door's index).
 
 Life cycle: ``FuzzTargets()`` builds the parties once (state in a private temporary
 directory, removed by :meth:`close`); ``one(data)`` per input, from the fuzzing engine
@@ -54,10 +67,35 @@ from shared_host_manager.updatelog.format import FORMAT, HEADER, MAGIC, frame
 from shared_host_manager.updatelog.reader import LogReader
 from simulator.synthetic_hosts import host_doc
 
-TARGETS = ("decoder", "receiver", "reporter", "updatelog")
+#: the doors, in the order of the input's first byte (modulo their number); append only
+TARGETS = ("decoder", "receiver", "reporter", "updatelog", "peer")
 RESET_EVERY = 1000
 SOURCES = ("cn-0", "cn-1")
 MASTER = b"fuzz master"
+#: the fuzzed scheduler, and the live peer whose claims it holds
+SCHEDULER = "sch-0"
+PEER = "sch-1"
+
+
+class LedgerError(AssertionError):
+    """A view's claim ledger does not add up (a crash, like an exception out of a door)."""
+
+
+def check_ledgers(receiver: ReceiverMachine) -> None:
+    """Every view's ``pending_usage`` and ``peer_usage`` are the sums of the claims its two
+    ledgers hold, and never negative (protocol/receiver.py, design §5.2)."""
+    for view in receiver.sources.values():
+        for name, ledger, usage in (("pending", view.pending, view.pending_usage),
+                                    ("peer", view.peer, view.peer_usage)):
+            total: dict[str, int] = {}
+            for held in ledger.values():
+                for resource, amount in held.claim.resources.items():
+                    total[resource] = total.get(resource, 0) + amount
+            if {r: a for r, a in total.items() if a} != {r: a for r, a in usage.items() if a}:
+                raise LedgerError(f"{view.source}: {name} usage {usage} is not the sum {total} "
+                                  f"of the {len(ledger)} claims held")
+            if any(a < 0 for a in usage.values()):
+                raise LedgerError(f"{view.source}: negative {name} usage {usage}")
 
 
 class FuzzTargets:
@@ -79,15 +117,25 @@ class FuzzTargets:
         docs = {s: host_doc(s, vcpus=8, memory_mb=8192, disk_gb=100) for s in SOURCES}
         self.reporter = ReporterManager("rep-0", docs, dict.fromkeys(SOURCES, 5),
                                         heartbeat_interval=1.0, ring_size=4)
-        self.cache = HostStateCache(ReceiverMachine("sch-0", reorder_window=4, claim_deadline=2.0),
+        self.cache = HostStateCache(ReceiverMachine(SCHEDULER, reorder_window=4, claim_deadline=2.0,
+                                                    peer_claim_ttl=1.0),
                                     lambda endpoint, msg: None, clock=lambda: self._now)
-        # the views the fuzzer's messages meet: both sources held, one claim pending
+        # the views the fuzzer's messages meet: both sources held, one claim pending, a peer's
+        # claim held on each source, a rejection of another of its claims remembered
         batches, _ = self.reporter.poll(0.0)
         for b in batches:
             self.cache.ingest_stream(Encoder().encode(b), None)
-        view = self.cache.receiver.sources["cn-0"]
-        self.cache.receiver.add_claim(
-            Claim("sch-0:1", "sch-0", "cn-0", view.epoch, view.seq, {"vcpus": 1}, "vm-1"), 0.0)
+        receiver = self.cache.receiver
+        view = receiver.sources["cn-0"]
+        receiver.add_claim(
+            Claim(f"{SCHEDULER}:1", SCHEDULER, "cn-0", view.epoch, view.seq, {"vcpus": 1}, "vm-1"), 0.0)
+        for i, source in enumerate(SOURCES):
+            view = receiver.sources[source]
+            self.cache.ingest_peer_claim(Encoder().encode(
+                Claim(f"{PEER}:{i + 1}", PEER, source, view.epoch, view.seq,
+                      {"vcpus": 2, "memory_mb": 1024}, f"vm-p{i + 1}")))
+        self.cache.ingest_peer_claim(Encoder().encode(
+            ClaimResult(f"{PEER}:9", PEER, "cn-1", False, view.epoch, view.seq, "no fit")))
 
     # -- one input ---------------------------------------------------------------------
 
@@ -105,6 +153,8 @@ class FuzzTargets:
             self._receiver(body)
         elif target == "reporter":
             self._reporter(body)
+        elif target == "peer":
+            self._peer(body)
         else:
             self._updatelog(body)
 
@@ -122,6 +172,15 @@ class FuzzTargets:
         self.cache.ingest_stream(body, self.inputs)
         self.cache.ingest_control(body)
         self.cache.tick()
+        check_ledgers(self.cache.receiver)
+
+    def _peer(self, body: bytes) -> None:
+        if self.inputs % RESET_EVERY == 0:
+            self._reset()
+        self._now += 0.05
+        self.cache.ingest_peer_claim(body)
+        self.cache.tick()
+        check_ledgers(self.cache.receiver)
 
     def _reporter(self, body: bytes) -> None:
         if self.inputs % RESET_EVERY == 0:
@@ -165,10 +224,27 @@ def seed_inputs() -> dict[str, bytes]:
             body = enc.encode(msg)
             for i, target in enumerate(TARGETS[:3]):
                 out[f"{target}-{name}-{enc_name}"] = bytes([i]) + body
+    # the peer topic: a peer's announced claim, the host's rejection of one forwarded by the
+    # peer (of a claim held, and of one not held), an acceptance (foreign), our own claim
+    # echoed back, a claim on an epoch not held, and a stream message where none belongs
+    peer = TARGETS.index("peer")
+    peer_messages: dict[str, Message] = {
+        "claim": Claim(f"{PEER}:3", PEER, "cn-0", 5, 0, {"vcpus": 1, "memory_mb": 512}, "vm-p3",
+                       {"flavor": "m1"}),
+        "rejection": ClaimResult(f"{PEER}:3", PEER, "cn-0", False, 5, 1, "no fit", [delta]),
+        "rejection_unheld": ClaimResult(f"{PEER}:4", PEER, "cn-1", False, 6, 0, "no fit"),
+        "acceptance": ClaimResult(f"{PEER}:2", PEER, "cn-1", True, 5, 1),
+        "echo": Claim(f"{SCHEDULER}:2", SCHEDULER, "cn-0", 5, 0, {"vcpus": 1}, "vm-2"),
+        "stale_epoch": Claim(f"{PEER}:5", PEER, "cn-1", 4, 0, {"vcpus": 1}, "vm-p5"),
+        "delta": delta,
+    }
+    for name, msg in peer_messages.items():
+        for enc_name, enc in (("plain", plain), ("signed", signed)):
+            out[f"peer-{name}-{enc_name}"] = bytes([peer]) + enc.encode(msg)
     record = msgpack.packb([1, 1.5, 7, plain.encode(delta)], use_bin_type=True)  # RX_STREAM
     out["updatelog-records"] = bytes([3, 1]) + record + b"\xc1" + record
     out["updatelog-file"] = bytes([3, 0]) + MAGIC + b"\x00" * 8
     return out
 
 
-__all__ = ["TARGETS", "FuzzTargets", "seed_inputs"]
+__all__ = ["TARGETS", "FuzzTargets", "LedgerError", "check_ledgers", "seed_inputs"]

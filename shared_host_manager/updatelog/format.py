@@ -40,12 +40,19 @@ RESTORE         9  now, encoded Snapshot[, effects]   (cache.load after a restar
 TX             10  now, to, encoded message           (claims sent; a reporter's control casts)
 CANCEL         11  now, source, claim id[, effects]   (receiver.cancel_claim)
 CHECKPOINT     12  now, combined hash (8 bytes), number of views, changed views
-                   [[source, [epoch, seq, digest, down, [pending claim ids]] | None], ...]
-                   (digest: 16 bytes, b"" = no document yet, None = not digested this time)
+                   [[source, [epoch, seq, digest, down, [pending claim ids]
+                              (, [[peer claim id, deadline, encoded Claim], ...])] | None], ...]
+                   (digest: 16 bytes, b"" = no document yet, None = not digested this time;
+                   the peer claims held, format 2, only when the view holds some)
+                   [, {"pending": [[source, claim id, deadline, accepted, encoded Claim], ...],
+                       "peer_rejected": [claim id, ...]}]
+                   (format 2, a part's base only: this scheduler's own pending claims whole,
+                   and the rejections of peer claims it remembers, oldest first)
 DECISION       13  now, {id, spec, rng, subset, live, peers, path, alts}   (before the decision runs)
 DECISION_END   14  now, {id, rows | None, error}                    (after; rows: per instance
                    [uuid, [[source, weight, claim_id, epoch, seq, digest], ...]])
-ENGINE         15  now, {config, filters, weighers, path, live}     (the decision engine attached)
+ENGINE         15  now, {config, filters, weighers, path, live}     (the decision engine attached;
+                   repeated in every part's base)
 NOTE           16  now, text
 HOST_MANAGER   17  now, {step, id, ...}                 (a step of a decision made by a host
                    manager outside the engine: nova's handlers in the drop-in; see
@@ -57,10 +64,20 @@ Checkpoints
 -----------
 A checkpoint lists only the views that changed since the previous one, and
 the XOR of an 8-byte BLAKE2b hash of every view's state (:class:`ViewStates`).
-Version, liveness and pending claims of every view are checked at every
-checkpoint; document digests (~60 us each on a realistic host) are taken
-within a time budget and a view left out is digested at a later checkpoint,
-which bounds how long a checkpoint holds the cache lock.
+Version, liveness, pending claims and held peer claims of every view are
+checked at every checkpoint; document digests (~60 us each on a realistic
+host) are taken within a time budget and a view left out is digested at a
+later checkpoint, which bounds how long a checkpoint holds the cache lock.
+
+The peer claims a view holds (docs/design.md §5.2) are listed whole -- the
+claim as encoded, and the deadline its ``peer_claim_ttl`` gave it -- so that a
+replay starting at a part's base (older parts deleted) holds them as the
+scheduler did, instead of only those announced after it.  For the same reason
+the checkpoint of a part's base lists this scheduler's own pending claims whole
+(:func:`pending_claims`; other checkpoints list only their ids), and the rejections of
+peer claims the receiver remembers (a late announcement of one is not held).  Format 2 added them;
+a format 1 log (without them) is still read, and its checkpoints are compared
+without peer claims (:data:`READABLE_FORMATS`, ``ViewStates(peers=False)``).
 
 Request specs and RNG states travel as plain msgpack data
 (:func:`spec_to_wire`, :func:`rng_to_wire`) so ``--decisions`` can re-run a
@@ -83,11 +100,20 @@ from typing import Any
 
 import msgpack
 
-from protocol import hashing
+from protocol import codec, hashing
 from protocol.receiver import SourceView
 from shared_host_manager.decision import request
 
-FORMAT = 1
+#: the format this code writes: 2 lists the peer claims held in checkpoints
+FORMAT = 2
+
+
+#: the formats this code reads (1: checkpoints without peer claims)
+READABLE_FORMATS = (1, 2)
+
+
+#: the first format whose checkpoints list the peer claims held
+PEER_CLAIMS_FORMAT = 2
 
 
 MAGIC = b"SHMULOG1"
@@ -196,19 +222,50 @@ RECEIVER_PARAMS = ("reorder_window", "reorder_timeout", "resync_timeout", "resyn
 NO_DOCUMENT = b""
 
 
-def view_base(view: SourceView) -> tuple:
-    """What every checkpoint records of every view: version, liveness, pending claims."""
+def view_base(view: SourceView, peers: bool = True) -> tuple:
+    """What every checkpoint compares of every view: version, liveness, pending claims, and
+    (``peers``) the peer claims held, by id and deadline, when there are some."""
     pending = view.pending
-    return (view.epoch, view.seq, view.down, tuple(sorted(pending)) if pending else ())
+    base = (view.epoch, view.seq, view.down, tuple(sorted(pending)) if pending else ())
+    if peers and view.peer:
+        return (*base, tuple(sorted((cid, held.deadline) for cid, held in view.peer.items())))
+    return base
 
 
-def view_state(view: SourceView, digest: bool = True) -> tuple:
-    """(epoch, seq, document digest | None | NO_DOCUMENT, down, pending claim ids)."""
-    epoch, seq, down, pending = view_base(view)
+def peer_claims_state(view: SourceView) -> tuple:
+    """The peer claims ``view`` holds as a checkpoint lists them: (id, deadline, encoded claim)."""
+    return tuple((cid, held.deadline, codec.encode(held.claim))
+                 for cid, held in sorted(view.peer.items()))
+
+
+def pending_claims(sources: Mapping[str, SourceView]) -> list[list[Any]]:
+    """This scheduler's own pending claims, whole, as a part's base checkpoint lists them:
+    [source, claim id, deadline, accepted, encoded Claim], in source and id order."""
+    return [[source, cid, held.deadline, held.accepted, codec.encode(held.claim)]
+            for source, view in sorted(sources.items()) if view.pending
+            for cid, held in sorted(view.pending.items())]
+
+
+def same_base(state: tuple | None, base: tuple) -> bool:
+    """Whether a checkpointed ``state`` has the version, liveness and claims of ``base``
+    (:func:`view_base`); the document digest is not compared."""
+    if state is None or state[:2] != base[:2] or state[3:5] != base[2:4]:
+        return False
+    if len(state) == 5 or len(base) == 4:
+        return len(state) == 5 and len(base) == 4
+    return tuple((cid, deadline) for cid, deadline, _ in state[5]) == base[4]
+
+
+def view_state(view: SourceView, digest: bool = True, peers: bool = True) -> tuple:
+    """(epoch, seq, document digest | None | NO_DOCUMENT, down, pending claim ids
+    [, peer claims held: see :func:`peer_claims_state`, when ``peers`` and there are some])."""
+    epoch, seq, down, pending = view_base(view, False)
     if view.doc is None:
         dig: bytes | None = NO_DOCUMENT
     else:
         dig = view.digest() if digest else None
+    if peers and view.peer:
+        return (epoch, seq, dig, down, pending, peer_claims_state(view))
     return (epoch, seq, dig, down, pending)
 
 
@@ -224,9 +281,11 @@ class ViewStates:
     digested at a later scan.  The replay verifies digests where recorded.
     """
 
-    __slots__ = ("states", "hashes", "acc", "_pack")
+    __slots__ = ("states", "hashes", "acc", "peers", "_pack")
 
-    def __init__(self) -> None:
+    def __init__(self, peers: bool = True) -> None:
+        #: states list the peer claims held (format 2; False to compare a format 1 log)
+        self.peers = peers
         self.states: dict[str, tuple] = {}
         self.hashes: dict[str, int] = {}
         self.acc = 0
@@ -237,10 +296,11 @@ class ViewStates:
         states = self.states
         deadline = time.perf_counter() + budget if budget != float("inf") else None
         spent = False
+        peers = self.peers
         for source, view in sources.items():
-            base = view_base(view)
+            base = view_base(view, peers)
             old = states.get(source)
-            if old is not None and old[:2] == base[:2] and old[3:] == base[2:]:
+            if old is not None and same_base(old, base):
                 recorded = old[2]
                 if recorded is not None and (recorded == NO_DOCUMENT or view.known_digest == recorded):
                     continue  # unchanged and digested
@@ -255,7 +315,10 @@ class ViewStates:
                 if dig is None and not spent:
                     dig = view.digest()
                     spent = deadline is not None and time.perf_counter() > deadline
-            state = (base[0], base[1], dig, base[2], base[3])
+            if len(base) > 4:
+                state: tuple = (base[0], base[1], dig, base[2], base[3], peer_claims_state(view))
+            else:
+                state = (base[0], base[1], dig, base[2], base[3])
             if state != old:
                 self.set(source, state)
                 changes.append([source, state])
@@ -284,7 +347,10 @@ class ViewStates:
 def state_from_wire(state: list | None) -> tuple | None:
     if state is None:
         return None
-    epoch, seq, dig, down, pending = state
+    epoch, seq, dig, down, pending = state[:5]
+    if len(state) > 5:  # format 2: the peer claims held
+        return (epoch, seq, dig, down, tuple(pending),
+                tuple((cid, deadline, claim) for cid, deadline, claim in state[5]))
     return (epoch, seq, dig, down, tuple(pending))
 
 

@@ -126,7 +126,7 @@ def _read_header(data: bytes, path: str) -> tuple[dict[str, Any], int]:
     if type(rec) is not list or len(rec) != 2 or rec[0] != HEADER or type(rec[1]) is not dict:
         raise BadRecord("first record is not a header")
     header = rec[1]
-    if header.get("format") != fmt.FORMAT:
+    if header.get("format") not in fmt.READABLE_FORMATS:
         raise BadRecord(f"unsupported log format {header.get('format')!r}")
     for key, types in (("role", str), ("name", str), ("session", str)):
         if type(header.get(key)) is not types:

@@ -104,6 +104,7 @@ from shared_host_manager.updatelog.format import (
     ViewStates,
     _plain,
     log_base,
+    pending_claims,
     rng_to_wire,
     spec_to_wire,
 )
@@ -180,6 +181,8 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         #: claim outcomes of the step being recorded (told by the receiver, written with the step)
         self._outcomes: list[list[str]] = []
         self._decisions = itertools.count(1)
+        #: the engine's configuration as recorded (repeated in every part's base)
+        self._engine: dict[str, Any] | None = None
         self.enabled = False
         self.closed = False
         self.errors = 0
@@ -326,13 +329,16 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                 self._failed(exc)
 
     def _base(self, now: float) -> None:
-        """A new part began: every held view as restore records (under the cache lock, which
-        every _step caller holds), so the part replays without the parts before it."""
+        """A new part began: every held view as restore records, and the engine's
+        configuration (under the cache lock, which every _step caller holds), then a full
+        checkpoint, so the part replays without the parts before it."""
         receiver = self._receiver
         assert receiver is not None
         records: list[list[Any]] = [
             [RESTORE, now, codec.encode(Snapshot(v.source, v.epoch, v.seq, v.doc))]
             for v in list(receiver.sources.values()) if v.doc is not None]
+        if self._engine is not None:  # so that --decisions re-runs the part's decisions too
+            records.append([ENGINE, now, self._engine])
         with self._lock:
             writer = self._writer
             if not self.enabled or writer is None:
@@ -343,18 +349,23 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                 self._failed_locked(exc)
                 return
         # a full checkpoint right after the base: one replayed from this part on compares every
-        # view at once (checkpoints otherwise list only what changed since the previous one)
+        # view at once (checkpoints otherwise list only what changed since the previous one),
+        # and holds the claims pending then, which it lists whole
         self._states = ViewStates()
-        self._checkpoint(now)
+        self._checkpoint(now, base=True)
 
-    def _checkpoint(self, now: float) -> None:
+    def _checkpoint(self, now: float, base: bool = False) -> None:
         receiver = self._receiver
         if receiver is None:
             return
         changes = self._states.scan(receiver.sources, self.digest_budget)
         self._next_checkpoint = now + self.checkpoint_interval
         self.checkpoints += 1
-        self._append([CHECKPOINT, now, self._states.combined, len(receiver.sources), changes])
+        record = [CHECKPOINT, now, self._states.combined, len(receiver.sources), changes]
+        if base:
+            record.append({"pending": pending_claims(receiver.sources),
+                           "peer_rejected": receiver.peer_rejections()})
+        self._append(record)
         self.flush()
 
     def _guard(self, fn: Callable[..., None], *args: Any) -> None:
@@ -440,17 +451,18 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
 
     def engine_attached(self, engine: DecisionEngine) -> None:
         """Record the decisions of a :class:`~shared_host_manager.decision.engine.DecisionEngine`
-        from now on; writes its configuration once."""
+        from now on; writes its configuration once (and again in every part's base)."""
         if self._receiver is None:
             raise RuntimeError("attach the cache before the engine")
         config = _plain(engine.config)
         config.pop("__type__", None)
-        self._append([ENGINE, self._clock(), {
+        self._engine = {
             "config": config,
             "filters": [type(f).__name__ for f in engine.filters],
             "weighers": [type(w).__name__ for w in engine.weighers],
             "path": engine.path, "live": engine.live_schedulers,
-        }])
+        }
+        self._append([ENGINE, self._clock(), self._engine])
 
     def decision_started(self, engine: DecisionEngine, spec: RequestSpec, now: float, *,
                          return_alternates: bool, live_schedulers: int | None,

@@ -16,8 +16,8 @@ What is checked, at every record (docs/design.md §6, invariant 5)::
 
     every step      the resync requests the step sent and the claim outcomes it
                     produced equal the recorded ones ("effects")
-    CHECKPOINT      every view's (version, document digest, down, pending claims)
-                    equals the recorded one, and so does the combined hash
+    CHECKPOINT      every view's (version, document digest, down, pending claims, peer
+                    claims held) equals the recorded one, and so does the combined hash
     DECISION_END    the views the decision was based on have the recorded version and digest
     --decisions     the decision, re-run on the replayed view with the recorded RNG
                     and subset state, picks the same hosts with the same weights
@@ -387,6 +387,8 @@ class Replayer:
         #: reading a part's base: "continue" (skip its restores), "start" (skip what precedes them)
         self.base: str | None = None
         self.states = ViewStates()
+        #: the session's checkpoints list the peer claims held (format 2, see format.py)
+        self.peers = True
         self.expected: dict[str, tuple] = {}
         self.expected_acc: bytes | None = None
         self.last_checkpoint: int | None = None
@@ -419,7 +421,9 @@ class Replayer:
         # view held, then a full checkpoint; records before it are already in it.  Replaying
         # on from the previous part, the base repeats what the receiver holds: its restore
         # records are skipped.  Starting at this part (older parts deleted), the records
-        # before the base are skipped and its restore records build the views.
+        # before the base are skipped, its restore records build the views (its engine record
+        # the engine), and the claims its checkpoint lists (pending and peers') are held
+        # again (_restore_claims).
         has_base = bool(header.get("base")) and r.role != fmt.REPORTER
         if header["session"] == self.session:
             self.base = "continue" if has_base else None
@@ -431,7 +435,8 @@ class Replayer:
             r.notes.append((first, float(header.get("clock") or 0.0),
                             f"the log starts at part {header['part']} (record {first}) of a session: "
                             "older parts were deleted (retention); the views start from that part's "
-                            "base, timers and pending claims from before it are not reproduced"))
+                            "base and the claims it held (pending and peers'), timers from "
+                            "before it are not reproduced"))
         self.session = header["session"]
         r.sessions += 1
         r.config = dict(header.get("config") or {})
@@ -443,7 +448,8 @@ class Replayer:
             receiver.set_observer(self.tracer)
             self.tracer.new_session()
         self.receiver = r.receiver = receiver
-        self.states = ViewStates()
+        self.peers = (header.get("format") or fmt.FORMAT) >= fmt.PEER_CLAIMS_FORMAT
+        self.states = ViewStates(self.peers)
         self.expected = {}
         self.expected_acc = None
         self.last_offset = None
@@ -478,7 +484,12 @@ class Replayer:
             raise BadRecord("record before any header")
         if self.base is not None:  # until the base's checkpoint, see header()
             if kind == CHECKPOINT:
+                if self.base == "start":
+                    self._restore_claims(rec)
                 self.base = None
+            elif kind == ENGINE:  # the base repeats the engine's configuration
+                if self.base == "continue":
+                    return
             elif (kind == RESTORE) == (self.base == "continue"):
                 return
         r = self.result
@@ -680,6 +691,30 @@ class Replayer:
 
     # -- checkpoints ----------------------------------------------------------------------
 
+    def _restore_claims(self, rec: Record) -> None:
+        """The replay starts at a part's base: hold the claims its checkpoint lists -- the
+        peer claims in the views' states, our own pending ones in its last field -- with
+        their deadlines, as the scheduler held them, and remember the peers' rejections it
+        lists (format.py, design §8)."""
+        receiver = self.held_receiver
+        held: list[tuple[str, bytes, float, bool, bool]] = []
+        for change in rec.fields[2]:
+            state = state_from_wire(change[1])
+            if state is not None and len(state) > 5:
+                held.extend((claim_id, body, deadline, True, False)
+                            for claim_id, deadline, body in state[5])
+        extra = rec.fields[3] if len(rec.fields) > 3 and isinstance(rec.fields[3], dict) else {}
+        held.extend((claim_id, body, deadline, False, bool(accepted))
+                    for _source, claim_id, deadline, accepted, body in extra.get("pending") or ())
+        receiver.restore_peer_rejections(list(extra.get("peer_rejected") or ()))
+        for claim_id, body, deadline, peer, accepted in held:
+            what = f"{'peer' if peer else 'pending'} claim {claim_id}"
+            claim = self._decode(rec, body)
+            if not isinstance(claim, Claim) or claim.claim_id != claim_id:
+                self._mismatch(rec, "checkpoint", f"{what} is not a claim of that id")
+            elif not receiver.restore_claim(claim, deadline, peer=peer, accepted=accepted):
+                self._mismatch(rec, "checkpoint", f"{what} names a view the base does not hold")
+
     def _checkpoint(self, rec: Record) -> None:
         """Verify a checkpoint: listed views in the recorded form, the others unchanged."""
         combined, count, changes = rec.fields[0], rec.fields[1], rec.fields[2]
@@ -697,14 +732,14 @@ class Replayer:
                 self.expected.pop(source, None)
                 if view is not None:
                     bad[source] = "forgotten when recorded"
-                states.set(source, None if view is None else fmt.view_state(view, False))
+                states.set(source, None if view is None else fmt.view_state(view, False, self.peers))
                 continue
             self.expected[source] = state
             if view is None:
                 bad[source] = "not held by the replay"
                 states.set(source, None)
                 continue
-            actual = fmt.view_state(view, digest=state[2] is not None)
+            actual = fmt.view_state(view, digest=state[2] is not None, peers=self.peers)
             if actual != state:
                 bad[source] = "differs"
             states.set(source, actual)
@@ -713,10 +748,9 @@ class Replayer:
             for source, view in sources.items():
                 if source in listed:
                     continue
-                old = held.get(source)
-                if old is None or old[:2] != (view.epoch, view.seq) or old[3:] != fmt.view_base(view)[2:]:
+                if not fmt.same_base(held.get(source), fmt.view_base(view, self.peers)):
                     bad[source] = "changed in the replay only"
-                    states.set(source, fmt.view_state(view, digest=False))
+                    states.set(source, fmt.view_state(view, digest=False, peers=self.peers))
         if not bad and (states.combined != combined or len(sources) != count):
             bad = {s: "differs" for s in set(states.states) ^ set(self.expected)} or {"*": "combined hash"}
         if bad:
@@ -935,12 +969,14 @@ def _resources(resources: Mapping[str, int]) -> str:
 def _state_text(state: tuple | None) -> str:
     if state is None:
         return "absent"
-    epoch, seq, dig, down, pending = state
+    epoch, seq, dig, down, pending = state[:5]
     text = f"{epoch}:{seq} digest {dig.hex() if dig else 'no document' if dig == b'' else 'not taken'}"
     if down:
         text += " down"
     if pending:
         text += f" pending {list(pending)}"
+    if len(state) > 5:
+        text += f" peer claims {[f'{cid} until {deadline:.3f}' for cid, deadline, _ in state[5]]}"
     return text
 
 

@@ -3,9 +3,11 @@
 A live peer announces each claim it sends to its host; this scheduler deducts it until
 the host's delta or snapshot lists it, the host's rejection (forwarded by the peer)
 arrives, its epoch changes, or ``peer_claim_ttl`` passes.  The property test drives a
-real arbiter (``SourceMachine``) with claims of two peers and delivers to the receiver,
-in any interleaving, the host's stream (in order, late), its rejections (late, or lost)
-and the announcements (late, duplicated, after their inclusion, of another epoch).
+real arbiter (``SourceMachine``) with claims of two peers and of this scheduler, and
+delivers to the receiver, in any interleaving, the host's stream (in order, late), its
+rejections (late, or lost), the announcements (late, duplicated, after their inclusion, of
+another epoch, reusing the id of one of our claims), restarts of the host (a new epoch)
+and ticks; after every step both ledgers add up (:func:`_check`).
 """
 
 from __future__ import annotations
@@ -34,31 +36,44 @@ def _me() -> ReceiverMachine:
     return ReceiverMachine("me", peer_claim_ttl=TTL, claim_deadline=30.0, down_interval=1e9)
 
 
+def _sum(ledger) -> dict[str, int]:
+    usage: dict[str, int] = {}
+    for held in ledger.values():
+        for r, a in held.claim.resources.items():
+            usage[r] = usage.get(r, 0) + a
+    return {r: a for r, a in usage.items() if a}
+
+
 def _check(me: ReceiverMachine, announced: dict[str, Claim], included: set[str],
            rejected: set[str]) -> None:
     view = me.sources[HOST]
-    usage: dict[str, int] = {}
     for claim_id, held in view.peer.items():
-        # only what a peer announced, never what the document already includes
+        # only what a peer announced, never what the document already includes, never ours
         assert claim_id in announced and claim_id not in included
+        assert held.claim.scheduler != me.name and claim_id not in view.pending
         assert held.claim.instance not in (view.doc or {}).get("instances", {})
         assert claim_id not in rejected
-        for r, a in held.claim.resources.items():
-            usage[r] = usage.get(r, 0) + a
-    assert {r: a for r, a in usage.items() if a} == view.peer_usage
-    # a peer's claim is not ours: no outcome, nothing in our own ledger
-    assert me.drain_outcomes() == []
-    assert not view.pending and not view.pending_usage
+        # of the epoch held: a restart of the host dropped the older epoch's
+        assert held.claim.epoch == view.epoch
+    # each ledger's usage is the sum of the claims it holds, and never negative
+    assert _sum(view.peer) == view.peer_usage and all(a > 0 for a in view.peer_usage.values())
+    assert _sum(view.pending) == view.pending_usage
+    assert all(a > 0 for a in view.pending_usage.values())
+    assert all(held.claim.scheduler == me.name for held in view.pending.values())
+    # a peer's claim is not ours: it never yields an outcome
+    assert all(claim_id.startswith(f"{me.name}:") for claim_id, _, _ in me.drain_outcomes())
 
 
 steps = st.lists(st.one_of(
-    st.tuples(st.just("claim"), st.sampled_from(["p1", "p2"]), st.integers(1, 5)),
+    st.tuples(st.just("claim"), st.sampled_from(["p1", "p2", "me"]), st.integers(1, 5)),
     st.tuples(st.just("judge")),
     st.tuples(st.just("stream")),
     st.tuples(st.just("announce"), st.booleans(), st.integers(0, 7)),
     st.tuples(st.just("tick"), st.floats(0.0, 0.6)),
     st.tuples(st.just("verdict"), st.booleans()),
     st.tuples(st.just("stale")),
+    st.tuples(st.just("restart")),
+    st.tuples(st.just("spoof")),
 ), max_size=60)
 
 
@@ -76,6 +91,7 @@ def test_peer_claims_are_held_until_their_host_lists_them_or_their_ttl(ops):
     announced: dict[str, Claim] = {}
     included: set[str] = set()
     n = 0
+    epoch = EPOCH
     for op in ops:
         kind = op[0]
         if kind == "claim":
@@ -84,7 +100,12 @@ def test_peer_claims_are_held_until_their_host_lists_them_or_their_ttl(ops):
             claim = Claim(f"{op[1]}:{n}", op[1], HOST, view.epoch, view.seq,
                           {"vcpus": op[2], "memory_mb": 512 * op[2]}, f"inst-{n}")
             to_judge.append(claim)
-            to_announce.append(claim)
+            if op[1] == me.name:  # ours: pending here, and echoed back by the fanout
+                me.add_claim(claim, now)
+                me.receive(claim, now)
+                assert claim.claim_id not in view.peer
+            else:
+                to_announce.append(claim)
         elif kind == "judge" and to_judge:
             for send in host.handle_claim(to_judge.popleft(), now):
                 if send.to is None:
@@ -93,7 +114,10 @@ def test_peer_claims_are_held_until_their_host_lists_them_or_their_ttl(ops):
                     verdicts.append(send.message)
         elif kind == "verdict" and verdicts:  # False: the forwarded rejection is lost
             result = verdicts.popleft()
-            if op[1]:
+            if op[1] and result.scheduler == me.name:  # our own rejection: retires, corrects
+                me.receive(result, now)
+                assert result.claim_id not in me.sources[HOST].pending
+            elif op[1]:
                 version = me.sources[HOST].version
                 me.receive(result, now)
                 rejected.add(result.claim_id)
@@ -115,8 +139,19 @@ def test_peer_claims_are_held_until_their_host_lists_them_or_their_ttl(ops):
             me.tick(now)
             assert all(h.deadline > now for h in me.sources[HOST].peer.values())
         elif kind == "stale":  # a peer decided on an epoch this view does not hold
-            me.receive(Claim(f"old:{n}", "p1", HOST, EPOCH - 1, 0, {"vcpus": 1}, "x"), now)
+            me.receive(Claim(f"old:{n}", "p1", HOST, me.sources[HOST].epoch - 1, 0, {"vcpus": 1},
+                             "x"), now)
             assert f"old:{n}" not in me.sources[HOST].peer
+        elif kind == "restart":  # the host restarts: a new epoch, its snapshot after its stream
+            epoch += 1
+            host = SourceMachine(HOST, epoch, host.document, coalesce_window=0.0)
+            stream.append(host.snapshot())
+        elif kind == "spoof":  # a peer's announcement reusing the id of a claim of ours
+            view = me.sources[HOST]
+            for claim_id in list(view.pending)[:1]:
+                me.receive(Claim(claim_id, "p2", HOST, view.epoch, view.seq, {"vcpus": 1},
+                                 "inst-spoof"), now)
+                assert claim_id not in view.peer
         _check(me, announced, included, rejected)
     # once the host has said everything and the ttl has passed, nothing is held
     while to_judge:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -11,7 +12,7 @@ from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
 from shared_host_manager.updatelog.format import DECISION, DECISION_END, ENGINE, spec_from_wire, spec_to_wire
 from shared_host_manager.updatelog.reader import LogReader, resolve_log
-from shared_host_manager.updatelog.replay import replay
+from shared_host_manager.updatelog.replay import Replayer, replay
 
 
 def _recorded_run(mini_run):
@@ -106,3 +107,37 @@ def test_decisions_among_peers_replay_with_the_scarce_requests_remembered(mini_r
     result = replay(resolve_log(run.log("s0")), decisions=True)
     assert result.ok, result.decision_diffs
     assert result.decisions == 9 and result.decisions_checked == 9
+
+
+def test_decisions_after_a_part_base_re_run_with_the_claims_held_there(mini_run, monkeypatch):
+    """A log whose oldest parts were deleted: its first part's base repeats the engine's
+    configuration and lists the claims held (s0's announced ones, s1's own pending), so the
+    decisions after it -- within peer_claim_ttl of it too -- come out the same."""
+    run = mini_run(max_file_bytes=16 * 1024, checkpoint_interval=0.1, max_total_bytes=96 * 1024)
+    run.settle(5)
+    cache = run.caches["s1"]
+    engine = DecisionEngine(cache.receiver, lambda claim: run._to_reporter("r0", claim),
+                            config=SchedulerConfig(host_subset_size_min=3), rng=random.Random(7))
+    engine.set_observer(run.recorders["s1"])
+    sources = sorted(run.sources)
+    for i in range(40):
+        run.change(3)
+        # s0's claims reach s1 as announcements; every other one never reaches its host
+        run.claim("s0", sources[i % len(sources)], {"memory_mb": 1024},
+                  announce=True, lost=i % 2 == 1)
+        spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512), request_id=f"req-{i}",
+                           project_id="p1")
+        with cache.lock, contextlib.suppress(NoValidHost):
+            engine.select_destinations(spec, run.clock())
+        run.pump()
+    run.close()
+    parts = resolve_log(run.log("s1"))
+    assert not parts[0].endswith(".0001"), "the oldest parts were not deleted"
+    assert ENGINE in [r.kind for r in LogReader(parts[:1])]
+    result = replay(parts, decisions=True)
+    assert result.ok and not result.decisions_note, (result.mismatches, result.decision_diffs)
+    assert result.decisions_checked >= 10
+    # without the claims the base lists, the decisions after it see emptier hosts
+    monkeypatch.setattr(Replayer, "_restore_claims", lambda self, rec: None)
+    unrestored = replay(parts, decisions=True)
+    assert unrestored.decision_diffs and unrestored.decisions_checked == result.decisions_checked

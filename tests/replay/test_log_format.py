@@ -12,10 +12,18 @@ from ulog_harness import RECEIVER_PARAMS, MiniRun
 
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.cache import HostStateCache
-from shared_host_manager.updatelog.format import FRAME, MAGIC, RESTORE, ViewStates, part_paths
+from shared_host_manager.updatelog import recorder as recorder_module
+from shared_host_manager.updatelog.format import (
+    CHECKPOINT,
+    FRAME,
+    MAGIC,
+    RESTORE,
+    ViewStates,
+    part_paths,
+)
 from shared_host_manager.updatelog.reader import LogReader, resolve_log
 from shared_host_manager.updatelog.recorder import Recorder
-from shared_host_manager.updatelog.replay import replay
+from shared_host_manager.updatelog.replay import Replayer, replay
 
 
 def _states(result):
@@ -242,3 +250,112 @@ def test_garbage_and_empty_files_are_damage_not_crashes(tmp_path):
         assert result.damage is not None and result.damage.offset == 0 and result.records == 0
     missing = replay([str(tmp_path / "nope.ulog.0001")])
     assert missing.damage is not None and "unreadable" in missing.damage.reason
+
+
+# -- peer claims in checkpoints ------------------------------------------------------------
+
+
+def _peer_ledgers(receiver):
+    return {source: {cid: (held.deadline, dict(held.claim.resources), held.claim.instance)
+                     for cid, held in view.peer.items()}
+            for source, view in receiver.sources.items() if view.peer}
+
+
+def _peer_run(mini_run, **kw):
+    """s0 claims on a host at every step and announces it to s1; every other claim is lost on
+    its way to the host, so s1 holds it until its peer_claim_ttl (1 s, 20 steps) runs out;
+    every seventh is too big, and s0 forwards its rejection to s1."""
+    run = mini_run(max_file_bytes=4096, checkpoint_interval=0.1, **kw)
+    run.settle(5)
+    sources = sorted(run.sources)
+    for step in range(60):
+        run.change(3)
+        run.claim("s0", sources[step % len(sources)],
+                  {"vcpus": 64 if step % 7 == 0 else 1, "memory_mb": 64},
+                  announce=True, lost=step % 2 == 1 and step % 7 != 0)
+        run.pump()
+    return run
+
+
+def _checkpoints_with_peer_claims(parts):
+    return [rec for rec in LogReader(parts) if rec.kind == CHECKPOINT
+            and any(state is not None and len(state) > 5 for _, state in rec.fields[2])]
+
+
+def test_a_replay_starting_at_a_part_base_holds_the_peer_claims_held_there(mini_run, monkeypatch):
+    """A part's base checkpoint lists the peer claims held (format 2): a replay of a log whose
+    older parts were deleted holds them from its first record on, as the scheduler did, and
+    every checkpoint (peer claims included) and the final ledger agree with the live ones."""
+    run = _peer_run(mini_run, max_total_bytes=24 * 1024)
+    cache = run.caches["s1"]
+    with cache.lock:
+        live, live_states = _peer_ledgers(cache.receiver), _live_states(cache)
+        live_usage = {s: dict(v.peer_usage) for s, v in cache.receiver.sources.items() if v.peer}
+        live_rejected = cache.receiver.peer_rejections()
+    assert live, "s1 holds no peer claim at the end"
+    run.close()
+    parts = resolve_log(run.log("s1"))
+    assert not parts[0].endswith(".0001"), "the oldest parts were not deleted"
+    reader = LogReader(parts)
+    base = next(rec for rec in reader if rec.kind == CHECKPOINT)
+    assert reader.headers[0]["base"] and any(
+        state is not None and len(state) > 5 for _, state in base.fields[2]), \
+        "the base the replay starts at holds no peer claim"
+    assert base.fields[3]["peer_rejected"], "the base remembers no rejection of a peer claim"
+    result = replay(parts)
+    assert result.ok and result.checkpoints > 3, result.mismatches[:3]
+    assert _states(result) == live_states
+    assert _peer_ledgers(result.receiver) == live
+    assert {s: dict(v.peer_usage) for s, v in result.receiver.sources.items() if v.peer} == live_usage
+    assert result.receiver.peer_rejections() == live_rejected
+    assert result.receiver.stats["peer_claims_rejected"] > 0
+    # without them the base checkpoint and the next ones differ (what format 1 could not avoid)
+    monkeypatch.setattr(Replayer, "_restore_claims", lambda self, rec: None)
+    unrestored = replay(parts)
+    assert not unrestored.ok and unrestored.mismatches[0]["what"] == "checkpoint"
+
+
+def test_a_replay_starting_at_a_part_base_holds_our_pending_claims_held_there(mini_run):
+    """The checkpoint of a part's base lists this scheduler's pending claims whole: a replay
+    starting there retires them as the scheduler did (the same outcomes, as effects)."""
+    run = _peer_run(mini_run, max_total_bytes=24 * 1024)
+    cache = run.caches["s0"]
+    with cache.lock:
+        live_states = _live_states(cache)
+        live = {s: {cid: (p.deadline, p.accepted, dict(p.claim.resources)) for cid, p in v.pending.items()}
+                for s, v in cache.receiver.sources.items() if v.pending}
+    assert live, "s0 has no pending claim at the end"
+    run.close()
+    parts = resolve_log(run.log("s0"))
+    assert not parts[0].endswith(".0001"), "the oldest parts were not deleted"
+    base = next(rec for rec in LogReader(parts) if rec.kind == CHECKPOINT)
+    assert base.fields[3]["pending"], "the base the replay starts at holds no pending claim"
+    result = replay(parts)
+    assert result.ok and result.checkpoints > 3, (result.mismatches + result.effect_mismatches)[:3]
+    assert _states(result) == live_states
+    assert {s: {cid: (p.deadline, p.accepted, dict(p.claim.resources)) for cid, p in v.pending.items()}
+            for s, v in result.receiver.sources.items() if v.pending} == live
+
+
+def test_peer_claims_in_checkpoints_of_a_whole_session_and_of_a_format_1_log(mini_run, monkeypatch):
+    """A session replayed whole holds the same peer claims at every checkpoint; a log of
+    format 1 (checkpoints without peer claims) still reads, compared without them."""
+    run = _peer_run(mini_run)
+    parts = resolve_log(run.log("s1"))
+    run.close()
+    assert _checkpoints_with_peer_claims(parts)
+    result = replay(parts)
+    assert result.ok and result.checkpoints > 20, result.mismatches[:3]
+    assert _peer_ledgers(result.receiver) == _peer_ledgers(run.caches["s1"].receiver)
+
+    monkeypatch.setattr(recorder_module, "FORMAT", 1)
+    monkeypatch.setattr(recorder_module, "ViewStates", functools.partial(ViewStates, peers=False))
+    old = _peer_run(mini_run)
+    old.close()
+    parts = resolve_log(old.log("s1"))
+    reader = LogReader(parts)
+    list(reader)
+    assert not _checkpoints_with_peer_claims(parts) and reader.headers[0]["format"] == 1
+    result = replay(parts)
+    assert result.ok and result.checkpoints > 20, result.mismatches[:3]
+    assert _peer_ledgers(result.receiver) == _peer_ledgers(old.caches["s1"].receiver)

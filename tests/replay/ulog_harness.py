@@ -17,7 +17,7 @@ from typing import Any
 from protocol import codec
 from protocol.batching import batches
 from protocol.document import SET
-from protocol.messages import Claim, Delta
+from protocol.messages import Claim, ClaimResult, Delta
 from protocol.receiver import ReceiverMachine
 from protocol.source import SourceMachine
 from shared_host_manager.cache import HostStateCache
@@ -80,6 +80,8 @@ class MiniRun:
                 params={"coalesce_window": 0.0, "heartbeat_interval": 0.5}))
         self._data: list = []
         self.claims = 0
+        #: ids of the claims announced to the peers (their rejections are forwarded too)
+        self.announced: set[str] = set()
 
     # -- the reporter side -----------------------------------------------------------
 
@@ -143,9 +145,15 @@ class MiniRun:
                     cache.ingest_stream(body, offset)
             inbox, self.inbox[name] = self.inbox[name], []
             for body in inbox:
-                cache.ingest_control(body)
+                msg = cache.ingest_control(body)
+                if (type(msg) is ClaimResult and not msg.accepted
+                        and msg.claim_id in self.announced):
+                    self._to_peers(name, body)  # the host's rejection, forwarded as received
 
-    def claim(self, name: str, source: str, resources: dict[str, int]) -> Claim:
+    def claim(self, name: str, source: str, resources: dict[str, int], *, announce: bool = False,
+              lost: bool = False) -> Claim:
+        """``name`` claims on ``source``; ``announce``: cast to the other schedulers too (their
+        peer topic, design §5.2); ``lost``: the claim never reaches the host."""
         cache = self.caches[name]
         with cache.lock:
             view = cache.receiver.sources[source]
@@ -153,8 +161,18 @@ class MiniRun:
             claim = Claim(f"{name}-c{self.claims}", name, source, view.epoch, view.seq, resources,
                           f"vm-{self.claims}")
             cache.receiver.add_claim(claim, self.clock())
-        self._to_reporter(REPORTER, claim)
+        if not lost:
+            self._to_reporter(REPORTER, claim)
+        if announce:
+            self.announced.add(claim.claim_id)
+            self._to_peers(name, codec.encode(claim))
         return claim
+
+    def _to_peers(self, name: str, body: bytes) -> None:
+        """What ``name`` casts on its peer topic reaches every other scheduler at once."""
+        for peer, other in self.caches.items():
+            if peer != name:
+                other.ingest_peer_claim(body)
 
     def pump(self, dt: float = 0.05) -> None:
         self.clock.t += dt

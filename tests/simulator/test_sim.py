@@ -144,6 +144,41 @@ def test_recorded_run_replays_with_matching_digests(tmp_path):
         assert result.decisions_checked > 0 and not result.decision_diffs, result.decision_diffs[:1]
 
 
+def test_recorded_run_replays_from_every_later_part(tmp_path, monkeypatch):
+    # 3 schedulers announcing their claims, logs in small parts: each log replayed from each of
+    # its later parts (as after retention) holds, from the part's base, the claims pending and
+    # the peers' claims held there, so no checkpoint, effect or decision differs (design §8)
+    import functools
+
+    import simulator.simulation as simulation
+    from shared_host_manager.updatelog import recorder
+    from shared_host_manager.updatelog.format import CHECKPOINT
+    from shared_host_manager.updatelog.reader import LogReader, resolve_log
+    from shared_host_manager.updatelog.replay import replay
+
+    monkeypatch.setattr(simulation, "record_run", functools.partial(
+        recorder.record_run, checkpoint_interval=0.02, max_file_bytes=128 * 1024))
+    record = tmp_path / "rec"
+    cfg = SimConfig(host_manager="shared", record=str(record),
+                    **{**SMALL, "schedulers": 3, "requests": 1000, "fill": 0.8})
+    assert run_mode(cfg, "shared")["overcommitted_hosts"] == 0
+    logs = sorted((record / "shared").glob("scheduler-*.ulog.0001"))
+    assert len(logs) == 3
+    held = 0
+    for log in logs:
+        parts = resolve_log(str(log)[: -len(".0001")])
+        assert len(parts) > 2
+        for start in range(1, len(parts)):
+            base = next(rec for rec in LogReader(parts[start:]) if rec.kind == CHECKPOINT)
+            held += bool(base.fields[3]["pending"]) + any(
+                state is not None and len(state) > 5 for _, state in base.fields[2])
+            result = replay(parts[start:], decisions=True)
+            assert result.ok and result.decisions_checked, (
+                log.name, start, (result.mismatches + result.effect_mismatches
+                                  + result.decision_diffs)[:1], result.decisions_note)
+    assert held, "no base held a claim: the test tests nothing"
+
+
 _DATABASES = {
     "sqlite": None,
     "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
