@@ -39,6 +39,8 @@ from protocol.messages import (
     Message,
     ResyncAnswer,
     ResyncRequest,
+    ScarceAnswer,
+    ScarceRequest,
     Snapshot,
 )
 from protocol.resources import check_resources
@@ -75,6 +77,13 @@ def _item_map(msg: Message) -> dict[str, Any]:
         return {"t": "claim", "i": msg.claim_id, "r": msg.scheduler, "s": msg.source,
                 "e": msg.epoch, "q": msg.seq, "x": msg.resources, "n": msg.instance,
                 "b": msg.request, **({"g": _group_map(msg.group)} if msg.group else {})}
+    if isinstance(msg, ScarceRequest):
+        return {"t": "scarce_request", "i": msg.request_id, "r": msg.scheduler,
+                "c": msg.coordinator, "b": msg.spec}
+    if isinstance(msg, ScarceAnswer):
+        return {"t": "scarce_answer", "i": msg.request_id, "r": msg.scheduler,
+                "a": msg.requester, "p": msg.placed, "f": msg.failed, "n": msg.claims,
+                "j": msg.rejected}
     raise errors.LocalProtocolError(f"cannot encode {type(msg).__name__} as a single item")
 
 
@@ -135,7 +144,7 @@ class Encoder:
         if self.keyring is None or t is Batch:
             return m
         payload = msgpack.packb(m, use_bin_type=True)
-        name = m["r"] if t in (Claim, ResyncRequest) else m["s"]
+        name = m["r"] if t in _SPOKEN_BY_R else m["s"]
         try:
             mac = self.keyring.sign(name, payload)
         except KeyError:
@@ -149,6 +158,10 @@ class Encoder:
 
 
 _PLAIN = Encoder()
+
+#: the messages whose speaker (the signer) is field "r", not the source "s"
+_SPOKEN_BY_R = (Claim, ResyncRequest, ScarceRequest, ScarceAnswer)
+_SPOKEN_BY_R_NAMES = ("claim", "resync_request", "scarce_request", "scarce_answer")
 
 
 def encode(msg: Message) -> bytes:
@@ -260,6 +273,8 @@ class Decoder:
             "resync_answer": self._resync_answer,
             "claim": self._claim,
             "claim_result": self._claim_result,
+            "scarce_request": self._scarce_request,
+            "scarce_answer": self._scarce_answer,
         }
 
     # -- entry point -------------------------------------------------------
@@ -313,7 +328,7 @@ class Decoder:
         if type(inner) is not dict:
             raise errors.FieldError("signed payload must be a map")
         t = inner.get("t")
-        who_key = "r" if t in ("claim", "resync_request") else "s"
+        who_key = "r" if t in _SPOKEN_BY_R_NAMES else "s"
         who = inner.get(who_key)
         if type(who) is not str:
             raise errors.FieldError(f"signed {reprlib.repr(t)} names no speaker")
@@ -419,6 +434,31 @@ class Decoder:
             raise errors.FieldError(f"claim_result: reason must be a string of <= {MAX_REASON}")
         correction = self._state_items(m, t, source) if "m" in m else []
         return ClaimResult(claim_id, scheduler, source, accepted, epoch, seq, reason, correction)
+
+
+    def _scarce_request(self, m: dict) -> ScarceRequest:
+        t = "scarce_request"
+        spec = _get(m, "b", dict, "request spec", t)
+        check_value(spec, "scarce_request.spec")
+        return ScarceRequest(_name(m, "i", "request id", t), _name(m, "r", "scheduler", t),
+                             _name(m, "c", "coordinator", t), spec)
+
+    def _scarce_answer(self, m: dict) -> ScarceAnswer:
+        t = "scarce_answer"
+        placed = _get(m, "p", dict, "placed", t)
+        failed = _get(m, "f", dict, "failed", t)
+        for what, table, limit in (("placed", placed, MAX_NAME_LEN), ("failed", failed, MAX_REASON)):
+            if len(table) > MAX_GROUP_MEMBERS:
+                raise errors.FieldError(f"{t}: {what} lists more than {MAX_GROUP_MEMBERS} instances")
+            for k, v in table.items():
+                if (type(k) is not str or not k or len(k) > MAX_NAME_LEN or type(v) is not str
+                        or len(v) > limit):
+                    raise errors.FieldError(f"{t}: {what} must map instance names to short strings")
+        counts = [_get(m, key, int, what, t) for key, what in (("n", "claims"), ("j", "rejected"))]
+        if not all(0 <= c <= MAX_SEQ for c in counts):
+            raise errors.ValueRangeError(f"{t}: claims and rejected must be 0..{MAX_SEQ}")
+        return ScarceAnswer(_name(m, "i", "request id", t), _name(m, "r", "scheduler", t),
+                            _name(m, "a", "requester", t), placed, failed, *counts)
 
 
 _DEFAULT_DECODER = Decoder()

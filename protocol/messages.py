@@ -151,15 +151,54 @@ class ClaimResult:
     TYPE = "claim_result"
 
 
+@final
+@dataclass(slots=True)
+class ScarceRequest:
+    """A scarce request handed by a scheduler to the live peers' coordinator, which decides
+    and claims it in its stead (design §5.4); scheduler to scheduler."""
+
+    request_id: str
+    #: the scheduler handing it over (the speaker)
+    scheduler: str
+    coordinator: str
+    #: the request spec as plain data (shared_host_manager.decision.request.spec_to_wire)
+    spec: dict[str, Any]
+
+    TYPE = "scarce_request"
+
+
+@final
+@dataclass(slots=True)
+class ScarceAnswer:
+    """What became of a :class:`ScarceRequest`, from the coordinator back to the scheduler
+    that handed it over, once every instance is placed or has failed."""
+
+    request_id: str
+    #: the coordinator (the speaker)
+    scheduler: str
+    requester: str
+    #: instance -> the source it was placed on
+    placed: dict[str, str] = field(default_factory=dict)
+    #: instance -> why it could not be placed
+    failed: dict[str, str] = field(default_factory=dict)
+    claims: int = 0
+    rejected: int = 0
+
+    TYPE = "scarce_answer"
+
+
 Message = (
     Snapshot | Delta | Heartbeat | Batch | ResyncRequest | ResyncAnswer | Claim | ClaimResult
+    | ScarceRequest | ScarceAnswer
 )
 
 
 def speaker(msg: Message) -> str:
     """Who is allowed to have sent ``msg`` (whose key signs it)."""
-    if isinstance(msg, (Claim, ResyncRequest)):
-        return msg.scheduler if isinstance(msg, Claim) else msg.requester
+    if isinstance(msg, (Claim, ScarceRequest, ScarceAnswer)):
+        return msg.scheduler
+    if isinstance(msg, ResyncRequest):
+        return msg.requester
     if isinstance(msg, Batch):
         raise TypeError("a batch has no single speaker; its items are signed one by one")
     return msg.source

@@ -62,6 +62,8 @@ from protocol.messages import (
     Heartbeat,
     Message,
     ResyncAnswer,
+    ScarceAnswer,
+    ScarceRequest,
     Send,
     Snapshot,
 )
@@ -73,7 +75,10 @@ LOG = logging.getLogger(__name__)
 #: wrong view (format 1, unchecked, is still read)
 STATE_FORMAT = 2
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
-_CONTROL_TYPES = (ResyncAnswer, ClaimResult)
+#: scheduler to scheduler on the control topic: a scarce request handed to the coordinator
+#: and its answer (design §5.4); not host state, so the receiver never sees them
+_SCARCE_TYPES = (ScarceRequest, ScarceAnswer)
+_CONTROL_TYPES = (ResyncAnswer, ClaimResult, *_SCARCE_TYPES)
 #: on the peer topic: a live peer's claim, announced, or the host's rejection of it, forwarded
 #: by that peer (design §5.2)
 _PEER_TYPES = (Claim, ClaimResult)
@@ -209,13 +214,17 @@ class HostStateCache:
         self._dispatch(sends)
 
     def ingest_control(self, body: bytes) -> Message | None:
-        """A claim result or resync answer; returns it decoded (None: dropped)."""
+        """A claim result or resync answer; returns it decoded (None: dropped).  A scarce
+        request or answer from a peer is returned as decoded, for the scheduler's manager."""
         msg = self._decode(body, _CONTROL_TYPES, "control plane")
         if msg is None:
             if self.recorder is not None:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
             return None
+        if isinstance(msg, _SCARCE_TYPES):
+            self.control_received[msg.TYPE] += 1
+            return msg
         with self.lock:
             self.apply_peer_claims()
             now = self.clock()

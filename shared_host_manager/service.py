@@ -59,7 +59,14 @@ from typing import Any, Unpack
 from oslo_config import cfg
 
 from protocol.codec import Decoder, Encoder
-from protocol.messages import Claim, ClaimResult, Message, ResyncRequest
+from protocol.messages import (
+    Claim,
+    ClaimResult,
+    Message,
+    ResyncRequest,
+    ScarceAnswer,
+    ScarceRequest,
+)
 from protocol.receiver import ReceiverMachine, ReceiverParams
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.conf import cache as cache_conf
@@ -147,6 +154,9 @@ class SchedulerService:
         self.announce_claims = announce_claims
         self.claims_announced = 0
         self._peer_server: ControlServer | None = None
+        #: the decider's handler of scarce requests handed over by a peer and of the answers
+        #: to ours (design §5.4), called on the control server's thread; None: dropped
+        self.on_scarce: Callable[[ScarceRequest | ScarceAnswer], None] | None = None
         self._announcements: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._announcer: threading.Thread | None = None
 
@@ -170,6 +180,7 @@ class SchedulerService:
         self._client = self._control_plane.control_client()
         self.reporter_api = ReporterAPI(self._client, self._encoder, self._reporter_topic)
         self.peer_api = SchedulerAPI(self._client, self._encoder, peer_topic(self._scheduler_topic))
+        self.scheduler_api = SchedulerAPI(self._client, self._encoder, self._scheduler_topic)
         offset = self.cache.load(self._state_path) if self._state_path else None
         self.resumed_from = offset
         self._server = self._control_plane.control_server(
@@ -256,6 +267,10 @@ class SchedulerService:
         self.announce(claim)
         return True
 
+    def send_to_peer(self, scheduler: str, message: ScarceRequest | ScarceAnswer) -> None:
+        """Cast a scarce request or its answer to the scheduler named (its control server)."""
+        self.scheduler_api.send(scheduler, message)
+
     def announce(self, claim: Claim) -> None:
         """With ``announce_claims`` and live peers: one fanout cast of ``claim`` to them, from
         this thread (advice, at most once; never raises).  The engine's claims are announced
@@ -275,6 +290,10 @@ class SchedulerService:
         we announced goes on to the peers, as received (signed by the host), so that they
         stop deducting it at once rather than at peer_claim_ttl (design §5.2)."""
         msg = self.cache.ingest_control(body)
+        if type(msg) is ScarceRequest or type(msg) is ScarceAnswer:
+            if self.on_scarce is not None:
+                self.on_scarce(msg)
+            return
         if (type(msg) is ClaimResult and not msg.accepted and self._announcer is not None
                 and msg.scheduler == self.name):
             self._announcements.put(body)

@@ -79,6 +79,10 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p.add_argument("--no-announce-claims", dest="announce_claims", action="store_false",
                    help="shared mode: schedulers do not cast their claims to their peers "
                         "([cache] announce_claims = false)")
+    p.add_argument("--no-scarce-coordinator", dest="scarce_coordinator", action="store_false",
+                   help="shared mode: every scheduler decides its own scarce requests instead of "
+                        "handing them to the live peers' coordinator ([filter_scheduler] "
+                        "scarce_coordinator = false)")
     p.add_argument("--nvh-checks", type=int, default=d.nvh_checks, metavar="N",
                    help="check at most N refused requests against the hosts' true state "
                         "(NoValidHost (wrong, in flight) in the table; default: %(default)s)")
@@ -146,6 +150,7 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         ("--transport", args.transport != "fake"), ("--plot", bool(args.plot)),
         ("--host-subset-size", args.host_subset_size is not None),
         ("--nvh-checks", args.nvh_checks != SimConfig.nvh_checks),
+        ("--no-scarce-coordinator", not args.scarce_coordinator),
         ("--nvh-oracle-share", args.nvh_oracle_share != SimConfig.nvh_oracle_share)) if given]
     if unsupported:
         parser.error(f"{', '.join(unsupported)} not supported with --scheduler nova")

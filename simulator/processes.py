@@ -73,7 +73,7 @@ from typing import Any
 
 from simulator.modes import REQUEST_TIMEOUT, ModeSettings, SharedScheduler
 from simulator.run_transport import RunTransport
-from simulator.simulation import Simulation, view_digests, wait_until
+from simulator.simulation import Simulation, scheduler_sums, view_digests, wait_until
 
 #: seconds a child may take to start (interpreter, imports) and read every host
 READY_TIMEOUT = 240.0
@@ -154,7 +154,7 @@ class _Child:
                 elif kind == "views":
                     self.ctl.send(("views", [view_digests(s) for s in self.schedulers]))
                 elif kind == "quality":
-                    self.ctl.send(("quality", [dict(s.engine.quality) for s in self.schedulers]))
+                    self.ctl.send(("quality", [scheduler_sums(s) for s in self.schedulers]))
                 elif kind == "versions":
                     self.ctl.send(("versions", [s.versions() for s in self.schedulers]))
                 elif kind == "stop":

@@ -76,6 +76,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("chosen host rank (mean)", "chosen_rank_mean"),
         ("free RAM stdev %", "free_ram_stdev_pct"),
         ("free disk stdev %", "free_disk_stdev_pct"),
+        ("scarce requests handed over", "scarce_handed_over"),
         ("converged at the end", "converged"),
     ]
     results = report["results"]

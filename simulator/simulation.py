@@ -91,6 +91,9 @@ class SimConfig(RunShape):
     peer_ownership: bool = True
     #: shared mode: schedulers announce their claims to their live peers (design §5.2)
     announce_claims: bool = True
+    #: shared mode: scarce requests go to the peers' coordinator ([filter_scheduler]
+    #: scarce_coordinator, design §5.4)
+    scarce_coordinator: bool = True
     #: directory for update logs of every party (shm replay reads them)
     record: str | None = None
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
@@ -338,7 +341,8 @@ class Simulation:
     # -- set-up -----------------------------------------------------------------
 
     def _scheduler_config(self) -> SchedulerConfig:
-        changes: dict[str, Any] = {"host_subset_choice": self.cfg.host_subset_choice}
+        changes: dict[str, Any] = {"host_subset_choice": self.cfg.host_subset_choice,
+                                   "scarce_coordinator": self.cfg.scarce_coordinator}
         if self.cfg.host_subset_size is not None:
             changes["host_subset_size_min"] = changes["host_subset_size_max"] = self.cfg.host_subset_size
         return dataclasses.replace(SchedulerConfig(), **changes)
@@ -618,16 +622,19 @@ class Simulation:
         truth = self._truth()
         over = sum(1 for _, _, doc in truth.values() if overcommitted(doc.get("compute", {})))
         out = self._figures(elapsed, converged, over, bus_before, bus_after, db_statements)
-        out.update(placement_quality([doc for _, _, doc in truth.values()], self.quality_sums()))
+        sums = self.quality_sums()
+        out.update(placement_quality([doc for _, _, doc in truth.values()], sums))
+        if self.mode == "shared":
+            out["scarce_handed_over"] = int(sums.get("scarce_handed_over", 0))
         return out
 
     def quality_sums(self) -> dict[str, float]:
-        """The schedulers' placement-quality sums (DecisionEngine.quality), added up."""
+        """The schedulers' placement-quality sums (:func:`scheduler_sums`), added up."""
         sums: dict[str, float] = {}
         if self.mode != "shared":
             return sums  # the database modes' engines do not outlive a request or a refresh
         for sched in self.schedulers:
-            for key, value in sched.engine.quality.items():
+            for key, value in scheduler_sums(sched).items():
                 sums[key] = sums.get(key, 0.0) + value
         return sums
 
@@ -724,6 +731,12 @@ class Simulation:
         if self.db is not None:
             self.db.close()
         self.transport.close()
+
+
+def scheduler_sums(sched: Any) -> dict[str, float]:
+    """One shared scheduler's figures to add up over the run: its engine's placement-quality
+    sums (DecisionEngine.quality) and the scarce requests it handed to the coordinator."""
+    return {**sched.engine.quality, "scarce_handed_over": sched.scarce_stats["handed_over"]}
 
 
 def placement_quality(documents: list[dict], sums: dict[str, float]) -> dict[str, Any]:

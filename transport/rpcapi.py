@@ -29,6 +29,11 @@ travels in every message, so a receiver can refuse what it does not speak):
   build request, fanned out to the schedulers on the peer topic (``[cache]
   announce_claims``), and the host's claim_result rejecting it, forwarded as
   received; a scheduler that predates it has no server there.
+* 1.2 – scheduler -> scheduler on the scheduler topic: scarce_request (a scarce
+  request handed to the live peers' coordinator, ``[filter_scheduler]
+  scarce_coordinator``) and scarce_answer (what became of it); a scheduler that
+  predates it drops both as unknown, and the one that handed the request over
+  times out.
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ from __future__ import annotations
 import dataclasses
 
 from protocol.codec import Encoder
-from protocol.messages import Claim, ClaimResult, ResyncAnswer, ResyncRequest
+from protocol.messages import (
+    Claim,
+    ClaimResult,
+    ResyncAnswer,
+    ResyncRequest,
+    ScarceAnswer,
+    ScarceRequest,
+)
 from transport.base import ControlClient
 
 #: default topics (``[control_plane] reporter_topic`` / ``scheduler_topic``)
@@ -73,7 +85,8 @@ class SchedulerAPI:
         self._encoder = encoder
         self.topic = topic
 
-    def send(self, scheduler: str, message: ClaimResult | ResyncAnswer) -> None:
+    def send(self, scheduler: str,
+             message: ClaimResult | ResyncAnswer | ScarceRequest | ScarceAnswer) -> None:
         self._client.cast(self.topic, scheduler, self._encoder.encode(message))
 
     def announce(self, claim: Claim) -> None:

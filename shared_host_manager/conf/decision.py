@@ -143,6 +143,16 @@ as long as the subset is stable, and collide only when their preferences meet.
 
 Related options: host_subset_size_min, host_subset_size_max.
 """),
+    cfg.BoolOpt("scarce_coordinator", default=True, help="""
+With live peers (``[cache] membership_interval``), hand every scarce request
+(one at most 2 hosts per live scheduler fit) to one coordinating scheduler,
+the live peer first by name, which decides and claims it in its stead: two
+scarce requests decided by different schedulers in the same few milliseconds
+otherwise claim the same few hosts, and most claims rejected between
+active-active schedulers are those. The scheduler handing a request over
+waits for its answer (one cast each way). False: every scheduler decides its
+own scarce requests, spread over the candidates by a shared matching.
+"""),
     cfg.FloatOpt("claim_rejection_target", default=0.05, min=0.0001, max=1.0, help="""
 Claim rejection rate (rejected / resolved claims, as an EWMA) at which the
 subset doubles the share that comes from concurrent schedulers.
@@ -181,6 +191,7 @@ class SchedulerConfig:
     host_subset_size_min: int = 1
     host_subset_size_max: int = 16
     host_subset_choice: str = "rendezvous"
+    scarce_coordinator: bool = True
     claim_rejection_target: float = 0.05
     claim_rejection_ewma_alpha: float = 0.05
     default_availability_zone: str = "nova"

@@ -120,7 +120,7 @@ class DecisionObserver:
 
     def decision_started(self, engine: DecisionEngine, spec: RequestSpec, now: float, *,
                          return_alternates: bool, live_schedulers: int | None,
-                         path: str | None) -> object:
+                         path: str | None, delegable: bool = True) -> object:
         """A decision begins (before the RNG is used); returns a token for the end call
         (opaque to the engine, which hands it back as it is)."""
         return None
@@ -129,7 +129,7 @@ class DecisionObserver:
         """The decision ``token`` placed every instance (rows as returned)."""
 
     def decision_failed(self, token: object, error: Exception, now: float) -> None:
-        """The decision ``token`` raised ``error`` (NoValidHost, or a bug)."""
+        """The decision ``token`` raised ``error`` (NoValidHost, Delegated, or a bug)."""
 
 
 class NoValidHost(Exception):
@@ -138,6 +138,15 @@ class NoValidHost(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(f"No valid host was found. {reason}")
         self.reason = reason
+
+
+class Delegated(Exception):
+    """The request is scarce and another live peer coordinates scarce requests: hand it
+    over to ``coordinator`` (design §5.4).  Nothing was claimed, as with NoValidHost."""
+
+    def __init__(self, coordinator: str) -> None:
+        super().__init__(f"scarce request handed to the coordinator {coordinator}")
+        self.coordinator = coordinator
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +273,7 @@ class DecisionEngine:
         self.stats = {"requests": 0, "instances": 0, "no_valid_host": 0, "claims_sent": 0,
                       "alternates_claimed": 0, "owned_choices": 0, "peer_choices": 0,
                       "affinity_anchors": 0, "scarce_choices": 0, "scarce_skips": 0,
-                      "fresh_alternates": 0}
+                      "fresh_alternates": 0, "delegated": 0}
         #: sums over every instance placed: weight of the best host minus the chosen one's,
         #: and the chosen host's rank (0: the best), for the simulator's quality figures
         self.quality = {"weight_gap": 0.0, "rank": 0.0, "picks": 0.0}
@@ -293,10 +302,14 @@ class DecisionEngine:
         live_schedulers: int | None = None,
         path: str | None = None,
         dry_run: bool = False,
+        delegable: bool = True,
     ) -> list[list[Selection]]:
         """Place every instance of ``spec``; per instance: [claimed selection, *alternates].
 
-        Raises NoValidHost (and claims nothing) when an instance finds no host.
+        Raises NoValidHost (and claims nothing) when an instance finds no host, and
+        Delegated (claiming nothing) when an instance is scarce, ``delegable``, and
+        another live peer is the coordinator (:meth:`coordinator`); the coordinator
+        decides what is handed to it with ``delegable=False``.
         ``now`` is the receiver's clock (claim deadlines); ``live_schedulers``
         overrides :attr:`live_schedulers` for the subset size.  ``dry_run``
         decides without registering or sending the claims (``shm replay
@@ -304,11 +317,14 @@ class DecisionEngine:
         """
         observer = self.observer
         if observer is None or dry_run:
-            return self._select(spec, now, return_alternates, live_schedulers, path, dry_run)
+            return self._select(spec, now, return_alternates, live_schedulers, path, dry_run,
+                                delegable)
         token = observer.decision_started(self, spec, now, return_alternates=return_alternates,
-                                          live_schedulers=live_schedulers, path=path)
+                                          live_schedulers=live_schedulers, path=path,
+                                          delegable=delegable)
         try:
-            rows = self._select(spec, now, return_alternates, live_schedulers, path, False)
+            rows = self._select(spec, now, return_alternates, live_schedulers, path, False,
+                                delegable)
         except Exception as exc:
             observer.decision_failed(token, exc, now)
             raise
@@ -316,7 +332,8 @@ class DecisionEngine:
         return rows
 
     def _select(self, spec: RequestSpec, now: float, return_alternates: bool,
-                live_schedulers: int | None, path: str | None, dry_run: bool) -> list[list[Selection]]:
+                live_schedulers: int | None, path: str | None, dry_run: bool,
+                delegable: bool = True) -> list[list[Selection]]:
         self.index.sync()
         self.stats["requests"] += 1
         fast = (path or self.path) == FAST
@@ -327,6 +344,7 @@ class DecisionEngine:
         depth = k * len(self._ownership.peers) if self._ownership is not None else k
         # a request at most this many hosts fit is scarce (0: alone, none is)
         scarce = SCARCE_PER_PEER * len(self._ownership.peers) + 1 if self._ownership is not None else 0
+        coordinator = self.coordinator if delegable else None
         rank = self._rank_fast if fast else self._rank_slow
         picks: list[tuple[str, str, float]] = []
         ranking: Iterable[tuple[str, float]] = ()
@@ -348,6 +366,11 @@ class DecisionEngine:
                 pick = RendezvousChoice(group.uuid).index([s for s, _ in top])
                 self.stats["affinity_anchors"] += 1
             else:
+                if coordinator is not None and len(top) < scarce:
+                    # scarce: the peers' coordinator decides it, so that no two scarce
+                    # requests are decided on different views (design §5.4)
+                    self.stats["delegated"] += 1
+                    raise Delegated(coordinator)
                 if len(top) >= scarce:  # not scarce: choose among the best ``depth``
                     top = top[:depth]
                 pick = self._choose(top, k, now, len(top) < scarce, req.resources)
@@ -395,6 +418,17 @@ class DecisionEngine:
     def peers(self) -> list[str]:
         """The live schedulers host ownership is computed among (this one included); [] alone."""
         return list(self._ownership.peers) if self._ownership is not None else []
+
+    @property
+    def coordinator(self) -> str | None:
+        """The live peer that decides every scarce request ([filter_scheduler]
+        scarce_coordinator): the first by name; None alone, when off, or when it is this
+        scheduler (a pure function of the peers and the options, so a replay hands over
+        exactly the requests the scheduler handed over)."""
+        if self._ownership is None or not self.config.scarce_coordinator:
+            return None
+        first = min(self._ownership.peers)
+        return None if first == self.receiver.name else first
 
     def set_peers(self, peers: Sequence[str]) -> None:
         """The live schedulers (this one included): each claims first the best host it owns.
@@ -924,4 +958,5 @@ class DecisionEngine:
         return _FastRanking(self, req, idx, w, deferred, touched)
 
 
-__all__ = ["FAST", "SLOW", "DecisionEngine", "NoValidHost", "Selection", "apply_vector"]
+__all__ = ["FAST", "SLOW", "DecisionEngine", "Delegated", "NoValidHost", "Selection",
+           "apply_vector"]

@@ -20,6 +20,14 @@ Life cycle of a request::
                             every instance is placed or failed, the caller wakes
       -> RequestResult (placed: instance -> host, failed: instance -> reason)
 
+    a scarce request, when another live peer is the coordinator (design §5.4):
+      under the cache lock: the engine raises Delegated (nothing claimed)
+      the caller's thread:  cast a ScarceRequest to the coordinator; wait for its
+                            ScarceAnswer (request_timeout), which becomes the result
+      the coordinator:      its control thread hands the request to a worker, which
+                            runs select_destinations(spec, delegable=False) and casts
+                            the ScarceAnswer back
+
 Threads: callers may decide concurrently from many threads; decisions and
 ingest serialise on the cache lock, and the engine only ever queues claims,
 so no cast happens under the lock.  A decision's own claims go out from the
@@ -30,19 +38,28 @@ peers, and the shorter the window in which a peer decides on the same capacity.
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from protocol.messages import Claim
+from protocol.codec import MAX_REASON
+from protocol.messages import Claim, ScarceAnswer, ScarceRequest
 from shared_host_manager.conf.decision import SchedulerConfig
-from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
-from shared_host_manager.decision.request import RequestSpec
+from shared_host_manager.decision.engine import DecisionEngine, Delegated, NoValidHost
+from shared_host_manager.decision.request import RequestSpec, spec_from_wire, spec_to_wire
 from shared_host_manager.decision.request_tracker import RequestFinished, RequestTracker
 from shared_host_manager.service import SchedulerService
+
+LOG = logging.getLogger(__name__)
+
+#: threads deciding the scarce requests peers hand over (each waits for its claims' outcomes)
+SCARCE_WORKERS = 8
 
 
 @dataclass
@@ -55,6 +72,8 @@ class RequestResult:
     claims: int = 0
     rejected: int = 0
     timed_out: bool = False
+    #: the coordinator that decided it in this scheduler's stead ("": decided here)
+    decided_by: str = ""
 
 
 class _Waiter:
@@ -112,6 +131,13 @@ class SchedulerManager:
         self.tracker = RequestTracker(self.engine, keep_finished=64)
         self._waiters: dict[str, _Waiter] = {}
         service.cache.ingest_listeners.append(self._on_ingest)
+        #: our scarce requests a coordinator is deciding, by request id
+        self._handed: dict[str, _Waiter] = {}
+        self._handed_lock = threading.Lock()
+        self._scarce_workers: ThreadPoolExecutor | None = None
+        self.scarce_stats = {"handed_over": 0, "answered": 0, "decided_for_peers": 0,
+                             "timed_out": 0}
+        service.on_scarce = self._on_scarce
 
     @property
     def name(self) -> str:
@@ -123,6 +149,8 @@ class SchedulerManager:
     def stop(self) -> None:
         self.service.stop()
         self._sender.close()
+        if self._scarce_workers is not None:
+            self._scarce_workers.shutdown(wait=False, cancel_futures=True)
 
     def _queue_claim(self, claim: Claim) -> None:  # under the cache lock
         mine = getattr(self._deciding, "claims", None)
@@ -150,13 +178,18 @@ class SchedulerManager:
                                   for i in request.instances.values())
             waiter.event.set()
 
-    def select_destinations(self, spec: RequestSpec) -> RequestResult:
-        """Place every instance of ``spec``; blocks until each is placed or has failed."""
+    def select_destinations(self, spec: RequestSpec, *, delegable: bool = True) -> RequestResult:
+        """Place every instance of ``spec``; blocks until each is placed or has failed.
+
+        A scarce request goes to the peers' coordinator when there is one (design §5.4);
+        ``delegable=False`` decides here whatever it is (the coordinator's own call)."""
         waiter = _Waiter()
         mine: list[Claim] = []
         self._deciding.claims = mine
         try:
-            decided = self._decide(spec, waiter)
+            decided = self._decide(spec, waiter, delegable)
+        except Delegated as handed:
+            return self._hand_over(spec, handed.coordinator, waiter)
         finally:
             self._deciding.claims = None
         for claim in mine:
@@ -169,8 +202,9 @@ class SchedulerManager:
             waiter.result.timed_out = True
         return waiter.result
 
-    def _decide(self, spec: RequestSpec, waiter: _Waiter) -> bool:
-        """Decide ``spec`` under the lock; False when it failed at once (NoValidHost)."""
+    def _decide(self, spec: RequestSpec, waiter: _Waiter, delegable: bool = True) -> bool:
+        """Decide ``spec`` under the lock; False when it failed at once (NoValidHost).
+        Delegated propagates: the request goes to the coordinator."""
         with self.lock:
             # the peers' claims that arrived while the lock was taken count in this decision
             self.service.cache.apply_peer_claims()
@@ -180,7 +214,7 @@ class SchedulerManager:
                 self.engine.set_peers(self._peers)
             start = time.perf_counter()
             try:
-                tracked = self.tracker.submit(spec, self.service.clock())
+                tracked = self.tracker.submit(spec, self.service.clock(), delegable=delegable)
             except NoValidHost as exc:
                 waiter.result.decision_s = time.perf_counter() - start
                 waiter.result.failed = {u: exc.reason for u in spec.instance_uuids}
@@ -188,6 +222,75 @@ class SchedulerManager:
             waiter.result.decision_s = time.perf_counter() - start
             self._waiters[tracked.request_id] = waiter
         return True
+
+    # -- scarce requests: handing over and deciding for peers (design §5.4) -----------
+
+    def _hand_over(self, spec: RequestSpec, coordinator: str, waiter: _Waiter) -> RequestResult:
+        """Cast ``spec`` to ``coordinator`` and wait for what became of it."""
+        request_id = f"{self.name}:{uuid.uuid4()}"
+        result = waiter.result
+        result.decided_by = coordinator
+        with self._handed_lock:
+            self._handed[request_id] = waiter
+        self.scarce_stats["handed_over"] += 1
+        try:
+            self.service.send_to_peer(coordinator, ScarceRequest(
+                request_id, self.name, coordinator, spec_to_wire(spec)))
+        except Exception as exc:  # the coordinator is unreachable: the request is not placed
+            LOG.warning("scheduler %s could not hand a scarce request to %s: %s",
+                        self.name, coordinator, exc)
+        if not waiter.event.wait(self.request_timeout):
+            result.timed_out = True
+            self.scarce_stats["timed_out"] += 1
+        with self._handed_lock:
+            self._handed.pop(request_id, None)
+        return result
+
+    def _on_scarce(self, msg: ScarceRequest | ScarceAnswer) -> None:
+        """The control server's thread: an answer wakes its caller; a request handed to us
+        goes to a worker (deciding waits for claim outcomes, which arrive on this thread)."""
+        if type(msg) is ScarceAnswer:
+            with self._handed_lock:
+                waiter = self._handed.pop(msg.request_id, None)
+            if waiter is None or msg.requester != self.name:
+                return  # we gave up waiting for it (its claims stand: the host arbitrated)
+            result = waiter.result
+            result.placed, result.failed = dict(msg.placed), dict(msg.failed)
+            result.claims, result.rejected = msg.claims, msg.rejected
+            self.scarce_stats["answered"] += 1
+            waiter.event.set()
+            return
+        assert type(msg) is ScarceRequest
+        if msg.coordinator != self.name:
+            LOG.warning("scheduler %s dropped a scarce request for %s from %s", self.name,
+                        msg.coordinator, msg.scheduler)
+            return
+        if self._scarce_workers is None:
+            self._scarce_workers = ThreadPoolExecutor(SCARCE_WORKERS,
+                                                      thread_name_prefix=f"{self.name}-scarce")
+        self._scarce_workers.submit(self._decide_for_peer, msg)
+
+    def _decide_for_peer(self, msg: ScarceRequest) -> None:
+        """A worker: decide and claim a peer's scarce request here, then answer it."""
+        try:
+            spec = spec_from_wire(msg.spec)
+            result = self.select_destinations(spec, delegable=False)
+            failed = {u: r[:MAX_REASON] for u, r in result.failed.items()}
+            for u in spec.instance_uuids:
+                if u not in result.placed and u not in failed:
+                    failed[u] = f"no outcome at the coordinator {self.name} in time"
+        except Exception as exc:  # a request we cannot read or decide fails; we never crash
+            LOG.warning("scheduler %s could not decide the scarce request %s of %s: %s",
+                        self.name, msg.request_id, msg.scheduler, exc)
+            result, failed = RequestResult(), {"*": f"the coordinator {self.name} failed: "
+                                                     f"{type(exc).__name__}"[:MAX_REASON]}
+        self.scarce_stats["decided_for_peers"] += 1
+        try:
+            self.service.send_to_peer(msg.scheduler, ScarceAnswer(
+                msg.request_id, self.name, msg.scheduler, result.placed, failed, result.claims,
+                result.rejected))
+        except Exception as exc:  # it times out waiting; the claims stand
+            LOG.warning("scheduler %s could not answer %s: %s", self.name, msg.scheduler, exc)
 
     def versions(self, sources: Iterable[str] | None = None) -> dict[str, tuple[int, int]]:
         """(epoch, seq) of every view holding a document, or of those of ``sources``."""

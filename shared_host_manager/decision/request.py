@@ -30,6 +30,7 @@ attribute names (``flavor``, ``project_id``, ``instance_group``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -207,4 +208,51 @@ class RequestView:
             return value
 
 
-__all__ = ["Flavor", "InstanceGroup", "RequestSpec", "RequestView", "World"]
+def plain_data(value: Any) -> Any:
+    """``value`` with every dataclass in it turned into a dict tagged with its type name."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {"__type__": type(value).__name__}
+        for f in dataclasses.fields(value):
+            out[f.name] = plain_data(getattr(value, f.name))
+        return out
+    if isinstance(value, Mapping):
+        return {k: plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value
+
+
+def spec_to_wire(spec: RequestSpec) -> dict[str, Any]:
+    """A RequestSpec as plain msgpack-able data (dataclasses tagged with their type name): what
+    update logs record and a scarce request carries to the coordinator."""
+    return plain_data(spec)
+
+
+def spec_from_wire(data: Mapping[str, Any]) -> RequestSpec:
+    """Rebuild a RequestSpec recorded by :func:`spec_to_wire` (unknown fields are ignored)."""
+    types = {"Flavor": Flavor, "InstanceGroup": InstanceGroup,
+             "RequestSpec": RequestSpec}
+
+    def build(value: Any) -> Any:
+        if isinstance(value, dict):
+            cls = types.get(value.get("__type__", ""))
+            if cls is None:
+                return {k: build(v) for k, v in value.items()}
+            kwargs = {}
+            for f in dataclasses.fields(cls):
+                if f.name in value:
+                    v = build(value[f.name])
+                    default = f.default if f.default is not dataclasses.MISSING else None
+                    if isinstance(v, list) and isinstance(default, tuple):
+                        v = tuple(v)
+                    kwargs[f.name] = v
+            return cls(**kwargs)
+        if isinstance(value, list):
+            return [build(v) for v in value]
+        return value
+
+    return build(dict(data, __type__="RequestSpec"))
+
+
+__all__ = ["Flavor", "InstanceGroup", "RequestSpec", "RequestView", "World", "plain_data",
+           "spec_from_wire", "spec_to_wire"]

@@ -163,7 +163,7 @@ class RequestTracker:
     def submit(self, spec: RequestSpec, now: float, **kwargs: Any) -> TrackedRequest:
         """Decide ``spec`` (engine.select_destinations) and track its claims.
 
-        NoValidHost from the decision propagates (nothing was claimed).
+        NoValidHost and Delegated from the decision propagate (nothing was claimed).
         """
         self.stats["submitted"] += 1
         try:

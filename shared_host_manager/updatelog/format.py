@@ -48,7 +48,7 @@ CHECKPOINT     12  now, combined hash (8 bytes), number of views, changed views
                        "peer_rejected": [claim id, ...]}]
                    (format 2, a part's base only: this scheduler's own pending claims whole,
                    and the rejections of peer claims it remembers, oldest first)
-DECISION       13  now, {id, spec, rng, subset, live, peers, path, alts}   (before the decision runs)
+DECISION       13  now, {id, spec, rng, subset, live, peers, path, alts, delegable} (before it runs)
 DECISION_END   14  now, {id, rows | None, error}                    (after; rows: per instance
                    [uuid, [[source, weight, claim_id, epoch, seq, digest], ...]])
 ENGINE         15  now, {config, filters, weighers, path, live}     (the decision engine attached;
@@ -87,7 +87,6 @@ decision exactly.
 from __future__ import annotations
 
 import array
-import dataclasses
 import glob
 import os
 import random
@@ -102,7 +101,10 @@ import msgpack
 
 from protocol import codec, hashing
 from protocol.receiver import SourceView
-from shared_host_manager.decision import request
+
+# re-exported: the update log's record shapes include the request spec's
+from shared_host_manager.decision.request import spec_from_wire as spec_from_wire
+from shared_host_manager.decision.request import spec_to_wire as spec_to_wire
 
 #: the format this code writes: 2 lists the peer claims held in checkpoints
 FORMAT = 2
@@ -354,48 +356,6 @@ def state_from_wire(state: list | None) -> tuple | None:
     return (epoch, seq, dig, down, tuple(pending))
 
 
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {"__type__": type(value).__name__}
-        for f in dataclasses.fields(value):
-            out[f.name] = _plain(getattr(value, f.name))
-        return out
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def spec_to_wire(spec: request.RequestSpec) -> dict[str, Any]:
-    """A RequestSpec as plain msgpack-able data (dataclasses tagged with their type name)."""
-    return _plain(spec)
-
-
-def spec_from_wire(data: Mapping[str, Any]) -> request.RequestSpec:
-    """Rebuild a RequestSpec recorded by :func:`spec_to_wire` (unknown fields are ignored)."""
-    types = {"Flavor": request.Flavor, "InstanceGroup": request.InstanceGroup,
-             "RequestSpec": request.RequestSpec}
-
-    def build(value: Any) -> Any:
-        if isinstance(value, dict):
-            cls = types.get(value.get("__type__", ""))
-            if cls is None:
-                return {k: build(v) for k, v in value.items()}
-            kwargs = {}
-            for f in dataclasses.fields(cls):
-                if f.name in value:
-                    v = build(value[f.name])
-                    default = f.default if f.default is not dataclasses.MISSING else None
-                    if isinstance(v, list) and isinstance(default, tuple):
-                        v = tuple(v)
-                    kwargs[f.name] = v
-            return cls(**kwargs)
-        if isinstance(value, list):
-            return [build(v) for v in value]
-        return value
-
-    return build(dict(data, __type__="RequestSpec"))
 
 
 def rng_to_wire(rng: random.Random) -> list[Any] | None:

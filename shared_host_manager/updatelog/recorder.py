@@ -72,7 +72,7 @@ from protocol.messages import PROTOCOL_VERSION, Claim, Message, Send, Snapshot
 from protocol.receiver import Outcome, ReceiverMachine
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.decision.engine import DecisionEngine, DecisionObserver, Selection
-from shared_host_manager.decision.request import RequestSpec
+from shared_host_manager.decision.request import RequestSpec, plain_data
 from shared_host_manager.service import SchedulerService
 from shared_host_manager.updatelog.format import (
     CANCEL,
@@ -102,7 +102,6 @@ from shared_host_manager.updatelog.format import (
     TICK,
     TX,
     ViewStates,
-    _plain,
     log_base,
     pending_claims,
     rng_to_wire,
@@ -454,7 +453,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         from now on; writes its configuration once (and again in every part's base)."""
         if self._receiver is None:
             raise RuntimeError("attach the cache before the engine")
-        config = _plain(engine.config)
+        config = plain_data(engine.config)
         config.pop("__type__", None)
         self._engine = {
             "config": config,
@@ -466,13 +465,13 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
 
     def decision_started(self, engine: DecisionEngine, spec: RequestSpec, now: float, *,
                          return_alternates: bool, live_schedulers: int | None,
-                         path: str | None) -> int | None:
+                         path: str | None, delegable: bool = True) -> int | None:
         """A DECISION record: request spec, RNG and subset state, before the engine runs."""
         if not self.enabled:
             return None
         did = next(self._decisions)
         self._guard(self._decision_begin, did, engine, spec, now, return_alternates,
-                    live_schedulers, path)
+                    live_schedulers, path, delegable)
         return did
 
     def decision_finished(self, token: object, rows: list[list[Selection]], now: float) -> None:
@@ -486,7 +485,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                 "id": token, "rows": None, "error": f"{type(error).__name__}: {error}"}])
 
     def _decision_begin(self, did: int, engine: DecisionEngine, spec: RequestSpec, now: float,
-                        alts: bool, live: int | None, path: str | None) -> None:
+                        alts: bool, live: int | None, path: str | None, delegable: bool) -> None:
         try:
             wire = spec_to_wire(spec)
             msgpack.packb(wire, use_bin_type=True)
@@ -500,7 +499,7 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
             "scarce": engine.scarce_memory,
             "live": engine.live_schedulers if live is None else live,
             "peers": engine.peers,
-            "path": path or engine.path, "alts": alts,
+            "path": path or engine.path, "alts": alts, "delegable": delegable,
         }])
 
     def _decision_end(self, did: int, rows: list[list[Selection]], now: float) -> None:

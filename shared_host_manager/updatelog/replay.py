@@ -71,7 +71,7 @@ from protocol.messages import (
 )
 from protocol.receiver import ReceiverMachine, ReceiverObserver, SourceView
 from shared_host_manager.conf.decision import SchedulerConfig
-from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
+from shared_host_manager.decision.engine import DecisionEngine, Delegated, NoValidHost
 from shared_host_manager.updatelog import format as fmt
 from shared_host_manager.updatelog.format import (
     CANCEL,
@@ -835,13 +835,14 @@ class Replayer:
                 # host ownership among the peers the scheduler knew then (membership, design §2)
                 engine.set_peers(data.get("peers") or [])
             try:
+                # logs written before scarce requests were handed over lack "delegable"
                 rows = engine.select_destinations(spec, rec.now, return_alternates=data.get("alts", True),
                                                   live_schedulers=data.get("live"), path=data.get("path"),
-                                                  dry_run=True)
+                                                  dry_run=True, delegable=data.get("delegable", False))
                 got: dict[str, Any] = {"rows": [[row[0].instance_uuid, [[s.source, s.weight] for s in row]]
                                                 for row in rows]}
-            except NoValidHost as exc:
-                got = {"error": f"NoValidHost: {exc}"}
+            except (NoValidHost, Delegated) as exc:
+                got = {"error": f"{type(exc).__name__}: {exc}"}
         except Exception as exc:  # noqa: BLE001
             got = {"failed": f"{type(exc).__name__}: {exc}"}
         self._pending_decisions[data.get("id")] = (rec.index, got, data.get("summary"))
