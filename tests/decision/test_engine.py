@@ -311,7 +311,8 @@ def test_racing_schedulers_share_a_scarce_requests_few_hosts_out(schedulers, fit
 
     fitting = min(fitting, SCARCE_PER_PEER * schedulers)
     peers = [f"sched-{salt}-{i}" for i in range(schedulers)]
-    engines = _racing_engines(_scarce_cloud(fitting), peers)
+    # each decides its own scarce requests (no coordinator): the matching spreads them
+    engines = _racing_engines(_scarce_cloud(fitting), peers, scarce_coordinator=False)
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
     picks = {name: e.select_destinations(spec, 0.0)[0][0].source for name, e in engines.items()}
     assert all(p.startswith("big") for p in picks.values())
@@ -332,7 +333,7 @@ def test_racing_schedulers_claims_on_scarce_hosts_are_all_accepted(salt):
 
     docs = _scarce_cloud(4)
     peers = [f"{name}-{salt}" for name in "abcd"]
-    engines = _racing_engines(docs, peers)
+    engines = _racing_engines(docs, peers, scarce_coordinator=False)
     arbiters = {s: SourceMachine(s, 1, {ns: dict(v) for ns, v in doc.items()})
                 for s, doc in docs.items()}
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
@@ -344,6 +345,62 @@ def test_racing_schedulers_claims_on_scarce_hosts_are_all_accepted(salt):
                if type(m) is ClaimResult]
     assert len(results) == 4 and all(r.accepted for r in results), [r.reason for r in results]
     assert len({c.source for c in claims}) == 4
+
+
+def _arbitrate(arbiters, claims):
+    from protocol.messages import ClaimResult
+
+    return [m for c in claims for m in (s.message for s in arbiters[c.source].handle_claim(c, 0.0))
+            if type(m) is ClaimResult]
+
+
+@pytest.mark.parametrize("salt", range(4))
+def test_a_scarce_request_goes_to_the_coordinator_which_decides_every_one_on_one_view(salt):
+    # Four peers each get a scarce request at the same moment, and only three hosts fit.
+    # Deciding them themselves (the matching) on views that do not hold each other's claims
+    # yet, they claim one host twice and one claim is rejected; handed to the coordinator
+    # (the first peer by name), they are decided one after another on its view: three
+    # placed, one NoValidHost at once, no claim rejected.
+    from protocol.source import SourceMachine
+    from shared_host_manager.decision.engine import Delegated
+
+    docs = _scarce_cloud(3)
+    peers = [f"{name}-{salt}" for name in "dcba"]
+    engines = _racing_engines(docs, peers)
+    coordinator = engines[min(peers)]
+    arbiters = {s: SourceMachine(s, 1, {ns: dict(v) for ns, v in doc.items()})
+                for s, doc in docs.items()}
+    spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
+    claims, outcomes = [], []
+    for name, engine in engines.items():
+        engine.send_claim = claims.append
+        assert engine.coordinator == (None if engine is coordinator else min(peers))
+        if engine is not coordinator:
+            with pytest.raises(Delegated) as handed:
+                engine.select_destinations(spec, 0.0)
+            assert handed.value.coordinator == min(peers)
+            assert engine.stats["delegated"] == 1 and not engine.receiver.pending_claims()
+    for _ in peers:  # the coordinator decides its own and the three handed over
+        try:
+            coordinator.select_destinations(spec, 0.0, delegable=False)
+            outcomes.append("placed")
+        except NoValidHost:
+            outcomes.append("no valid host")
+    assert sorted(outcomes) == ["no valid host"] + ["placed"] * 3
+    results = _arbitrate(arbiters, claims)
+    assert len(results) == 3 and all(r.accepted for r in results)
+    # a request many hosts fit is never handed over
+    small = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512))
+    assert all(e.select_destinations(small, 0.0) for e in engines.values())
+    # the option off: nothing is handed over, and the race costs a rejection
+    off = _racing_engines(docs, peers, scarce_coordinator=False)
+    raced = []
+    for engine in off.values():
+        assert engine.coordinator is None
+        engine.send_claim = raced.append
+        engine.select_destinations(spec, 0.0)
+    fresh = {s: SourceMachine(s, 1, {ns: dict(v) for ns, v in doc.items()}) for s, doc in docs.items()}
+    assert sorted(r.accepted for r in _arbitrate(fresh, raced)) == [False, True, True, True]
 
 
 def test_requests_many_hosts_fit_keep_off_the_few_hosts_a_scarce_request_needs():

@@ -23,6 +23,8 @@ from protocol.messages import (
     Heartbeat,
     ResyncAnswer,
     ResyncRequest,
+    ScarceAnswer,
+    ScarceRequest,
     Snapshot,
 )
 from protocol.resources import MAX_AMOUNT, MAX_RATIO
@@ -167,9 +169,16 @@ def claim_results(draw: st.DrawFn) -> ClaimResult:
                        draw(st.text(chars, max_size=40)), correction)
 
 
+scarce_requests = st.builds(
+    ScarceRequest, claim_ids, names, names,
+    st.dictionaries(st.text(chars, max_size=8), json_values, max_size=3))
+instance_tables = st.dictionaries(names, st.text(chars, max_size=40), max_size=3)
+scarce_answers = st.builds(ScarceAnswer, claim_ids, names, names, instance_tables, instance_tables,
+                           st.integers(0, 100), st.integers(0, 100))
+
 messages = st.one_of(
     snapshots(), deltas(), heartbeats(), batches, resync_requests, resync_answers(), claims,
-    claim_results(),
+    claim_results(), scarce_requests, scarce_answers,
 )
 
 
@@ -177,7 +186,7 @@ def speakers(msg: Any) -> set[str]:
     """Every name whose key signs some part of ``msg``."""
     if isinstance(msg, Batch):
         return set().union(*(speakers(i) for i in msg.items)) if msg.items else set()
-    if isinstance(msg, Claim):
+    if isinstance(msg, (Claim, ScarceRequest, ScarceAnswer)):
         return {msg.scheduler}
     if isinstance(msg, ResyncRequest):
         return {msg.requester}

@@ -24,6 +24,8 @@ from protocol.messages import (
     Heartbeat,
     ResyncAnswer,
     ResyncRequest,
+    ScarceAnswer,
+    ScarceRequest,
     Snapshot,
 )
 from protocol.signing import Keyring, derive_key
@@ -74,6 +76,11 @@ def _examples() -> dict[str, object]:
         "claim_result-accepted": ClaimResult("c-4", SCHED, HOST_A, True, delta.epoch, 9),
         "claim_result-rejected": ClaimResult(
             "c-4", SCHED, HOST_A, False, delta.epoch, 9, "insufficient vcpus", [delta, snap]),
+        "scarce_request": ScarceRequest("scheduler-2:r-1", "scheduler-2", SCHED, {
+            "flavor": {"__type__": "Flavor", "vcpus": 16, "memory_mb": 65536},
+            "instance_uuids": ["inst-6"]}),
+        "scarce_answer": ScarceAnswer("scheduler-2:r-1", SCHED, "scheduler-2", {"inst-6": HOST_A},
+                                      {"inst-7": "No valid host was found."}, 2, 1),
     }
 
 
@@ -198,7 +205,7 @@ def _resign(m: object, ring: Keyring) -> object:
         if type(inner.get("m")) is list:
             inner["m"] = [_resign(i, ring) for i in inner["m"]]
         payload = pack(inner)
-        who = inner["r"] if inner["t"] in ("claim", "resync_request") else inner["s"]
+        who = inner["r"] if "s" not in inner or inner["t"] in ("claim", "resync_request") else inner["s"]
         out = dict(m)  # keeps "v" at the top level
         out.update(p=payload, h=ring.sign(who, payload), future=[1])
         return out
