@@ -368,7 +368,9 @@ class DecisionEngine:
             else:
                 if coordinator is not None and len(top) < scarce:
                     # scarce: the peers' coordinator decides it, so that no two scarce
-                    # requests are decided on different views (design §5.4)
+                    # requests are decided on different views (design §5.4); this
+                    # scheduler still keeps the hosts it fits off its other requests
+                    self._remember_scarce(req.resources, now)
                     self.stats["delegated"] += 1
                     raise Delegated(coordinator)
                 if len(top) >= scarce:  # not scarce: choose among the best ``depth``
@@ -454,8 +456,7 @@ class DecisionEngine:
         if self._ownership is not None:
             ownership = self._ownership
             if scarce:
-                if resources:
-                    self._scarce[tuple(sorted((r, a) for r, a in resources.items() if a))] = now
+                self._remember_scarce(resources, now)
                 self.stats["scarce_choices"] += 1
                 return self._match(top)
             reserved = self._kept([source for source, _ in top], resources or {}, now)
@@ -489,6 +490,12 @@ class DecisionEngine:
         if self._rendezvous is not None:
             return self._rendezvous.index([s for s, _ in top])
         return self.rng.randrange(len(top))
+
+    def _remember_scarce(self, resources: Mapping[str, int] | None, now: float) -> None:
+        """A scarce request of these resources was decided (or handed over) now: for
+        SCARCE_MEMORY the few hosts it fits are kept for such requests (:meth:`_kept`)."""
+        if resources:
+            self._scarce[tuple(sorted((r, a) for r, a in resources.items() if a))] = now
 
     @property
     def scarce_memory(self) -> list[list[Any]]:
