@@ -372,7 +372,7 @@ def test_a_scarce_request_goes_to_the_coordinator_which_decides_every_one_on_one
                 for s, doc in docs.items()}
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
     claims, outcomes = [], []
-    for name, engine in engines.items():
+    for engine in engines.values():
         engine.send_claim = claims.append
         assert engine.coordinator == (None if engine is coordinator else min(peers))
         if engine is not coordinator:
