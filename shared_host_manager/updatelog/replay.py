@@ -66,6 +66,8 @@ from protocol.messages import (
     Message,
     ResyncAnswer,
     ResyncRequest,
+    ScarceAnswer,
+    ScarceRequest,
     Send,
     Snapshot,
 )
@@ -999,7 +1001,7 @@ def _sends_text(sends: list[Any]) -> str:
         except Exception:  # noqa: BLE001
             out.append(str(to))
             continue
-        if isinstance(msg, (Batch, ResyncAnswer)):  # no version of its own
+        if isinstance(msg, (Batch, ResyncAnswer, ScarceRequest, ScarceAnswer)):  # no version
             out.append(str(to))
         else:
             out.append(f"{to}@{msg.epoch}:{msg.seq}{'/full' if getattr(msg, 'full', False) else ''}")
