@@ -545,6 +545,8 @@ class Simulation:
         m = self.metrics
         with m.lock:
             m.nvh_checked += 1
+            if held is None:
+                m.nvh_wrong_in_flight = None  # a figure over only some checks would mislead
         oracle = ReceiverMachine("oracle", down_interval=3600.0)
         now = self.clock()
         truth = self._truth()
@@ -565,9 +567,7 @@ class Simulation:
                 m.nvh_inconclusive += 1
                 return
             m.nvh_wrong += 1
-            if held is None:
-                m.nvh_wrong_in_flight = None  # a figure over only some verdicts would mislead
-            elif m.nvh_wrong_in_flight is not None and in_flight:
+            if m.nvh_wrong_in_flight is not None and in_flight:
                 m.nvh_wrong_in_flight += 1
 
     def _sample_staleness(self, stop: threading.Event) -> None:

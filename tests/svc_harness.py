@@ -62,3 +62,21 @@ def quiesce(reporters: list[ReporterService]) -> None:
     """Stop the trackers' drift so versions settle."""
     for r in reporters:
         r.tracker.stop()
+
+
+def start_peers(bus_data, bus_control, reporter: ReporterService, n: int,
+                **manager_kw) -> list:
+    """``n`` SchedulerManagers s0..s<n-1> with membership on, started with ``reporter``,
+    once each sees all of them as live peers (stop them and the reporter when done)."""
+    from shared_host_manager.decision.manager import SchedulerManager
+
+    managers = [SchedulerManager(make_scheduler(bus_data, bus_control, f"s{i}",
+                                                membership_interval=0.2), **manager_kw)
+                for i in range(n)]
+    for m in managers:
+        m.start()
+    reporter.start()
+    names = tuple(f"s{i}" for i in range(n))
+    wait_for(lambda: all(m.service.peers == names for m in managers),
+             what=f"every scheduler to see the {n}")
+    return managers

@@ -11,12 +11,11 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from svc_harness import make_reporter, make_scheduler, wait_for
+from svc_harness import make_reporter, start_peers, wait_for
 
 from protocol.codec import decode, encode
 from protocol.hostdoc import SCHEDULER, is_host
 from protocol.receiver import ReceiverMachine
-from shared_host_manager.decision.manager import SchedulerManager
 from shared_host_manager.decision.request import Flavor, RequestSpec
 from shared_host_manager.decision.subset import PeerOwnership
 from shared_host_manager.membership import (
@@ -71,14 +70,8 @@ def test_peers_come_from_their_entries_and_leave_or_fall_silent():
 
 def test_schedulers_find_each_other_share_hosts_and_take_over_a_leavers_share(bus):
     reporter = make_reporter(bus, bus, "r", hosts=12, seed=5, change_interval=0)
-    managers = [SchedulerManager(make_scheduler(bus, bus, f"s{i}", membership_interval=0.2))
-                for i in range(3)]
-    for m in managers:
-        m.start()
-    reporter.start()
+    managers = start_peers(bus, bus, reporter, 3)
     try:
-        wait_for(lambda: all(m.service.peers == ("s0", "s1", "s2") for m in managers),
-                 what="every scheduler to see the three")
         wait_for(lambda: all(len([s for s in m.versions() if not s.startswith("scheduler/")]) == 12
                              for m in managers), what="hosts")
         spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=128, root_gb=1),

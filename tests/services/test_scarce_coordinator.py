@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from svc_harness import converged, make_reporter, make_scheduler, wait_for
+from svc_harness import converged, make_reporter, start_peers, wait_for
 
 from protocol.document import SET
 from shared_host_manager.decision.manager import SchedulerManager
@@ -26,15 +26,8 @@ BIG = 2
 def cloud():
     bus = InProcessBus(threaded=True)
     reporter = make_reporter(bus, bus, "r", hosts=12, seed=7, change_interval=0)
-    managers = [SchedulerManager(make_scheduler(bus, bus, f"s{i}", membership_interval=0.2),
-                                 request_timeout=5.0)
-                for i in range(3)]
-    for m in managers:
-        m.start()
-    reporter.start()
+    managers = start_peers(bus, bus, reporter, 3, request_timeout=5.0)
     try:
-        wait_for(lambda: all(m.service.peers == ("s0", "s1", "s2") for m in managers),
-                 what="every scheduler to see the three")
         # BIG hosts keep 6 GB of memory free, the others 1 GB: a 4 GB server is scarce (it
         # fits at most 2 hosts per live scheduler), and fits once on each BIG host
         for i, source in enumerate(reporter.tracker.hosts()):
