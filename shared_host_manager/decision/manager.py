@@ -232,33 +232,36 @@ class SchedulerManager:
         result.decided_by = coordinator
         with self._handed_lock:
             self._handed[request_id] = waiter
-        self.scarce_stats["handed_over"] += 1
+            self.scarce_stats["handed_over"] += 1
         try:
             self.service.send_to_peer(coordinator, ScarceRequest(
                 request_id, self.name, coordinator, spec_to_wire(spec)))
         except Exception as exc:  # the coordinator is unreachable: the request is not placed
             LOG.warning("scheduler %s could not hand a scarce request to %s: %s",
                         self.name, coordinator, exc)
-        if not waiter.event.wait(self.request_timeout):
-            result.timed_out = True
-            self.scarce_stats["timed_out"] += 1
+        waiter.event.wait(self.request_timeout)
         with self._handed_lock:
             self._handed.pop(request_id, None)
+            if not waiter.event.is_set():
+                result.timed_out = True
+                self.scarce_stats["timed_out"] += 1
         return result
 
     def _on_scarce(self, msg: ScarceRequest | ScarceAnswer) -> None:
         """The control server's thread: an answer wakes its caller; a request handed to us
         goes to a worker (deciding waits for claim outcomes, which arrive on this thread)."""
         if type(msg) is ScarceAnswer:
-            with self._handed_lock:
+            if msg.requester != self.name:
+                return
+            with self._handed_lock:  # so that the caller times out or is answered, not both
                 waiter = self._handed.pop(msg.request_id, None)
-            if waiter is None or msg.requester != self.name:
-                return  # we gave up waiting for it (its claims stand: the host arbitrated)
-            result = waiter.result
-            result.placed, result.failed = dict(msg.placed), dict(msg.failed)
-            result.claims, result.rejected = msg.claims, msg.rejected
-            self.scarce_stats["answered"] += 1
-            waiter.event.set()
+                if waiter is None:
+                    return  # we gave up waiting for it (its claims stand: the host arbitrated)
+                self.scarce_stats["answered"] += 1
+                result = waiter.result
+                result.placed, result.failed = dict(msg.placed), dict(msg.failed)
+                result.claims, result.rejected = msg.claims, msg.rejected
+                waiter.event.set()
             return
         assert type(msg) is ScarceRequest
         if msg.coordinator != self.name:
@@ -284,7 +287,8 @@ class SchedulerManager:
                         self.name, msg.request_id, msg.scheduler, exc)
             result, failed = RequestResult(), {"*": f"the coordinator {self.name} failed: "
                                                      f"{type(exc).__name__}"[:MAX_REASON]}
-        self.scarce_stats["decided_for_peers"] += 1
+        with self._handed_lock:
+            self.scarce_stats["decided_for_peers"] += 1
         try:
             self.service.send_to_peer(msg.scheduler, ScarceAnswer(
                 msg.request_id, self.name, msg.scheduler, result.placed, failed, result.claims,
