@@ -282,3 +282,45 @@ def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_bro
         _stop(reporter, s0, s1)
         peers = peer_topic(topics[1])
         delete_broker_queues([peers, f"{peers}.s0", f"{peers}.s1"])
+
+
+def test_a_scarce_request_goes_to_the_coordinator_over_oslo_messaging(planes, delete_broker_queues):
+    """[filter_scheduler] scarce_coordinator over RabbitMQ (design §5.4): s1 hands a request
+    only one host fits to s0 (first by name) as a scarce_request cast; s0 decides and claims
+    it, and its scarce_answer, signed like every cast between schedulers, places it for s1."""
+    from shared_host_manager.decision.manager import SchedulerManager
+    from shared_host_manager.decision.request import Flavor, RequestSpec
+
+    data, control, topics = planes
+    ring = Keyring(master=b"scarce test secret")
+    reporter = make_reporter(data, control, "r0", hosts=5, seed=1, topics=topics,
+                             change_interval=0, encoder=Encoder(ring), decoder=Decoder(ring))
+    managers = [SchedulerManager(make_scheduler(
+        data, control, f"s{i}", topics=topics, membership_interval=0.5, encoder=Encoder(ring),
+        decoder=Decoder(ring)), request_timeout=20.0) for i in range(2)]
+    s0, s1 = managers
+    _start(*managers, reporter)
+    try:
+        wait_for(lambda: all(m.service.peers == ("s0", "s1") for m in managers), 30, "membership")
+        wait_for(lambda: all(len([s for s in m.versions() if not s.startswith("scheduler/")]) == 5
+                             for m in managers), 30, "sources")
+        # one host keeps 6 GB free, the others 1 GB: a 4 GB server fits that one only
+        for i, source in enumerate(reporter.tracker.hosts()):
+            memory = reporter.tracker.document(source)["compute"]["memory_mb"]
+            reporter.manager.change(source, [[SET, "compute", "memory_mb_used",
+                                              memory - (6144 if i == 0 else 1024)]],
+                                    time.monotonic())
+        reporter.wake()
+        wait_for(lambda: converged([reporter], [m.service for m in managers]), 30, "the views")
+        spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=4096, root_gb=1),
+                           instance_uuids=[uuid.uuid4().hex])
+        result = s1.select_destinations(spec)
+        assert result.decided_by == "s0" and not result.timed_out
+        assert result.placed == {spec.instance_uuids[0]: reporter.tracker.hosts()[0]}
+        assert s0.scarce_stats["decided_for_peers"] == 1 and s1.scarce_stats["answered"] == 1
+        assert s0.service.cache.control_received["scarce_request"] == 1
+        assert not s0.service.cache.invalid and not s1.service.cache.invalid
+    finally:
+        _stop(reporter, *managers)
+        peers = peer_topic(topics[1])
+        delete_broker_queues([peers, f"{peers}.s0", f"{peers}.s1"])
