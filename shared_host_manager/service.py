@@ -8,7 +8,9 @@ Life cycle::
                start reading the stream after the restored offset — or from its
                retained start on a cold start — and start the timer thread.
       running: stream thread  --> cache.ingest_stream  (deltas, snapshots, heartbeats)
-               control thread --> cache.ingest_control (resync answers, claim results)
+               control thread --> cache.ingest_control (resync answers, claim results);
+                                  a peer's scarce request, or the answer to ours,
+                                  --> on_scarce (the decider's, design §5.4)
                timer thread   --> cache.tick every tick_interval (gaps, resync
                                   retries, claim deadlines, down detection),
                                   cache.save every snapshot_interval, this
