@@ -40,13 +40,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from protocol import hostdoc
 from protocol.document import SET, Document, Op, copy_document
 
 LOG = logging.getLogger(__name__)
+
+#: what schedulers read of a compute service record
+SERVICE_FIELDS = frozenset({"disabled", "forced_down", "disabled_reason"})
 
 
 class ApiStateSource:
@@ -92,8 +95,15 @@ class ApiStateSource:
             except Exception:  # publishing must never fail nova's API call
                 LOG.exception("publishing %s %s failed", ns, key)
 
-    def service_changed(self, service: Any, *, deleted: bool = False) -> None:
-        """A compute service was created, saved (enabled, disabled, forced down) or deleted."""
+    def service_changed(self, service: Any, *, deleted: bool = False,
+                        saved: Collection[str] | None = None) -> None:
+        """A compute service was created, saved (enabled, disabled, forced down) or deleted.
+
+        ``saved``: the fields a ``Service.save`` wrote (None: all of them, a create or a
+        destroy).  Only those are taken from the object: a compute's heartbeat saves
+        ``report_count`` from its own copy of the service, loaded when it started, whose
+        ``disabled`` may be long stale; publishing it would re-enable a host an operator
+        has just disabled, until the next change."""
         if getattr(service, "binary", "nova-compute") != "nova-compute":
             return
 
@@ -103,12 +113,26 @@ class ApiStateSource:
         host = get("host")
         if not host:
             return
-        entry: dict[str, Any] = {"disabled": bool(get("disabled", False)),
-                                 "forced_down": bool(get("forced_down", False)),
-                                 "deleted": deleted}
-        reason = get("disabled_reason")
-        if reason:
-            entry["disabled_reason"] = str(reason)
+        fields = SERVICE_FIELDS if saved is None else SERVICE_FIELDS & set(saved)
+        if not fields and not deleted:
+            return  # nothing the schedulers read was written
+        with self._lock:
+            held = self._doc.get(hostdoc.API_SERVICES, {}).get(host)
+        if held is None or saved is None:
+            # all of it: a create, a destroy, or the first this source hears of the host
+            entry: dict[str, Any] = {}
+            fields = SERVICE_FIELDS
+        else:
+            entry = {k: v for k, v in held.items() if k != "changed"}
+        entry["deleted"] = deleted
+        for name in fields & {"disabled", "forced_down"}:
+            entry[name] = bool(get(name, False))
+        if "disabled_reason" in fields:
+            reason = get("disabled_reason")
+            if reason:
+                entry["disabled_reason"] = str(reason)
+            else:
+                entry.pop("disabled_reason", None)
         self._set(hostdoc.API_SERVICES, host, entry)
 
     def node_changed(self, node_uuid: str, *, deleted: bool) -> None:
@@ -188,13 +212,15 @@ def install(source: ApiStateSource) -> None:
     if _installed:
         return
 
-    def after(cls: Any, name: str, publish: Callable[[Any, tuple[Any, ...]], None]) -> None:
+    def after(cls: Any, name: str, publish: Callable[[Any, set[str]], None]) -> None:
         original = getattr(cls, name)
 
         def wrapper(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            # what this call writes, read before it (a save resets it)
+            changed = set(obj.obj_what_changed()) if hasattr(obj, "obj_what_changed") else set()
             result = original(obj, *args, **kwargs)
             try:
-                publish(obj, args)
+                publish(obj, changed)
             except Exception:  # never fail nova's own call
                 LOG.exception("API-side source: %s.%s not published", cls.__name__, name)
             return result
@@ -209,7 +235,8 @@ def install(source: ApiStateSource) -> None:
             fn(s)
 
     after(objects.Service, "create", lambda svc, a: each(lambda s: s.service_changed(svc)))
-    after(objects.Service, "save", lambda svc, a: each(lambda s: s.service_changed(svc)))
+    after(objects.Service, "save",
+          lambda svc, changed: each(lambda s: s.service_changed(svc, saved=changed)))
     after(objects.Service, "destroy", lambda svc, a: each(lambda s: s.service_changed(svc, deleted=True)))
     after(objects.ComputeNode, "create",
           lambda cn, a: each(lambda s: s.node_changed(cn.uuid, deleted=False)))

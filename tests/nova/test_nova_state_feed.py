@@ -156,3 +156,36 @@ def test_api_sources_merge_by_the_time_of_the_change():
     _publish(cache, newer, 0)
     _publish(cache, older, 0)  # arrives last, but changed first
     assert _hosts(manager)["host0"].service["disabled"] is False
+
+
+def test_a_heartbeat_from_a_stale_copy_of_the_service_does_not_re_enable_it():
+    # An operator disables host0 through the API; the compute's heartbeat then saves
+    # report_count from the copy of its service it loaded at start (disabled=False). Only
+    # what a save writes is published, so host0 stays disabled for the schedulers.
+    nodes, cache, manager = _world()
+    api = api_source.ApiStateSource("nova-api-1")
+    stale = objects.Service(host="host0", binary="nova-compute", disabled=False,
+                            forced_down=False, report_count=1)
+    api.service_changed(stale)  # created: all of it
+    operator = objects.Service(host="host0", binary="nova-compute", disabled=False,
+                               forced_down=False)
+    operator.obj_reset_changes()
+    operator.disabled, operator.disabled_reason = True, "maintenance"
+    api.service_changed(operator, saved=operator.obj_what_changed())
+    stale.obj_reset_changes()
+    stale.report_count += 1
+    assert stale.obj_what_changed() == {"report_count"}
+    changes = api.changes
+    api.service_changed(stale, saved=stale.obj_what_changed())
+    assert api.changes == changes  # nothing the schedulers read was written
+    _publish(cache, api, 0)
+    host0 = _hosts(manager)["host0"]
+    assert host0.service["disabled"] is True
+    assert not compute_filter.ComputeFilter().host_passes(host0, None)
+    # a save that writes forced_down from that stale copy leaves disabled as it was
+    stale.obj_reset_changes()
+    stale.forced_down = True
+    api.service_changed(stale, saved=stale.obj_what_changed())
+    entry = api.document(api.source)["services"]["host0"]
+    assert (entry["disabled"], entry["forced_down"], entry["disabled_reason"]) == (
+        True, True, "maintenance")
