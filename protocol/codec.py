@@ -42,6 +42,7 @@ from protocol.messages import (
     ScarceAnswer,
     ScarceRequest,
     Snapshot,
+    speaker,
 )
 from protocol.resources import check_resources
 from protocol.signing import MAC_SIZE, Keyring, Verifier
@@ -144,7 +145,7 @@ class Encoder:
         if self.keyring is None or t is Batch:
             return m
         payload = msgpack.packb(m, use_bin_type=True)
-        name = m["r"] if t in _SPOKEN_BY_R else m["s"]
+        name = speaker(msg)
         try:
             mac = self.keyring.sign(name, payload)
         except KeyError:
@@ -159,8 +160,8 @@ class Encoder:
 
 _PLAIN = Encoder()
 
-#: the messages whose speaker (the signer) is field "r", not the source "s"
-_SPOKEN_BY_R = (Claim, ResyncRequest, ScarceRequest, ScarceAnswer)
+#: the message types whose speaker (the signer, messages.speaker) is field "r", not the
+#: source "s": what a decoder reads before the message is built
 _SPOKEN_BY_R_NAMES = ("claim", "resync_request", "scarce_request", "scarce_answer")
 
 

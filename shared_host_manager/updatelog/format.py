@@ -261,14 +261,17 @@ def same_base(state: tuple | None, base: tuple) -> bool:
 def view_state(view: SourceView, digest: bool = True, peers: bool = True) -> tuple:
     """(epoch, seq, document digest | None | NO_DOCUMENT, down, pending claim ids
     [, peer claims held: see :func:`peer_claims_state`, when ``peers`` and there are some])."""
-    epoch, seq, down, pending = view_base(view, False)
     if view.doc is None:
         dig: bytes | None = NO_DOCUMENT
     else:
         dig = view.digest() if digest else None
-    if peers and view.peer:
-        return (epoch, seq, dig, down, pending, peer_claims_state(view))
-    return (epoch, seq, dig, down, pending)
+    return _state(view, view_base(view, peers), dig)
+
+
+def _state(view: SourceView, base: tuple, dig: bytes | None) -> tuple:
+    """A view's checkpoint state from its :func:`view_base` and its document digest."""
+    state = (base[0], base[1], dig, base[2], base[3])
+    return (*state, peer_claims_state(view)) if len(base) > 4 else state
 
 
 class ViewStates:
@@ -317,10 +320,7 @@ class ViewStates:
                 if dig is None and not spent:
                     dig = view.digest()
                     spent = deadline is not None and time.perf_counter() > deadline
-            if len(base) > 4:
-                state: tuple = (base[0], base[1], dig, base[2], base[3], peer_claims_state(view))
-            else:
-                state = (base[0], base[1], dig, base[2], base[3])
+            state = _state(view, base, dig)
             if state != old:
                 self.set(source, state)
                 changes.append([source, state])

@@ -205,7 +205,8 @@ def _resign(m: object, ring: Keyring) -> object:
         if type(inner.get("m")) is list:
             inner["m"] = [_resign(i, ring) for i in inner["m"]]
         payload = pack(inner)
-        who = inner["r"] if "s" not in inner or inner["t"] in ("claim", "resync_request") else inner["s"]
+        spoken_by_r = ("claim", "resync_request", "scarce_request", "scarce_answer")
+        who = inner["r"] if inner["t"] in spoken_by_r else inner["s"]
         out = dict(m)  # keeps "v" at the top level
         out.update(p=payload, h=ring.sign(who, payload), future=[1])
         return out
