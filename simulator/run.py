@@ -77,6 +77,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("free RAM stdev %", "free_ram_stdev_pct"),
         ("free disk stdev %", "free_disk_stdev_pct"),
         ("scarce requests handed over", "scarce_handed_over"),
+        ("rejected own/peer/scarce/alt", "claims_rejected_by_choice"),
         ("converged at the end", "converged"),
     ]
     results = report["results"]
@@ -93,6 +94,8 @@ def summary_table(report: dict[str, Any]) -> str:
                 flight = r.get("no_valid_host_wrong_in_flight")
                 value: Any = (f"{r['no_valid_host']} ({r['no_valid_host_wrong']}, "
                               f"{'-' if flight is None else flight})")
+            elif key == "claims_rejected_by_choice":
+                value = _by_choice(r.get(key))
             else:
                 value = r.get(key)
             if key == "scheduler_processes" and not value:
@@ -104,6 +107,16 @@ def summary_table(report: dict[str, Any]) -> str:
     for key, value in (report.get("ratios") or {}).items():
         lines.append(f"{key}: {value}x")
     return "\n".join(lines)
+
+
+def _by_choice(counts: dict[str, int] | None) -> str | None:
+    """Claims rejected by how their host was chosen, as own/peer/scarce/alternate (an
+    affinity group's first member, and a scheduler alone, count as its own choice)."""
+    if counts is None:
+        return None
+    own = sum(counts.get(c, 0) for c in ("owned", "alone", "anchor"))
+    return "/".join(str(n) for n in (own, counts.get("peer", 0), counts.get("scarce", 0),
+                                     counts.get("alternate", 0)))
 
 
 __all__ = ["MODES", "run", "run_mode", "summary_table"]

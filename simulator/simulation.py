@@ -626,6 +626,9 @@ class Simulation:
         out.update(placement_quality([doc for _, _, doc in truth.values()], sums))
         if self.mode == "shared":
             out["scarce_handed_over"] = int(sums.get("scarce_handed_over", 0))
+            out["claims_rejected_by_choice"] = {
+                key.removeprefix("rejected_"): int(n) for key, n in sorted(sums.items())
+                if key.startswith("rejected_")}
         return out
 
     def quality_sums(self) -> dict[str, float]:
@@ -735,8 +738,12 @@ class Simulation:
 
 def scheduler_sums(sched: Any) -> dict[str, float]:
     """One shared scheduler's figures to add up over the run: its engine's placement-quality
-    sums (DecisionEngine.quality) and the scarce requests it handed to the coordinator."""
-    return {**sched.engine.quality, "scarce_handed_over": sched.scarce_stats["handed_over"]}
+    sums (DecisionEngine.quality), the scarce requests it handed to the coordinator and
+    its claims rejected by how their host was chosen (``rejected_<choice>``)."""
+    rejected = {f"rejected_{choice}": float(n)
+                for choice, n in sched.tracker.rejected_by_choice.items()}
+    return {**sched.engine.quality, "scarce_handed_over": sched.scarce_stats["handed_over"],
+            **rejected}
 
 
 def placement_quality(documents: list[dict], sums: dict[str, float]) -> dict[str, Any]:

@@ -104,6 +104,13 @@ SCARCE_PER_PEER = 2
 #: another host it owns
 SCARCE_MEMORY = 2.0
 
+#: how a decision's first claim chose its host (``DecisionEngine.choices``); the
+#: tracker counts rejected claims by it, and alternates as ALTERNATE
+ANCHOR, OWNED, PEER, SCARCE, ALONE, ALTERNATE = ("anchor", "owned", "peer", "scarce", "alone",
+                                                 "alternate")
+
+MAX_CHOICES = 65536
+
 #: positions or rows of the index (np.flatnonzero's result)
 RowArray: TypeAlias = npt.NDArray[np.intp]
 
@@ -278,6 +285,10 @@ class DecisionEngine:
         #: and the chosen host's rank (0: the best), for the simulator's quality figures
         self.quality = {"weight_gap": 0.0, "rank": 0.0, "picks": 0.0}
         self.observer: DecisionObserver | None = None
+        #: pending first claims -> how their host was chosen (ANCHOR ... ALONE); the tracker
+        #: pops each at its outcome, so claims rejected can be told apart by choice
+        self.choices: dict[str, str] = {}
+        self._choice = ALONE
         #: the resources of recent scarce requests -> when last asked for
         self._scarce: dict[tuple[tuple[str, int], ...], float] = {}
         #: (ownership, index rows added, owner number per index row) of _owner_depths: the
@@ -365,17 +376,19 @@ class DecisionEngine:
                 # without talking: rendezvous over the group (design §5.3)
                 pick = RendezvousChoice(group.uuid).index([s for s, _ in top])
                 self.stats["affinity_anchors"] += 1
+                self._choice = ANCHOR
             else:
-                if coordinator is not None and len(top) < scarce:
+                is_scarce = len(top) < scarce
+                if coordinator is not None and is_scarce:
                     # scarce: the peers' coordinator decides it, so that no two scarce
                     # requests are decided on different views (design §5.4); this
                     # scheduler still keeps the hosts it fits off its other requests
                     self._remember_scarce(req.resources, now)
                     self.stats["delegated"] += 1
                     raise Delegated(coordinator)
-                if len(top) >= scarce:  # not scarce: choose among the best ``depth``
-                    top = top[:depth]
-                pick = self._choose(top, k, now, len(top) < scarce, req.resources)
+                if not is_scarce:  # choose among the best ``depth`` (which may be fewer
+                    top = top[:depth]  # than make a request scarce: 2 peers, k = 2)
+                pick = self._choose(top, k, now, is_scarce, req.resources)
             source, weight = top[pick]
             if not dry_run:
                 # placement quality: how far below the best host the chosen one weighs
@@ -383,7 +396,7 @@ class DecisionEngine:
                 self.quality["rank"] += pick
                 self.quality["picks"] += 1
             req.consume(source, self._host_of(source), uuid)
-            picks.append((uuid, source, weight))
+            picks.append((uuid, source, weight, self._choice))
 
         num_alts = self.config.max_attempts - 1 if return_alternates else 0
         alternates: dict[str | None, list[tuple[str, float]]] = {}
@@ -391,17 +404,20 @@ class DecisionEngine:
             if len(uuids) > 1:
                 # nova re-ranks once after consuming every instance (claimed hosts have less left)
                 ranking = rank(req)
-            alternates = self._alternates(ranking, {s for _, s, _ in picks}, num_alts)
+            alternates = self._alternates(ranking, {s for _, s, _, _ in picks}, num_alts)
 
         out: list[list[Selection]] = []
         claims: list[Claim] = []
         payload = self.claim_payload(spec)
         group_of_claims = self._claim_group(req)
-        for uuid, source, weight in picks:
+        for uuid, source, weight, choice in picks:
             claim = self._new_claim(source, uuid, req.resources, payload, group_of_claims)
             if not dry_run:
                 self.receiver.add_claim(claim, now)
                 claims.append(claim)
+                self.choices[claim.claim_id] = choice
+                if len(self.choices) > MAX_CHOICES:  # an engine driven without a tracker
+                    del self.choices[next(iter(self.choices))]
             cell = self._cell_of(source)
             row = [self._selection(source, uuid, weight, claim.claim_id)]
             row.extend(self._selection(s, uuid, w) for s, w in alternates.get(cell, ())[:num_alts])
@@ -453,16 +469,19 @@ class DecisionEngine:
         is least likely to be claiming now.  Alone: one of the best ``k`` (see
         [filter_scheduler] host_subset_choice).
         """
+        self._choice = ALONE
         if self._ownership is not None:
             ownership = self._ownership
             if scarce:
                 self._remember_scarce(resources, now)
                 self.stats["scarce_choices"] += 1
+                self._choice = SCARCE
                 return self._match(top)
             reserved = self._kept([source for source, _ in top], resources or {}, now)
             places = [ownership.place(source) for source, _ in top]
             if 0 in places:
                 self.stats["owned_choices"] += 1
+                self._choice = OWNED
                 first = places.index(0)
                 if reserved[first]:
                     # a request many hosts fit leaves the few hosts that scarce requests
@@ -484,6 +503,7 @@ class DecisionEngine:
                        key=lambda i: (reserved[i], depths[i] < FRONT_DEPTH, places[i],
                                       -depths[i], i))
             self.stats["peer_choices"] += 1
+            self._choice = PEER
             return best
         if len(top) == 1:
             return 0

@@ -427,3 +427,15 @@ def test_requests_many_hosts_fit_keep_off_the_few_hosts_a_scarce_request_needs()
     # and the memory fades
     later = 2.0 + SCARCE_MEMORY
     assert engine._kept(["big0", "big1"], {"memory_mb": 512}, later) == [False, False]
+
+
+def test_a_request_many_hosts_fit_is_not_scarce_when_the_subset_is_shallower_than_the_limit():
+    # Two peers at the smallest subset: the best k x peers (4) hosts are fewer than make a
+    # request scarce (2 per peer, 5 to tell); a request 40 hosts fit is still not scarce:
+    # it is not remembered, and it takes a host its scheduler owns, not the matching's.
+    engine = _racing_engines(_scarce_cloud(0, small=40), ["a", "b"])["a"]
+    assert engine.subset.size(engine.live_schedulers) * 2 < 2 * 2 + 1
+    for i in range(4):
+        engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512)), i * 0.1)
+    assert engine.stats["scarce_choices"] == 0 and engine.scarce_memory == []
+    assert engine.stats["owned_choices"] + engine.stats["peer_choices"] == 4

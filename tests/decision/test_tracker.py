@@ -197,3 +197,22 @@ def test_fresh_alternates_never_exceed_max_attempts_claims():
             break
     assert len(sent) == 3 and len({c.source for c in sent}) == 3
     assert "Exceeded max scheduling attempts 3" in str(events[0].error)
+
+
+def test_rejected_claims_are_counted_by_how_their_host_was_chosen():
+    tracker, rec, sent = _setup(n=12)  # more hosts fit than make a request scarce
+    tracker.engine.set_peers(["s0", rec.name])  # a peer: hosts are owned, choices labelled
+    tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["vm"]), 0.0)
+    first = sent[0]
+    stats = tracker.engine.stats
+    assert stats["scarce_choices"] == 0 and stats["owned_choices"] + stats["peer_choices"] == 1
+    chosen = "owned" if stats["owned_choices"] else "peer"
+    assert tracker.engine.choices == {first.claim_id: chosen}
+    _reject(rec, first)
+    tracker.process(rec.drain_outcomes(), 1.0)
+    assert tracker.engine.choices == {}  # popped at its outcome
+    _reject(rec, sent[-1])  # the alternate claimed after the rejection
+    tracker.process(rec.drain_outcomes(), 1.0)
+    _accept(rec, sent[-1])
+    tracker.process(rec.drain_outcomes(), 1.0)
+    assert tracker.rejected_by_choice == {chosen: 1, "alternate": 1}

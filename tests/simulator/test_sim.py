@@ -29,6 +29,8 @@ def test_each_mode_keeps_the_invariants(mode):
         assert result["converged"]
     if mode == "shared":
         assert result["db_statements_per_s"] == 0
+        # every rejected claim is counted once, by how its host was chosen
+        assert sum(result["claims_rejected_by_choice"].values()) == result["claims_rejected"]
 
 
 def test_same_seed_same_workload():
@@ -60,13 +62,16 @@ def test_cli_writes_json_and_table(tmp_path, capsys):
 
 def test_summary_table_shows_ratios():
     report = {"results": {"shared": {"scheduled_per_s": 10.0, "no_valid_host": 3,
-                                     "no_valid_host_wrong": 2, "no_valid_host_wrong_in_flight": 1},
+                                     "no_valid_host_wrong": 2, "no_valid_host_wrong_in_flight": 1,
+                                     "claims_rejected_by_choice": {"owned": 4, "anchor": 1,
+                                                                   "peer": 2, "alternate": 3}},
                           "legacy": {"scheduled_per_s": 2.0, "no_valid_host": 1,
                                      "no_valid_host_wrong": 0}},
               "ratios": {"shared_vs_legacy_scheduled_per_s": 5.0}}
     table = summary_table(report)
     assert "shared_vs_legacy_scheduled_per_s: 5.0x" in table
     assert "3 (2, 1)" in table and "1 (0, -)" in table
+    assert "5/2/0/3" in table
 
 
 def test_the_oracle_tells_a_state_in_flight_from_one_the_scheduler_held():
