@@ -17,7 +17,10 @@ Life cycle::
                                   scheduler's own entry on the stream every
                                   membership_interval and the live peers
                                   (shared_host_manager.membership)
-               decisions      --> under cache.lock, from any thread
+               decisions      --> under cache.lock, from any thread; catch_up()
+                                  (before a NoValidHost) puts this scheduler's
+                                  entry on the stream and waits for it to come
+                                  back
                claims         --> cast to the reporter of the host; with
                                   ``announce_claims``, then one fanout cast to
                                   the peers (design §5.2: they deduct it until
@@ -73,6 +76,7 @@ from protocol.receiver import ReceiverMachine, ReceiverParams
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.conf import cache as cache_conf
 from shared_host_manager.membership import MembershipPublisher, live_peers
+from shared_host_manager.membership import source_id as membership_source_id
 from transport import factory, signing_opts
 from transport import opts as transport_opts
 from transport.base import (
@@ -160,6 +164,12 @@ class SchedulerService:
         #: to ours (design §5.4), called on the control server's thread; None: dropped
         self.on_scarce: Callable[[ScarceRequest | ScarceAnswer], None] | None = None
         self._announcements: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        #: one publication of our own entry at a time (the timer's and catch_up's)
+        self._membership_lock = threading.Lock()
+        #: catch_up's waiters, woken after every ingest (under the cache lock)
+        self._caught_up = threading.Condition(self.cache.lock)
+        self._catching_up = 0
+        self.cache.ingest_listeners.append(self._wake_catching_up)
         self._announcer: threading.Thread | None = None
 
     @property
@@ -339,21 +349,59 @@ class SchedulerService:
             with self.cache.lock:
                 self.cache.peers = tuple(live_peers(self.receiver, now))
 
-    def _publish_membership(self, leaving: bool = False) -> None:
+    def _publish_membership(self, leaving: bool = False) -> tuple[int, int] | None:
         """Put this scheduler's own entry on the stream (design §2; a failure is retried at
-        the next interval: peers drop a silent scheduler, they do not fail)."""
+        the next interval: peers drop a silent scheduler, they do not fail); its version
+        once stored, None if it could not be."""
         membership = self.membership
         assert membership is not None
         now = self.clock()
         with self.cache.lock:
             load = {"pending_claims": self.receiver.pending_claims(),
                     "decisions": sum(self.decisions.values())}
-        snapshot = membership.leave(now, load) if leaving else membership.publish(now, load)
-        try:
-            self._publisher.publish(self._encoder.encode(snapshot))
-        except Exception as exc:
-            if self.running or leaving:  # (a timer tick racing stop() finds the publisher closed)
-                LOG.warning("scheduler %s could not publish its membership entry: %s", self.name, exc)
+        with self._membership_lock:  # versions reach the stream in the order they are made
+            snapshot = membership.leave(now, load) if leaving else membership.publish(now, load)
+            try:
+                self._publisher.publish(self._encoder.encode(snapshot))
+            except Exception as exc:
+                if self.running or leaving:  # (a timer tick racing stop() finds it closed)
+                    LOG.warning("scheduler %s could not publish its membership entry: %s",
+                                self.name, exc)
+                return None
+        return snapshot.epoch, snapshot.seq
+
+    def catch_up(self, settle: float, timeout: float = 1.0) -> bool:
+        """Wait until this cache holds what the sources had changed by now (design §5.4,
+        NoValidHost confirmed): ``settle`` seconds for those changes to reach the stream
+        (a reporter publishes a change within its coalescing window), then put our own
+        entry on the stream and wait, at most ``timeout`` seconds, until it comes back:
+        one stream, one order, so everything stored before it has been applied. False at
+        once without an entry to put (membership off), when stopped, or when it fails."""
+        if self.membership is None or not self.running or settle <= 0:
+            return False
+        if self._stop.wait(settle):
+            return False
+        deadline = time.monotonic() + timeout
+        version = self._publish_membership()
+        if version is None:
+            return False
+        view = self.receiver.sources.get  # read under the lock, by wait_for
+        own = membership_source_id(self.name)
+
+        def back() -> bool:
+            held = view(own)
+            return held is not None and held.version >= version
+
+        with self._caught_up:
+            self._catching_up += 1
+            try:
+                return self._caught_up.wait_for(back, max(0.0, deadline - time.monotonic()))
+            finally:
+                self._catching_up -= 1
+
+    def _wake_catching_up(self) -> None:  # an ingest listener: under the cache lock
+        if self._catching_up:
+            self._caught_up.notify_all()
 
     def _save(self) -> None:
         """Write the local snapshot; a failure is logged once (and again on recovery)."""

@@ -83,6 +83,11 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
                    help="shared mode: every scheduler decides its own scarce requests instead of "
                         "handing them to the live peers' coordinator ([filter_scheduler] "
                         "scarce_coordinator = false)")
+    p.add_argument("--nvh-catch-up", type=float, default=None, metavar="SECONDS",
+                   help="shared mode: before a NoValidHost, let the hosts' changes of the last "
+                        "SECONDS reach the scheduler, catch up with the stream and decide again "
+                        "([filter_scheduler] no_valid_host_catch_up; default: the coalescing "
+                        "window; 0: answer at once)")
     p.add_argument("--nvh-checks", type=int, default=d.nvh_checks, metavar="N",
                    help="check at most N refused requests against the hosts' true state "
                         "(NoValidHost (wrong, in flight) in the table; default: %(default)s)")
@@ -151,6 +156,7 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         ("--host-subset-size", args.host_subset_size is not None),
         ("--nvh-checks", args.nvh_checks != SimConfig.nvh_checks),
         ("--no-scarce-coordinator", not args.scarce_coordinator),
+        ("--nvh-catch-up", args.nvh_catch_up is not None),
         ("--nvh-oracle-share", args.nvh_oracle_share != SimConfig.nvh_oracle_share)) if given]
     if unsupported:
         parser.error(f"{', '.join(unsupported)} not supported with --scheduler nova")

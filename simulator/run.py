@@ -65,6 +65,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("retries per request", "retries_per_request"),
         ("retries per scheduled", "retries_per_scheduled"),
         ("NoValidHost (wrong, in flight)", None),
+        ("NoValidHost caught up (decided)", "no_valid_host_catch_ups"),
         ("staleness ms p50", "staleness_ms_p50"),
         ("staleness ms p99", "staleness_ms_p99"),
         ("staleness ms max", "staleness_ms_max"),
@@ -94,6 +95,8 @@ def summary_table(report: dict[str, Any]) -> str:
                 flight = r.get("no_valid_host_wrong_in_flight")
                 value: Any = (f"{r['no_valid_host']} ({r['no_valid_host_wrong']}, "
                               f"{'-' if flight is None else flight})")
+            elif key == "no_valid_host_catch_ups" and key in r:
+                value = f"{r[key]} ({r.get('no_valid_host_caught_up', 0)})"
             elif key == "claims_rejected_by_choice":
                 value = _by_choice(r.get(key))
             else:

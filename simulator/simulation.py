@@ -94,6 +94,9 @@ class SimConfig(RunShape):
     #: shared mode: scarce requests go to the peers' coordinator ([filter_scheduler]
     #: scarce_coordinator, design §5.4)
     scarce_coordinator: bool = True
+    #: shared mode: seconds a scheduler lets the hosts' latest changes reach it before a
+    #: NoValidHost ([filter_scheduler] no_valid_host_catch_up; None: the coalescing window)
+    nvh_catch_up: float | None = None
     #: directory for update logs of every party (shm replay reads them)
     record: str | None = None
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
@@ -109,6 +112,8 @@ def check_config(cfg: SimConfig) -> None:
         raise ValueError("--nvh-checks must be 0 or more")
     if not 0.0 < cfg.nvh_oracle_share <= 1.0:
         raise ValueError("--nvh-oracle-share must be above 0 and at most 1 (a share of one core)")
+    if cfg.nvh_catch_up is not None and cfg.nvh_catch_up < 0:
+        raise ValueError("--nvh-catch-up must be 0 (off) or more seconds")
     if cfg.record and cfg.processes is not None:
         raise ValueError("--record records in-process runs; drop --processes (or record each "
                          "scheduler process with [update_log] in its own configuration)")
@@ -332,6 +337,7 @@ class Simulation:
         self.reporters: list[ReporterService] = []
         self.reporter_of: dict[str, ReporterService] = {}
         self.schedulers: list[Any] = []
+        self._scheduler_named: dict[str, Any] = {}
         self.client_errors: list[str] = []
         self.recording: Any = None
         self.clock = time.monotonic
@@ -341,8 +347,11 @@ class Simulation:
     # -- set-up -----------------------------------------------------------------
 
     def _scheduler_config(self) -> SchedulerConfig:
-        changes: dict[str, Any] = {"host_subset_choice": self.cfg.host_subset_choice,
-                                   "scarce_coordinator": self.cfg.scarce_coordinator}
+        catch_up = self.cfg.nvh_catch_up
+        changes: dict[str, Any] = {
+            "host_subset_choice": self.cfg.host_subset_choice,
+            "scarce_coordinator": self.cfg.scarce_coordinator,
+            "no_valid_host_catch_up": self.cfg.coalesce_window if catch_up is None else catch_up}
         if self.cfg.host_subset_size is not None:
             changes["host_subset_size_min"] = changes["host_subset_size_max"] = self.cfg.host_subset_size
         return dataclasses.replace(SchedulerConfig(), **changes)
@@ -427,6 +436,7 @@ class Simulation:
                 assert self.db is not None
                 sched = DatabaseScheduler(s, self.transport.control, self.db, refresh, endpoints)
             self.schedulers.append(sched)
+            self._scheduler_named[s.name] = sched
         if self.mode == "shared" and not cfg.peer_ownership:
             for sched in self.schedulers:
                 sched.follow_membership = False  # each picks by host_subset_choice alone
@@ -487,7 +497,9 @@ class Simulation:
             decided_at = self.clock()
             outcome: Outcome = sched.schedule(spec)
             e2e = time.perf_counter() - start
-            self.record_outcome(spec, outcome, e2e, decided_at, sched.versions)
+            # a request handed to the coordinator was decided on the coordinator's view
+            decider = self._scheduler_named.get(outcome.decided_by, sched)
+            self.record_outcome(spec, outcome, e2e, decided_at, decider.versions)
 
     def _next_request(self) -> Any:
         """The workload's next request, made now (its group members are those booted so far);
@@ -626,6 +638,8 @@ class Simulation:
         out.update(placement_quality([doc for _, _, doc in truth.values()], sums))
         if self.mode == "shared":
             out["scarce_handed_over"] = int(sums.get("scarce_handed_over", 0))
+            out["no_valid_host_catch_ups"] = int(sums.get("nvh_catch_ups", 0))
+            out["no_valid_host_caught_up"] = int(sums.get("nvh_caught_up", 0))
             out["claims_rejected_by_choice"] = {
                 key.removeprefix("rejected_"): int(n) for key, n in sorted(sums.items())
                 if key.startswith("rejected_")}
@@ -738,11 +752,14 @@ class Simulation:
 
 def scheduler_sums(sched: Any) -> dict[str, float]:
     """One shared scheduler's figures to add up over the run: its engine's placement-quality
-    sums (DecisionEngine.quality), the scarce requests it handed to the coordinator and
-    its claims rejected by how their host was chosen (``rejected_<choice>``)."""
+    sums (DecisionEngine.quality), the scarce requests it handed to the coordinator, its
+    NoValidHosts decided again after catching up with the stream (and how many of those
+    then claimed hosts) and its claims rejected by how their host was chosen
+    (``rejected_<choice>``)."""
     rejected = {f"rejected_{choice}": float(n)
                 for choice, n in sched.tracker.rejected_by_choice.items()}
     return {**sched.engine.quality, "scarce_handed_over": sched.scarce_stats["handed_over"],
+            "nvh_catch_ups": sched.catch_ups, "nvh_caught_up": sched.caught_up_decided,
             **rejected}
 
 

@@ -25,11 +25,11 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "
 def make_reporter(bus_data, bus_control, name: str, hosts: int, seed: int, *,
                   topics: tuple[str, str] = (REPORTER_TOPIC, SCHEDULER_TOPIC),
                   change_interval: float = 0.5, heartbeat_interval: float = 0.5,
-                  **kw) -> ReporterService:
+                  coalesce_window: float = 0.02, **kw) -> ReporterService:
     tracker = SimulatedTracker(hosts, seed=seed, prefix=name, change_interval=change_interval)
     return ReporterService(name, tracker, bus_data, bus_control, reporter_topic=topics[0],
                            scheduler_topic=topics[1], heartbeat_interval=heartbeat_interval,
-                           coalesce_window=0.02, **kw)
+                           coalesce_window=coalesce_window, **kw)
 
 
 def make_scheduler(bus_data, bus_control, name: str, *,

@@ -153,6 +153,17 @@ active-active schedulers are those. The scheduler handing a request over
 waits for its answer (one cast each way). False: every scheduler decides its
 own scarce requests, spread over the candidates by a shared matching.
 """),
+    cfg.FloatOpt("no_valid_host_catch_up", default=0.05, min=0.0, help="""
+Before answering NoValidHost, a scheduler waits this many seconds for what
+the hosts changed just before it decided to reach the stream (set it to the
+reporters' ``[reporter] coalesce_window``), then until its cache has applied
+everything on the stream (it puts its own membership entry, ``[cache]
+membership_interval``, on the stream and waits for it to come back, at most
+1 s), and decides once more. A host freed a moment before the decision, whose
+delta was still on its way, then counts instead of the request failing. Costs
+this wait and one stream round trip, on refused requests only. 0, or no
+membership entry: answer at once.
+"""),
     cfg.FloatOpt("claim_rejection_target", default=0.05, min=0.0001, max=1.0, help="""
 Claim rejection rate (rejected / resolved claims, as an EWMA) at which the
 subset doubles the share that comes from concurrent schedulers.
@@ -192,6 +203,7 @@ class SchedulerConfig:
     host_subset_size_max: int = 16
     host_subset_choice: str = "rendezvous"
     scarce_coordinator: bool = True
+    no_valid_host_catch_up: float = 0.05
     claim_rejection_target: float = 0.05
     claim_rejection_ewma_alpha: float = 0.05
     default_availability_zone: str = "nova"

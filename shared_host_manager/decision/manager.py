@@ -20,6 +20,11 @@ Life cycle of a request::
                             every instance is placed or failed, the caller wakes
       -> RequestResult (placed: instance -> host, failed: instance -> reason)
 
+    NoValidHost at once: catch up with the stream (wait [filter_scheduler]
+      no_valid_host_catch_up seconds for the hosts' latest changes to be published,
+      then put our own entry on the stream and read it back), then decide once more;
+      only a second NoValidHost is the answer (design §5.4)
+
     a scarce request, when another live peer is the coordinator (design §5.4):
       under the cache lock: the engine raises Delegated (nothing claimed)
       the caller's thread:  cast a ScarceRequest to the coordinator; wait for its
@@ -138,6 +143,10 @@ class SchedulerManager:
         self.scarce_stats = {"handed_over": 0, "answered": 0, "decided_for_peers": 0,
                              "timed_out": 0}
         service.on_scarce = self._on_scarce
+        #: NoValidHost decisions made again after catching up with the stream, and how
+        #: many of those then claimed hosts ([filter_scheduler] no_valid_host_catch_up)
+        self.catch_ups = 0
+        self.caught_up_decided = 0
 
     @property
     def name(self) -> str:
@@ -188,6 +197,14 @@ class SchedulerManager:
         self._deciding.claims = mine
         try:
             decided = self._decide(spec, waiter, delegable)
+            if not decided and self.service.catch_up(self.engine.config.no_valid_host_catch_up):
+                # NoValidHost only on a view holding what the stream held when we decided:
+                # a host freed a moment ago may be in a delta still on its way (design §5.4)
+                waiter.result.failed = {}
+                decided = self._decide(spec, waiter, delegable)
+                with self._handed_lock:
+                    self.catch_ups += 1
+                    self.caught_up_decided += decided
         except Delegated as handed:
             return self._hand_over(spec, handed.coordinator, waiter)
         finally:
@@ -216,10 +233,10 @@ class SchedulerManager:
             try:
                 tracked = self.tracker.submit(spec, self.service.clock(), delegable=delegable)
             except NoValidHost as exc:
-                waiter.result.decision_s = time.perf_counter() - start
+                waiter.result.decision_s += time.perf_counter() - start
                 waiter.result.failed = {u: exc.reason for u in spec.instance_uuids}
                 return False
-            waiter.result.decision_s = time.perf_counter() - start
+            waiter.result.decision_s += time.perf_counter() - start
             self._waiters[tracked.request_id] = waiter
         return True
 
