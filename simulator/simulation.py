@@ -717,6 +717,10 @@ class Simulation:
             "staleness_samples": len(m.staleness_s),
             "overcommitted_hosts": over,
             "server_group_violations": len(self.workload.violations),
+            # which: (group uuid, policy, the host holding too many members or "split")
+            "server_group_violation_details": sorted(
+                [uuid, self.workload.policy_of(uuid), where]
+                for uuid, where in self.workload.violations)[:20],
             "converged": converged,
             "prefilled_instances": self.prefilled,
             "db_statements_per_s": round(db_statements / elapsed, 1) if self.db else 0.0,

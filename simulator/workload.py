@@ -129,6 +129,10 @@ class Workload:
         if group is not None:
             self._check_policy(group)
 
+    def policy_of(self, group_uuid: str) -> str:
+        """The policy of one of the workload's server groups ("" if unknown)."""
+        return next((g.policy for g in self.groups if g.uuid == group_uuid), "")
+
     def _check_policy(self, group: Group) -> None:
         """Record a violation of ``group``'s policy by its running members (nova's rules:
         anti-affinity, at most one member per host; affinity, every member on one host)."""

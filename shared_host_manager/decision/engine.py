@@ -357,7 +357,7 @@ class DecisionEngine:
         scarce = SCARCE_PER_PEER * len(self._ownership.peers) + 1 if self._ownership is not None else 0
         coordinator = self.coordinator if delegable else None
         rank = self._rank_fast if fast else self._rank_slow
-        picks: list[tuple[str, str, float]] = []
+        picks: list[tuple[str, str, float, str]] = []
         ranking: Iterable[tuple[str, float]] = ()
         for i, uuid in enumerate(uuids):
             req.begin(i, uuid)

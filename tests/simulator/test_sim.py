@@ -22,6 +22,7 @@ def test_each_mode_keeps_the_invariants(mode):
     result = run_mode(SimConfig(host_manager=mode, **SMALL), mode)
     assert result["requests"] == 300
     assert result["overcommitted_hosts"] == 0
+    assert result["server_group_violation_details"] == []
     assert result["timed_out"] == 0, "every request must resolve (placed or NoValidHost)"
     assert result["scheduled"] + result["no_valid_host"] >= 300 - result["timed_out"]
     assert result["scheduled"] > 0
@@ -215,3 +216,24 @@ def test_legacy_database_holds_every_change_from_the_start(database):
         assert not stale, f"{len(stale)} rows behind their host, e.g. {next(iter(stale.items()))}"
     finally:
         sim.stop()
+
+
+def test_server_group_violations_say_which_group_and_how():
+    from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
+
+    workload = Workload(3)
+    affinity = next(g for g in workload.groups if g.policy == "affinity")
+    anti = next(g for g in workload.groups if g.policy == "anti-affinity")
+
+    def boot(group, instance, source):
+        spec = RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=[instance],
+                           instance_group=InstanceGroup(group.policy, uuid=group.uuid))
+        workload.booted(spec, {instance: source})
+
+    boot(affinity, "a1", "cn1")
+    boot(affinity, "a2", "cn2")  # split
+    boot(anti, "b1", "cn3")
+    boot(anti, "b2", "cn3")  # two on one host
+    assert workload.violations == {(affinity.uuid, "split"), (anti.uuid, "cn3")}
+    assert workload.policy_of(affinity.uuid) == "affinity"
+    assert workload.policy_of(anti.uuid) == "anti-affinity" and workload.policy_of("x") == ""
