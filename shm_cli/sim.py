@@ -83,6 +83,10 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
                    help="shared mode: every scheduler decides its own scarce requests instead of "
                         "handing them to the live peers' coordinator ([filter_scheduler] "
                         "scarce_coordinator = false)")
+    p.add_argument("--no-hand-to-owner", dest="hand_to_owner", action="store_false",
+                   help="shared mode: a scheduler owning none of a request's best hosts takes a "
+                        "peer's host instead of handing the request to its owner "
+                        "([filter_scheduler] hand_to_owner = false)")
     p.add_argument("--nvh-catch-up", type=float, default=None, metavar="SECONDS",
                    help="shared mode: before a NoValidHost, let the hosts' changes of the last "
                         "SECONDS reach the scheduler, catch up with the stream and decide again "
@@ -157,6 +161,7 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         ("--nvh-checks", args.nvh_checks != SimConfig.nvh_checks),
         ("--no-scarce-coordinator", not args.scarce_coordinator),
         ("--nvh-catch-up", args.nvh_catch_up is not None),
+        ("--no-hand-to-owner", not args.hand_to_owner),
         ("--nvh-oracle-share", args.nvh_oracle_share != SimConfig.nvh_oracle_share)) if given]
     if unsupported:
         parser.error(f"{', '.join(unsupported)} not supported with --scheduler nova")

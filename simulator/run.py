@@ -78,6 +78,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("free RAM stdev %", "free_ram_stdev_pct"),
         ("free disk stdev %", "free_disk_stdev_pct"),
         ("scarce requests handed over", "scarce_handed_over"),
+        ("requests handed to owners", "handed_to_owner"),
         ("rejected own/peer/scarce/alt", "claims_rejected_by_choice"),
         ("converged at the end", "converged"),
     ]

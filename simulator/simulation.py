@@ -94,6 +94,9 @@ class SimConfig(RunShape):
     #: shared mode: scarce requests go to the peers' coordinator ([filter_scheduler]
     #: scarce_coordinator, design §5.4)
     scarce_coordinator: bool = True
+    #: shared mode: a request owning none of its best hosts goes to their owner
+    #: ([filter_scheduler] hand_to_owner, design §5.4)
+    hand_to_owner: bool = True
     #: shared mode: seconds a scheduler lets the hosts' latest changes reach it before a
     #: NoValidHost ([filter_scheduler] no_valid_host_catch_up; None: the coalescing window)
     nvh_catch_up: float | None = None
@@ -351,6 +354,7 @@ class Simulation:
         changes: dict[str, Any] = {
             "host_subset_choice": self.cfg.host_subset_choice,
             "scarce_coordinator": self.cfg.scarce_coordinator,
+            "hand_to_owner": self.cfg.hand_to_owner,
             "no_valid_host_catch_up": self.cfg.coalesce_window if catch_up is None else catch_up}
         if self.cfg.host_subset_size is not None:
             changes["host_subset_size_min"] = changes["host_subset_size_max"] = self.cfg.host_subset_size
@@ -638,6 +642,7 @@ class Simulation:
         out.update(placement_quality([doc for _, _, doc in truth.values()], sums))
         if self.mode == "shared":
             out["scarce_handed_over"] = int(sums.get("scarce_handed_over", 0))
+            out["handed_to_owner"] = int(sums.get("handed_to_owner", 0))
             out["no_valid_host_catch_ups"] = int(sums.get("nvh_catch_ups", 0))
             out["no_valid_host_caught_up"] = int(sums.get("nvh_caught_up", 0))
             out["claims_rejected_by_choice"] = {
@@ -756,13 +761,15 @@ class Simulation:
 
 def scheduler_sums(sched: Any) -> dict[str, float]:
     """One shared scheduler's figures to add up over the run: its engine's placement-quality
-    sums (DecisionEngine.quality), the scarce requests it handed to the coordinator, its
+    sums (DecisionEngine.quality), the requests it handed to the coordinator (scarce) or
+    to the owner of their best hosts, its
     NoValidHosts decided again after catching up with the stream (and how many of those
     then claimed hosts) and its claims rejected by how their host was chosen
     (``rejected_<choice>``)."""
     rejected = {f"rejected_{choice}": float(n)
                 for choice, n in sched.tracker.rejected_by_choice.items()}
     return {**sched.engine.quality, "scarce_handed_over": sched.scarce_stats["handed_over"],
+            "handed_to_owner": sched.scarce_stats["handed_to_owner"],
             "nvh_catch_ups": sched.catch_ups, "nvh_caught_up": sched.caught_up_decided,
             **rejected}
 

@@ -153,6 +153,15 @@ active-active schedulers are those. The scheduler handing a request over
 waits for its answer (one cast each way). False: every scheduler decides its
 own scarce requests, spread over the candidates by a shared matching.
 """),
+    cfg.BoolOpt("hand_to_owner", default=True, help="""
+With live peers (``[cache] membership_interval``), a request for which this
+scheduler owns none of the best hosts is handed to the live peer owning the
+best one, which decides and claims it with its own requests (one cast each
+way): otherwise this scheduler claims a peer's host while that peer may be
+claiming it, the other main source of claims rejected between active-active
+schedulers. False: take the peer's host least likely to be claimed by its
+owner at that moment.
+"""),
     cfg.FloatOpt("no_valid_host_catch_up", default=0.05, min=0.0, help="""
 Before answering NoValidHost, a scheduler waits this many seconds for what
 the hosts changed just before it decided to reach the stream (set it to the
@@ -203,6 +212,7 @@ class SchedulerConfig:
     host_subset_size_max: int = 16
     host_subset_choice: str = "rendezvous"
     scarce_coordinator: bool = True
+    hand_to_owner: bool = True
     no_valid_host_catch_up: float = 0.05
     claim_rejection_target: float = 0.05
     claim_rejection_ewma_alpha: float = 0.05

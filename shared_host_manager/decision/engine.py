@@ -148,12 +148,14 @@ class NoValidHost(Exception):
 
 
 class Delegated(Exception):
-    """The request is scarce and another live peer coordinates scarce requests: hand it
-    over to ``coordinator`` (design §5.4).  Nothing was claimed, as with NoValidHost."""
+    """Another live peer decides this request: the coordinator of scarce requests, or the
+    owner of the best hosts when this scheduler owns none of them (design §5.4).  Hand it
+    over to ``coordinator``; nothing was claimed, as with NoValidHost."""
 
-    def __init__(self, coordinator: str) -> None:
-        super().__init__(f"scarce request handed to the coordinator {coordinator}")
+    def __init__(self, coordinator: str, why: str = "scarce") -> None:
+        super().__init__(f"request handed to {coordinator} ({why})")
         self.coordinator = coordinator
+        self.why = why
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +282,7 @@ class DecisionEngine:
         self.stats = {"requests": 0, "instances": 0, "no_valid_host": 0, "claims_sent": 0,
                       "alternates_claimed": 0, "owned_choices": 0, "peer_choices": 0,
                       "affinity_anchors": 0, "scarce_choices": 0, "scarce_skips": 0,
-                      "fresh_alternates": 0, "delegated": 0}
+                      "fresh_alternates": 0, "delegated": 0, "handed_to_owner": 0}
         #: sums over every instance placed: weight of the best host minus the chosen one's,
         #: and the chosen host's rank (0: the best), for the simulator's quality figures
         self.quality = {"weight_gap": 0.0, "rank": 0.0, "picks": 0.0}
@@ -388,7 +390,8 @@ class DecisionEngine:
                     raise Delegated(coordinator)
                 if not is_scarce:  # choose among the best ``depth`` (which may be fewer
                     top = top[:depth]  # than make a request scarce: 2 peers, k = 2)
-                pick = self._choose(top, k, now, is_scarce, req.resources)
+                pick = self._choose(top, k, now, is_scarce, req.resources,
+                                    delegable and self.config.hand_to_owner)
             source, weight = top[pick]
             if not dry_run:
                 # placement quality: how far below the best host the chosen one weighs
@@ -458,7 +461,8 @@ class DecisionEngine:
         self.live_schedulers = len(names)
 
     def _choose(self, top: list[tuple[str, float]], k: int, now: float = 0.0,
-                scarce: bool = False, resources: Mapping[str, int] | None = None) -> int:
+                scarce: bool = False, resources: Mapping[str, int] | None = None,
+                to_owner: bool = False) -> int:
         """Which host of the ranked ``top`` to claim.
 
         With peers (design §5.4): a ``scarce`` request (``top`` is its whole candidate set,
@@ -466,8 +470,10 @@ class DecisionEngine:
         shared matching gives this one (:meth:`_match`); any other takes the best host
         this scheduler owns, passing over the hosts kept for scarce requests
         (:meth:`_kept`) while it owns another; with none owned, the peer's host its owner
-        is least likely to be claiming now.  Alone: one of the best ``k`` (see
-        [filter_scheduler] host_subset_choice).
+        is least likely to be claiming now, or, ``to_owner`` ([filter_scheduler]
+        hand_to_owner), Delegated to the owner of the best one, which decides it with its
+        own requests.  Alone: one of the best ``k`` (see [filter_scheduler]
+        host_subset_choice).
         """
         self._choice = ALONE
         if self._ownership is not None:
@@ -492,6 +498,11 @@ class DecisionEngine:
                         self.stats["scarce_skips"] += 1
                         return free
                 return first
+            if to_owner:
+                # Every candidate is a peer's: the owner of the best decides it, under the
+                # lock it decides its own requests under, so the two never race for a host
+                self.stats["handed_to_owner"] += 1
+                raise Delegated(ownership.owner(top[0][0]), "owner")
             # Every candidate is a peer's.  Each peer claims its own hosts best first, so a
             # claim on one of a peer's best hosts races that peer's whole request stream:
             # take a candidate at least FRONT_DEPTH behind its owner's best ones; among

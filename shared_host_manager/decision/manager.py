@@ -140,8 +140,10 @@ class SchedulerManager:
         self._handed: dict[str, _Waiter] = {}
         self._handed_lock = threading.Lock()
         self._scarce_workers: ThreadPoolExecutor | None = None
-        self.scarce_stats = {"handed_over": 0, "answered": 0, "decided_for_peers": 0,
-                             "timed_out": 0}
+        #: requests handed over (scarce ones to the coordinator, others to the owner of
+        #: their best hosts), answered, decided here for peers, given up on
+        self.scarce_stats = {"handed_over": 0, "handed_to_owner": 0, "answered": 0,
+                             "decided_for_peers": 0, "timed_out": 0}
         service.on_scarce = self._on_scarce
         #: NoValidHost decisions made again after catching up with the stream, and how
         #: many of those then claimed hosts ([filter_scheduler] no_valid_host_catch_up)
@@ -206,7 +208,7 @@ class SchedulerManager:
                     self.catch_ups += 1
                     self.caught_up_decided += decided
         except Delegated as handed:
-            return self._hand_over(spec, handed.coordinator, waiter)
+            return self._hand_over(spec, handed.coordinator, waiter, handed.why)
         finally:
             self._deciding.claims = None
         for claim in mine:
@@ -242,14 +244,16 @@ class SchedulerManager:
 
     # -- scarce requests: handing over and deciding for peers (design §5.4) -----------
 
-    def _hand_over(self, spec: RequestSpec, coordinator: str, waiter: _Waiter) -> RequestResult:
-        """Cast ``spec`` to ``coordinator`` and wait for what became of it."""
+    def _hand_over(self, spec: RequestSpec, coordinator: str, waiter: _Waiter,
+                   why: str = "scarce") -> RequestResult:
+        """Cast ``spec`` to ``coordinator`` (the scarce requests' coordinator, or the owner
+        of its best hosts: ``why``) and wait for what became of it."""
         request_id = f"{self.name}:{uuid.uuid4()}"
         result = waiter.result
         result.decided_by = coordinator
         with self._handed_lock:
             self._handed[request_id] = waiter
-            self.scarce_stats["handed_over"] += 1
+            self.scarce_stats["handed_over" if why == "scarce" else "handed_to_owner"] += 1
         try:
             self.service.send_to_peer(coordinator, ScarceRequest(
                 request_id, self.name, coordinator, spec_to_wire(spec)))

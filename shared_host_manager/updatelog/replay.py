@@ -800,6 +800,8 @@ class Replayer:
             # the engine's options as recorded (plain msgpack data, lists for tuples)
             values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                                       for k, v in (spec.get("config") or {}).items() if k in names}
+            # logs written before requests were handed to owners decided without it
+            values.setdefault("hand_to_owner", False)
             config = SchedulerConfig(**values)
             if self.decision_options:
                 config = dataclasses.replace(config, **_typed_options(config, self.decision_options))

@@ -268,8 +268,9 @@ def test_a_scheduler_owning_no_candidate_avoids_the_owners_front_and_spreads():
     for name in peers:
         rec = load_receiver(docs, down_interval=1e9)
         rec.name = name
+        # each takes a peer's host itself rather than handing the request to its owner
         engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
-            weight_classes=("RAMWeigher",)))
+            weight_classes=("RAMWeigher",), hand_to_owner=False))
         engine.set_peers(peers)
         picks[name] = engine.select_destinations(spec, 0.0)[0][0].source
         assert engine.stats["peer_choices" if name != "owner" else "owned_choices"] == 1
@@ -439,3 +440,28 @@ def test_a_request_many_hosts_fit_is_not_scarce_when_the_subset_is_shallower_tha
         engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512)), i * 0.1)
     assert engine.stats["scarce_choices"] == 0 and engine.scarce_memory == []
     assert engine.stats["owned_choices"] + engine.stats["peer_choices"] == 4
+
+
+def test_a_scheduler_owning_no_candidate_hands_the_request_to_the_owner_of_the_best():
+    # [filter_scheduler] hand_to_owner: the owner decides it with its own requests, so the
+    # two never race for its hosts; the owner, deciding it (delegable=False), claims its own.
+    from shared_host_manager.decision.engine import Delegated
+    from shared_host_manager.decision.subset import PeerOwnership
+
+    peers = ["owner", "x", "y"]
+    ownership = PeerOwnership("owner", peers)
+    owned = [f"cn{i}" for i in range(200) if ownership.owns(f"cn{i}")][:12]
+    docs = {s: host_doc(f"h{s}", memory_mb=8192 + 1024 * i) for i, s in enumerate(owned)}
+    spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512))
+    engines = _racing_engines(docs, peers)
+    for name in ("x", "y"):
+        with pytest.raises(Delegated) as handed:
+            engines[name].select_destinations(spec, 0.0)
+        assert (handed.value.coordinator, handed.value.why) == ("owner", "owner")
+        assert engines[name].stats["handed_to_owner"] == 1
+        assert engines[name].receiver.pending_claims() == 0  # nothing claimed
+    best = max(owned, key=lambda s: docs[s]["compute"]["memory_mb"])
+    assert engines["owner"].select_destinations(spec, 0.0, delegable=False)[0][0].source == best
+    # handed to it, a scheduler that owns none decides it itself: no ping-pong
+    assert engines["x"].select_destinations(spec, 0.0, delegable=False)[0][0].source in owned
+    assert engines["x"].stats["peer_choices"] == 1

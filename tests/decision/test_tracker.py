@@ -200,7 +200,8 @@ def test_fresh_alternates_never_exceed_max_attempts_claims():
 
 
 def test_rejected_claims_are_counted_by_how_their_host_was_chosen():
-    tracker, rec, sent = _setup(n=12)  # more hosts fit than make a request scarce
+    # more hosts fit than make a request scarce; a peer's host is taken here, not handed over
+    tracker, rec, sent = _setup(n=12, hand_to_owner=False)
     tracker.engine.set_peers(["s0", rec.name])  # a peer: hosts are owned, choices labelled
     tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["vm"]), 0.0)
     first = sent[0]
