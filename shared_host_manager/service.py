@@ -18,7 +18,8 @@ Life cycle::
                                   membership_interval and the live peers
                                   (shared_host_manager.membership)
                decisions      --> under cache.lock, from any thread; catch_up()
-                                  (before a NoValidHost) puts this scheduler's
+                                  (before a NoValidHost, or an affinity group's
+                                  member no view holds) puts this scheduler's
                                   entry on the stream and waits for it to come
                                   back
                claims         --> cast to the reporter of the host; with
@@ -370,16 +371,17 @@ class SchedulerService:
                 return None
         return snapshot.epoch, snapshot.seq
 
-    def catch_up(self, settle: float, timeout: float = 1.0) -> bool:
-        """Wait until this cache holds what the sources had changed by now (design §5.4,
-        NoValidHost confirmed): ``settle`` seconds for those changes to reach the stream
-        (a reporter publishes a change within its coalescing window), then put our own
-        entry on the stream and wait, at most ``timeout`` seconds, until it comes back:
-        one stream, one order, so everything stored before it has been applied. False at
-        once without an entry to put (membership off), when stopped, or when it fails."""
-        if self.membership is None or not self.running or settle <= 0:
+    def catch_up(self, settle: float = 0.0, timeout: float = 1.0) -> bool:
+        """Wait until this cache holds what the sources had changed by now (design §5.4):
+        ``settle`` seconds for those changes to reach the stream (a reporter publishes a
+        change within its coalescing window; 0: only what is on the stream already), then
+        put our own entry on the stream and wait, at most ``timeout`` seconds, until it
+        comes back: one stream, one order, so everything stored before it has been
+        applied. False at once without an entry to put (membership off), when stopped,
+        or when it fails."""
+        if self.membership is None or not self.running:
             return False
-        if self._stop.wait(settle):
+        if settle > 0 and self._stop.wait(settle):
             return False
         deadline = time.monotonic() + timeout
         version = self._publish_membership()

@@ -645,6 +645,7 @@ class Simulation:
             out["handed_to_owner"] = int(sums.get("handed_to_owner", 0))
             out["no_valid_host_catch_ups"] = int(sums.get("nvh_catch_ups", 0))
             out["no_valid_host_caught_up"] = int(sums.get("nvh_caught_up", 0))
+            out["affinity_catch_ups"] = int(sums.get("affinity_catch_ups", 0))
             out["claims_rejected_by_choice"] = {
                 key.removeprefix("rejected_"): int(n) for key, n in sorted(sums.items())
                 if key.startswith("rejected_")}
@@ -764,13 +765,15 @@ def scheduler_sums(sched: Any) -> dict[str, float]:
     sums (DecisionEngine.quality), the requests it handed to the coordinator (scarce) or
     to the owner of their best hosts, its
     NoValidHosts decided again after catching up with the stream (and how many of those
-    then claimed hosts) and its claims rejected by how their host was chosen
+    then claimed hosts), its affinity requests decided after catching up with their
+    members, and its claims rejected by how their host was chosen
     (``rejected_<choice>``)."""
     rejected = {f"rejected_{choice}": float(n)
                 for choice, n in sched.tracker.rejected_by_choice.items()}
     return {**sched.engine.quality, "scarce_handed_over": sched.scarce_stats["handed_over"],
             "handed_to_owner": sched.scarce_stats["handed_to_owner"],
             "nvh_catch_ups": sched.catch_ups, "nvh_caught_up": sched.caught_up_decided,
+            "affinity_catch_ups": sched.affinity_catch_ups,
             **rejected}
 
 

@@ -31,9 +31,10 @@ travels in every message, so a receiver can refuse what it does not speak):
   received; a scheduler that predates it has no server there.
 * 1.2 – scheduler -> scheduler on the scheduler topic: scarce_request (a scarce
   request handed to the live peers' coordinator, ``[filter_scheduler]
-  scarce_coordinator``) and scarce_answer (what became of it); a scheduler that
-  predates it drops both as unknown, and the one that handed the request over
-  times out.
+  scarce_coordinator``, or a request whose best hosts are all its receiver's,
+  ``[filter_scheduler] hand_to_owner``; the same message either way) and
+  scarce_answer (what became of it); a scheduler that predates it drops both as
+  unknown, and the one that handed the request over times out.
 """
 
 from __future__ import annotations

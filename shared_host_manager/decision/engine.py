@@ -670,6 +670,17 @@ class DecisionEngine:
         world = IndexWorld(self.index) if fast else ReceiverWorld(self.receiver)
         return RequestView(spec, world, uuids)
 
+    def members_unlocated(self, spec: RequestSpec) -> bool:
+        """An affinity request listing members none of which this view locates (on a host,
+        or in a pending claim, ours or a peer's): the first of them was placed, so its
+        host's delta, or a peer's announcement, may be on its way (design §5.4). Deleted
+        members stay unlocated, and the request is then a group's first again."""
+        group = spec.instance_group
+        if group is None or group.policy != AFFINITY or not group.members or group.hosts:
+            return False
+        self.index.sync()
+        return not IndexWorld(self.index).hosts_of_instances(group.members)
+
     def instance_uuids(self, spec: RequestSpec) -> list[str]:
         """The instances to place: the spec's, or fresh uuids (from the seeded RNG) for num_instances."""
         if spec.instance_uuids:

@@ -20,6 +20,9 @@ Life cycle of a request::
                             every instance is placed or failed, the caller wakes
       -> RequestResult (placed: instance -> host, failed: instance -> reason)
 
+    an affinity group whose listed members no view holds: catch up with the stream
+      (our own entry put on it and read back) before deciding
+
     NoValidHost at once: catch up with the stream (wait [filter_scheduler]
       no_valid_host_catch_up seconds for the hosts' latest changes to be published,
       then put our own entry on the stream and read it back), then decide once more;
@@ -149,6 +152,8 @@ class SchedulerManager:
         #: many of those then claimed hosts ([filter_scheduler] no_valid_host_catch_up)
         self.catch_ups = 0
         self.caught_up_decided = 0
+        #: affinity requests whose listed members no view held, decided after catching up
+        self.affinity_catch_ups = 0
 
     @property
     def name(self) -> str:
@@ -197,9 +202,16 @@ class SchedulerManager:
         waiter = _Waiter()
         mine: list[Claim] = []
         self._deciding.claims = mine
+        if self._members_unlocated(spec) and self.service.catch_up():
+            # an affinity group's members are somewhere: their hosts' deltas (published as
+            # their claims were accepted) may be on the stream still; deciding without them
+            # would start the group on a second host (design §5.4)
+            with self._handed_lock:
+                self.affinity_catch_ups += 1
+        settle = self.engine.config.no_valid_host_catch_up
         try:
             decided = self._decide(spec, waiter, delegable)
-            if not decided and self.service.catch_up(self.engine.config.no_valid_host_catch_up):
+            if not decided and settle > 0 and self.service.catch_up(settle):
                 # NoValidHost only on a view holding what the stream held when we decided:
                 # a host freed a moment ago may be in a delta still on its way (design §5.4)
                 waiter.result.failed = {}
@@ -220,6 +232,13 @@ class SchedulerManager:
         if decided and not waiter.event.wait(self.request_timeout):
             waiter.result.timed_out = True
         return waiter.result
+
+    def _members_unlocated(self, spec: RequestSpec) -> bool:
+        group = spec.instance_group
+        if group is None or group.policy != "affinity" or not group.members:
+            return False
+        with self.lock:
+            return self.engine.members_unlocated(spec)
 
     def _decide(self, spec: RequestSpec, waiter: _Waiter, delegable: bool = True) -> bool:
         """Decide ``spec`` under the lock; False when it failed at once (NoValidHost).

@@ -1,9 +1,11 @@
-"""NoValidHost only after catching up with the stream, through real services (design §5.4).
+"""Catching up with the stream before a decision that needs it, through real services
+(design §5.4).
 
 A host freed just before a decision publishes its delta at the end of its reporter's
 coalescing window; a scheduler that answered at once would refuse a request the cloud had
 room for.  With ``[filter_scheduler] no_valid_host_catch_up`` it waits that long, puts its
-own membership entry on the stream, reads it back and decides again.
+own membership entry on the stream, reads it back and decides again.  An affinity request
+listing members the view does not hold reads its entry back before deciding at all.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from svc_harness import converged, make_reporter, make_scheduler, start_peers, w
 from protocol.document import SET
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.manager import SchedulerManager
-from shared_host_manager.decision.request import Flavor, RequestSpec
+from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
 from transport.inprocess import InProcessBus
 
 #: the reporter publishes a change this long after it is made (its coalescing window)
@@ -106,9 +108,39 @@ def test_catch_up_returns_once_its_own_entry_is_back_on_the_view():
         with service.cache.lock:
             held = service.receiver.sources["scheduler/s0"].version
         assert held == (service.membership.machine.epoch, service.membership.machine.seq)
-        assert not service.catch_up(0.0)  # 0: off
+        assert service.catch_up()  # no settling: only what is on the stream already
     finally:
         manager.stop()
         reporter.stop()
         bus.close()
     assert not service.catch_up(0.01)  # stopped
+
+
+def test_an_affinity_request_whose_members_no_view_holds_catches_up_first():
+    bus = InProcessBus(threaded=True)
+    reporter = make_reporter(bus, bus, "r", hosts=4, seed=2, change_interval=0)
+    [manager] = start_peers(bus, bus, reporter, 1, request_timeout=5.0)
+    try:
+        wait_for(lambda: converged([reporter], [manager.service]), what="the views")
+        group = InstanceGroup("affinity", members=[uuid.uuid4().hex], uuid=uuid.uuid4().hex)
+        first = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=64, root_gb=1),
+                            instance_uuids=[uuid.uuid4().hex], instance_group=group)
+        # its member is nowhere (deleted, or a delta on its way): read back, then decide
+        result = manager.select_destinations(first)
+        assert result.placed and manager.affinity_catch_ups == 1
+        # a member the view holds needs nothing more; nor does a group without members
+        [instance] = result.placed
+        second = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=64, root_gb=1),
+                             instance_uuids=[uuid.uuid4().hex], instance_group=InstanceGroup(
+                                 "affinity", members=[instance], uuid=group.uuid))
+        assert manager.select_destinations(second).placed == {
+            second.instance_uuids[0]: result.placed[instance]}
+        alone = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=64, root_gb=1),
+                            instance_uuids=[uuid.uuid4().hex],
+                            instance_group=InstanceGroup("affinity", uuid=uuid.uuid4().hex))
+        assert manager.select_destinations(alone).placed
+        assert manager.affinity_catch_ups == 1
+    finally:
+        manager.stop()
+        reporter.stop()
+        bus.close()
