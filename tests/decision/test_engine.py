@@ -254,24 +254,30 @@ def test_peers_claim_hosts_they_own_so_concurrent_decisions_differ():
     assert engines[0]._ownership is None and engines[0].live_schedulers == 1
 
 
+PEERS = ["owner", "x", "y"]
+
+
+def _one_owners_hosts():
+    """12 hosts all owned by "owner" among PEERS, each with more memory than the last."""
+    from shared_host_manager.decision.subset import PeerOwnership
+
+    ownership = PeerOwnership("owner", PEERS)
+    owned = [f"cn{i}" for i in range(200) if ownership.owns(f"cn{i}")][:12]
+    return owned, {s: host_doc(f"h{s}", memory_mb=8192 + 1024 * i) for i, s in enumerate(owned)}
+
+
 def test_a_scheduler_owning_no_candidate_avoids_the_owners_front_and_spreads():
     # Every candidate belongs to one peer ("owner"); the two others fall back to its hosts.
     from shared_host_manager.decision.engine import FRONT_DEPTH
     from shared_host_manager.decision.subset import PeerOwnership
 
-    peers = ["owner", "x", "y"]
-    ownership = PeerOwnership("owner", peers)
-    owned = [f"cn{i}" for i in range(200) if ownership.owns(f"cn{i}")][:12]
-    docs = {s: host_doc(f"h{s}", memory_mb=8192 + 1024 * i) for i, s in enumerate(owned)}
+    peers = PEERS
+    owned, docs = _one_owners_hosts()
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512))
+    # each takes a peer's host itself rather than handing the request to its owner
+    engines = _racing_engines(docs, peers, hand_to_owner=False)
     picks = {}
-    for name in peers:
-        rec = load_receiver(docs, down_interval=1e9)
-        rec.name = name
-        # each takes a peer's host itself rather than handing the request to its owner
-        engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
-            weight_classes=("RAMWeigher",), hand_to_owner=False))
-        engine.set_peers(peers)
+    for name, engine in engines.items():
         picks[name] = engine.select_destinations(spec, 0.0)[0][0].source
         assert engine.stats["peer_choices" if name != "owner" else "owned_choices"] == 1
     best_first = sorted(owned, key=lambda s: -docs[s]["compute"]["memory_mb"])
@@ -446,14 +452,10 @@ def test_a_scheduler_owning_no_candidate_hands_the_request_to_the_owner_of_the_b
     # [filter_scheduler] hand_to_owner: the owner decides it with its own requests, so the
     # two never race for its hosts; the owner, deciding it (delegable=False), claims its own.
     from shared_host_manager.decision.engine import Delegated
-    from shared_host_manager.decision.subset import PeerOwnership
 
-    peers = ["owner", "x", "y"]
-    ownership = PeerOwnership("owner", peers)
-    owned = [f"cn{i}" for i in range(200) if ownership.owns(f"cn{i}")][:12]
-    docs = {s: host_doc(f"h{s}", memory_mb=8192 + 1024 * i) for i, s in enumerate(owned)}
+    owned, docs = _one_owners_hosts()
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512))
-    engines = _racing_engines(docs, peers)
+    engines = _racing_engines(docs, PEERS)
     for name in ("x", "y"):
         with pytest.raises(Delegated) as handed:
             engines[name].select_destinations(spec, 0.0)
