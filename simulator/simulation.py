@@ -501,7 +501,7 @@ class Simulation:
             decided_at = self.clock()
             outcome: Outcome = sched.schedule(spec)
             e2e = time.perf_counter() - start
-            # a request handed to the coordinator was decided on the coordinator's view
+            # a request handed over (to the coordinator, or an owner) was decided on its view
             decider = self._scheduler_named.get(outcome.decided_by, sched)
             self.record_outcome(spec, outcome, e2e, decided_at, decider.versions)
 
@@ -763,11 +763,10 @@ class Simulation:
 def scheduler_sums(sched: Any) -> dict[str, float]:
     """One shared scheduler's figures to add up over the run: its engine's placement-quality
     sums (DecisionEngine.quality), the requests it handed to the coordinator (scarce) or
-    to the owner of their best hosts, its
-    NoValidHosts decided again after catching up with the stream (and how many of those
-    then claimed hosts), its affinity requests decided after catching up with their
-    members, and its claims rejected by how their host was chosen
-    (``rejected_<choice>``)."""
+    to the owner of their best hosts, its NoValidHosts decided again after catching up
+    with the stream (and how many of those then claimed hosts), its affinity requests
+    decided after catching up with their members, and its claims rejected by how their
+    host was chosen (``rejected_<choice>``)."""
     rejected = {f"rejected_{choice}": float(n)
                 for choice, n in sched.tracker.rejected_by_choice.items()}
     return {**sched.engine.quality, "scarce_handed_over": sched.scarce_stats["handed_over"],
