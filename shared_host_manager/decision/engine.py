@@ -672,7 +672,7 @@ class DecisionEngine:
 
     def members_unlocated(self, spec: RequestSpec) -> bool:
         """An affinity request listing members none of which this view locates (on a host,
-        or in a pending claim, ours or a peer's): the first of them was placed, so its
+        or in one of our pending claims): the first of them was placed, so its
         host's delta, or a peer's announcement, may be on its way (design §5.4). Deleted
         members stay unlocated, and the request is then a group's first again."""
         group = spec.instance_group
