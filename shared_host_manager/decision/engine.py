@@ -287,8 +287,9 @@ class DecisionEngine:
         #: and the chosen host's rank (0: the best), for the simulator's quality figures
         self.quality = {"weight_gap": 0.0, "rank": 0.0, "picks": 0.0}
         self.observer: DecisionObserver | None = None
-        #: pending first claims -> how their host was chosen (ANCHOR ... ALONE); the tracker
-        #: pops each at its outcome, so claims rejected can be told apart by choice
+        #: pending first claims -> how their host was chosen (ANCHOR, OWNED, PEER, SCARCE;
+        #: ALONE is not stored); the tracker pops each at its outcome, so claims rejected
+        #: can be told apart by choice
         self.choices: dict[str, str] = {}
         self._choice = ALONE
         #: the resources of recent scarce requests -> when last asked for
@@ -418,9 +419,10 @@ class DecisionEngine:
             if not dry_run:
                 self.receiver.add_claim(claim, now)
                 claims.append(claim)
-                self.choices[claim.claim_id] = choice
-                if len(self.choices) > MAX_CHOICES:  # an engine driven without a tracker
-                    del self.choices[next(iter(self.choices))]
+                if choice != ALONE:  # not stored: the tracker infers it (a first claim)
+                    self.choices[claim.claim_id] = choice
+                    if len(self.choices) > MAX_CHOICES:  # an engine driven without a tracker
+                        del self.choices[next(iter(self.choices))]
             cell = self._cell_of(source)
             row = [self._selection(source, uuid, weight, claim.claim_id)]
             row.extend(self._selection(s, uuid, w) for s, w in alternates.get(cell, ())[:num_alts])

@@ -56,7 +56,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.receiver import Outcome
-from shared_host_manager.decision.engine import ALTERNATE, DecisionEngine, NoValidHost, Selection
+from shared_host_manager.decision.engine import (
+    ALONE,
+    ALTERNATE,
+    DecisionEngine,
+    NoValidHost,
+    Selection,
+)
 from shared_host_manager.decision.request import RequestSpec
 
 
@@ -197,7 +203,7 @@ class RequestTracker:
         """Feed ``receiver.drain_outcomes()``; returns what happened to tracked instances."""
         events: list[Event] = []
         for claim_id, source, outcome in outcomes:
-            choice = self.engine.choices.pop(claim_id, ALTERNATE)
+            choice = self.engine.choices.pop(claim_id, None)
             inst = self._by_claim.pop(claim_id, None)
             if inst is None or inst.state is not InstanceState.CLAIMED or inst.claim_id != claim_id:
                 continue
@@ -211,7 +217,7 @@ class RequestTracker:
             elif outcome in _FAILURE:
                 if outcome is Outcome.REJECTED:
                     self.engine.subset.observe(True)
-                    self.rejected_by_choice[choice] += 1
+                    self.rejected_by_choice[choice or (ALTERNATE if inst.attempt else ALONE)] += 1
                 events.append(self._next_host(request, inst, source, outcome, now))
             elif outcome is Outcome.CANCELLED:
                 # this scheduler gave the build up (cancel_claim): no alternate is tried

