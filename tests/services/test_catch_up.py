@@ -61,7 +61,7 @@ def _big() -> RequestSpec:
                        instance_uuids=[uuid.uuid4().hex])
 
 
-@pytest.mark.parametrize("catch_up", [0.0, WINDOW + 0.5])
+@pytest.mark.parametrize("catch_up", [0.0, WINDOW + 1.0])
 def test_a_host_freed_just_before_the_decision_counts_once_caught_up(catch_up):
     bus = InProcessBus(threaded=True)
     reporter, manager = _full_cloud(bus, catch_up)
@@ -86,7 +86,7 @@ def test_a_host_freed_just_before_the_decision_counts_once_caught_up(catch_up):
 
 def test_without_a_membership_entry_no_valid_host_is_answered_at_once():
     bus = InProcessBus(threaded=True)
-    reporter, manager = _full_cloud(bus, WINDOW + 0.5, membership=False)
+    reporter, manager = _full_cloud(bus, WINDOW + 1.0, membership=False)
     try:
         _free_one_host(reporter)
         started = time.monotonic()

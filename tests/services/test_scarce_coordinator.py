@@ -84,7 +84,12 @@ def test_racing_scarce_requests_meet_at_the_coordinator_not_at_the_host(cloud):
         t.start()
     for t in threads:
         t.join(timeout=30)
-    assert [results[m].decided_by for m in ("s0", "s1", "s2")] == ["", "s0", "s0"]
+    assert results["s0"].decided_by == ""
+    for name in ("s1", "s2"):
+        # handed to the coordinator, unless the coordinator's claims on both hosts had
+        # already reached this scheduler (a loaded machine): then it refuses by itself
+        r = results[name]
+        assert r.decided_by == "s0" or (r.decided_by == "" and not r.placed), (name, r)
     assert sorted(len(r.placed) for r in results.values()) == [0, 1, 1]
     assert len({s for r in results.values() for s in r.placed.values()}) == BIG
     assert sum(r.rejected for r in results.values()) == 0
