@@ -87,9 +87,9 @@ def summary_table(report: dict[str, Any]) -> str:
     if any("scheduler_processes" in r for r in results.values()):
         rows.insert(0, ("scheduler processes", "scheduler_processes"))
     width = max(len(r[0]) for r in rows) + 2
-    lines = [f"{'':{width}}" + "".join(f"{n:>14}" for n in names)]
+    table: list[tuple[str, list[str]]] = []
     for label, key in rows:
-        cells = []
+        cells: list[str] = []
         for n in names:
             r = results[n]
             if key is None:
@@ -106,8 +106,15 @@ def summary_table(report: dict[str, Any]) -> str:
                 value = "in-process"
             if isinstance(value, float):
                 value = f"{value:.2f}"
-            cells.append(f"{'-' if value is None else value!s:>14}")
-        lines.append(f"{label:{width}}" + "".join(cells))
+            cells.append("-" if value is None else str(value))
+        table.append((label, cells))
+    # each column as wide as its widest cell, one space apart, at least 14
+    widths = [max(14, len(n) + 1, *(len(cells[i]) + 1 for _, cells in table))
+              for i, n in enumerate(names)]
+    lines = [f"{'':{width}}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True))]
+    for label, cells in table:
+        lines.append(f"{label:{width}}"
+                     + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
     for key, value in (report.get("ratios") or {}).items():
         lines.append(f"{key}: {value}x")
     return "\n".join(lines)

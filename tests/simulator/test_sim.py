@@ -75,6 +75,11 @@ def test_summary_table_shows_ratios():
     assert "shared_vs_legacy_scheduled_per_s: 5.0x" in table
     assert "3 (2, 1)" in table and "1 (0, -)" in table
     assert "5/2/0/3" in table
+    # a cell wider than the default column keeps a space before it
+    report["results"]["legacy"]["no_valid_host"] = 123456789012
+    wide = summary_table(report)
+    assert " 123456789012 (0, -)" in wide
+    assert len({len(line) for line in wide.splitlines()[:-1]}) == 1  # columns line up
 
 
 def test_the_oracle_tells_a_state_in_flight_from_one_the_scheduler_held():
