@@ -340,7 +340,6 @@ class Simulation:
         self.reporters: list[ReporterService] = []
         self.reporter_of: dict[str, ReporterService] = {}
         self.schedulers: list[Any] = []
-        self._scheduler_named: dict[str, Any] = {}
         self.client_errors: list[str] = []
         self.recording: Any = None
         self.clock = time.monotonic
@@ -440,7 +439,6 @@ class Simulation:
                 assert self.db is not None
                 sched = DatabaseScheduler(s, self.transport.control, self.db, refresh, endpoints)
             self.schedulers.append(sched)
-            self._scheduler_named[s.name] = sched
         if self.mode == "shared" and not cfg.peer_ownership:
             for sched in self.schedulers:
                 sched.follow_membership = False  # each picks by host_subset_choice alone
@@ -502,7 +500,8 @@ class Simulation:
             outcome: Outcome = sched.schedule(spec)
             e2e = time.perf_counter() - start
             # a request handed over (to the coordinator, or an owner) was decided on its view
-            decider = self._scheduler_named.get(outcome.decided_by, sched)
+            decider = sched if not outcome.decided_by else next(
+                (s for s in self.schedulers if s.name == outcome.decided_by), sched)
             self.record_outcome(spec, outcome, e2e, decided_at, decider.versions)
 
     def _next_request(self) -> Any:

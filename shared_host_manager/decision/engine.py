@@ -104,12 +104,10 @@ SCARCE_PER_PEER = 2
 #: another host it owns
 SCARCE_MEMORY = 2.0
 
-#: how a decision's first claim chose its host (``DecisionEngine.choices``); the
-#: tracker counts rejected claims by it, and alternates as ALTERNATE
+#: how a claimed host was chosen (``Selection.choice``); the tracker counts rejected
+#: claims by it
 ANCHOR, OWNED, PEER, SCARCE, ALONE, ALTERNATE = ("anchor", "owned", "peer", "scarce", "alone",
                                                  "alternate")
-
-MAX_CHOICES = 65536
 
 #: positions or rows of the index (np.flatnonzero's result)
 RowArray: TypeAlias = npt.NDArray[np.intp]
@@ -170,6 +168,9 @@ class Selection:
     weight: float
     #: set on the selected (claimed) destination, None on alternates
     claim_id: str | None = None
+    #: how the claimed destination was chosen (ANCHOR, OWNED, PEER, SCARCE, ALONE);
+    #: ALTERNATE on alternates
+    choice: str = ALTERNATE
 
 
 def _top(w: FloatArray, rk: IntArray, n: int) -> RowArray:
@@ -287,10 +288,7 @@ class DecisionEngine:
         #: and the chosen host's rank (0: the best), for the simulator's quality figures
         self.quality = {"weight_gap": 0.0, "rank": 0.0, "picks": 0.0}
         self.observer: DecisionObserver | None = None
-        #: pending first claims -> how their host was chosen (ANCHOR, OWNED, PEER, SCARCE;
-        #: ALONE is not stored); the tracker pops each at its outcome, so claims rejected
-        #: can be told apart by choice
-        self.choices: dict[str, str] = {}
+        #: how _choose chose the host it returned last (the claimed Selection's choice)
         self._choice = ALONE
         #: the resources of recent scarce requests -> when last asked for
         self._scarce: dict[tuple[tuple[str, int], ...], float] = {}
@@ -419,12 +417,8 @@ class DecisionEngine:
             if not dry_run:
                 self.receiver.add_claim(claim, now)
                 claims.append(claim)
-                if choice != ALONE:  # not stored: the tracker infers it (a first claim)
-                    self.choices[claim.claim_id] = choice
-                    if len(self.choices) > MAX_CHOICES:  # an engine driven without a tracker
-                        del self.choices[next(iter(self.choices))]
             cell = self._cell_of(source)
-            row = [self._selection(source, uuid, weight, claim.claim_id)]
+            row = [self._selection(source, uuid, weight, claim.claim_id, choice)]
             row.extend(self._selection(s, uuid, w) for s, w in alternates.get(cell, ())[:num_alts])
             out.append(row)
         # the pending claims are now in the receiver's ledger: refresh those rows before
@@ -801,11 +795,11 @@ class DecisionEngine:
     def _cell_of(self, source: str) -> str | None:
         return self._compute(source).get("cell_uuid")
 
-    def _selection(self, source: str, uuid: str, weight: float, claim_id: str | None = None
-                   ) -> Selection:
+    def _selection(self, source: str, uuid: str, weight: float, claim_id: str | None = None,
+                   choice: str = ALTERNATE) -> Selection:
         compute = self._compute(source)
         return Selection(source, host_name(compute, source), node_name(compute, source),
-                         compute.get("cell_uuid"), uuid, weight, claim_id)
+                         compute.get("cell_uuid"), uuid, weight, claim_id, choice)
 
     def _alternates(self, ranking: Iterable[tuple[str, float]], chosen: set[str], num_alts: int
                     ) -> dict[str | None, list[tuple[str, float]]]:

@@ -56,13 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.receiver import Outcome
-from shared_host_manager.decision.engine import (
-    ALONE,
-    ALTERNATE,
-    DecisionEngine,
-    NoValidHost,
-    Selection,
-)
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost, Selection
 from shared_host_manager.decision.request import RequestSpec
 
 
@@ -163,7 +157,7 @@ class RequestTracker:
         self._ids = itertools.count(1)
         self.stats = {"submitted": 0, "no_valid_host_at_once": 0, "scheduled": 0,
                       "rescheduled": 0, "failed": 0, "fresh_alternates": 0}
-        #: claims rejected, by how their host was chosen (engine.choices; alternates apart)
+        #: claims rejected, by how their host was chosen (Selection.choice)
         self.rejected_by_choice: Counter[str] = Counter()
 
     # -- intake ---------------------------------------------------------------------
@@ -203,7 +197,6 @@ class RequestTracker:
         """Feed ``receiver.drain_outcomes()``; returns what happened to tracked instances."""
         events: list[Event] = []
         for claim_id, source, outcome in outcomes:
-            choice = self.engine.choices.pop(claim_id, None)
             inst = self._by_claim.pop(claim_id, None)
             if inst is None or inst.state is not InstanceState.CLAIMED or inst.claim_id != claim_id:
                 continue
@@ -217,7 +210,7 @@ class RequestTracker:
             elif outcome in _FAILURE:
                 if outcome is Outcome.REJECTED:
                     self.engine.subset.observe(True)
-                    self.rejected_by_choice[choice or (ALTERNATE if inst.attempt else ALONE)] += 1
+                    self.rejected_by_choice[inst.selection.choice] += 1
                 events.append(self._next_host(request, inst, source, outcome, now))
             elif outcome is Outcome.CANCELLED:
                 # this scheduler gave the build up (cancel_claim): no alternate is tried

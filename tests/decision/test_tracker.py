@@ -203,15 +203,16 @@ def test_rejected_claims_are_counted_by_how_their_host_was_chosen():
     # more hosts fit than make a request scarce; a peer's host is taken here, not handed over
     tracker, rec, sent = _setup(n=12, hand_to_owner=False)
     tracker.engine.set_peers(["s0", rec.name])  # a peer: hosts are owned, choices labelled
-    tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["vm"]), 0.0)
+    req = tracker.submit(RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["vm"]), 0.0)
     first = sent[0]
     stats = tracker.engine.stats
     assert stats["scarce_choices"] == 0 and stats["owned_choices"] + stats["peer_choices"] == 1
     chosen = "owned" if stats["owned_choices"] else "peer"
-    assert tracker.engine.choices == {first.claim_id: chosen}
+    [claimed, *alternates] = req.selections[0]
+    assert claimed.claim_id == first.claim_id and claimed.choice == chosen
+    assert alternates and all(a.choice == "alternate" for a in alternates)
     _reject(rec, first)
     tracker.process(rec.drain_outcomes(), 1.0)
-    assert tracker.engine.choices == {}  # popped at its outcome
     _reject(rec, sent[-1])  # the alternate claimed after the rejection
     tracker.process(rec.drain_outcomes(), 1.0)
     _accept(rec, sent[-1])
