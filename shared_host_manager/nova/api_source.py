@@ -79,9 +79,18 @@ class ApiStateSource:
 
     # -- changes -----------------------------------------------------------------------
     def _set(self, ns: str, key: str, entry: dict[str, Any]) -> None:
+        self._update(ns, key, lambda held: entry)
+
+    def _update(self, ns: str, key: str,
+                build: Callable[[dict[str, Any] | None], dict[str, Any]]) -> None:
+        """Sets the entry ``build`` makes of the one held (without its ``changed``; None if
+        none), read and written under one hold of the lock, so two changes of one key
+        racing in this process cannot lose either's fields."""
         with self._lock:
             held = self._doc.get(ns, {}).get(key)
-            if held is not None and {k: v for k, v in held.items() if k != "changed"} == entry:
+            unstamped = None if held is None else {k: v for k, v in held.items() if k != "changed"}
+            entry = build(unstamped)
+            if unstamped == entry:
                 return  # a heartbeat's Service.save: nothing the schedulers read changed
             entry = dict(entry, changed=self.wall())
             self._doc.setdefault(ns, {})[key] = entry
@@ -116,24 +125,30 @@ class ApiStateSource:
         fields = SERVICE_FIELDS if saved is None else SERVICE_FIELDS & set(saved)
         if not fields and not deleted:
             return  # nothing the schedulers read was written
-        with self._lock:
-            held = self._doc.get(hostdoc.API_SERVICES, {}).get(host)
-        if held is None or saved is None:
-            # all of it: a create, a destroy, or the first this source hears of the host
-            entry: dict[str, Any] = {}
-            fields = SERVICE_FIELDS
-        else:
-            entry = {k: v for k, v in held.items() if k != "changed"}
-        entry["deleted"] = deleted
-        for name in fields & {"disabled", "forced_down"}:
-            entry[name] = bool(get(name, False))
-        if "disabled_reason" in fields:
-            reason = get("disabled_reason")
-            if reason:
-                entry["disabled_reason"] = str(reason)
+        # read the object before the lock: its fields are all of it for a first hearing
+        values = {name: bool(get(name, False)) for name in ("disabled", "forced_down")}
+        values["disabled_reason"] = get("disabled_reason")
+
+        def merged(held: dict[str, Any] | None) -> dict[str, Any]:
+            written = fields
+            if held is None or saved is None:
+                # all of it: a create, a destroy, or the first this source hears of the host
+                entry: dict[str, Any] = {}
+                written = SERVICE_FIELDS
             else:
-                entry.pop("disabled_reason", None)
-        self._set(hostdoc.API_SERVICES, host, entry)
+                entry = dict(held)
+            entry["deleted"] = deleted
+            for name in written & {"disabled", "forced_down"}:
+                entry[name] = values[name]
+            if "disabled_reason" in written:
+                reason = values["disabled_reason"]
+                if reason:
+                    entry["disabled_reason"] = str(reason)
+                else:
+                    entry.pop("disabled_reason", None)
+            return entry
+
+        self._update(hostdoc.API_SERVICES, host, merged)
 
     def node_changed(self, node_uuid: str, *, deleted: bool) -> None:
         """A compute node was created (again) or deleted."""

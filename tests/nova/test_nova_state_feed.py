@@ -189,3 +189,36 @@ def test_a_heartbeat_from_a_stale_copy_of_the_service_does_not_re_enable_it():
     entry = api.document(api.source)["services"]["host0"]
     assert (entry["disabled"], entry["forced_down"], entry["disabled_reason"]) == (
         True, True, "maintenance")
+
+
+class _SavedWhileRead:
+    """A service whose ``disabled`` is read while another save of the same service runs
+    (two API threads of one process saving different fields at once)."""
+
+    binary, host = "nova-compute", "host0"
+
+    def __init__(self, meanwhile):
+        self._meanwhile = meanwhile
+
+    def obj_attr_is_set(self, name):
+        return name in ("binary", "host", "disabled")
+
+    @property
+    def disabled(self):
+        if self._meanwhile is not None:
+            meanwhile, self._meanwhile = self._meanwhile, None
+            meanwhile()
+        return True
+
+
+def test_two_saves_of_one_service_at_once_keep_both_fields():
+    api = api_source.ApiStateSource("nova-api-1")
+    api.service_changed(objects.Service(host="host0", binary="nova-compute", disabled=False,
+                                        forced_down=False))
+    forced = objects.Service(host="host0", binary="nova-compute", disabled=False, forced_down=False)
+    forced.obj_reset_changes()
+    forced.forced_down = True
+    api.service_changed(_SavedWhileRead(lambda: api.service_changed(
+        forced, saved=forced.obj_what_changed())), saved={"disabled"})
+    entry = api.document(api.source)["services"]["host0"]
+    assert (entry["disabled"], entry["forced_down"]) == (True, True)
