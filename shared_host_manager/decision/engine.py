@@ -84,7 +84,7 @@ from shared_host_manager.decision.index import (
 from shared_host_manager.decision.plugins import load_filters, load_weighers
 from shared_host_manager.decision.request import RequestSpec, RequestView
 from shared_host_manager.decision.subset import AdaptiveSubset, PeerOwnership, RendezvousChoice
-from shared_host_manager.decision.weights import BaseHostWeigher, weigh_hosts
+from shared_host_manager.decision.weights import BaseHostWeigher, bounds, weigh_hosts
 from shared_host_manager.decision.world import IndexWorld, ReceiverWorld
 
 FAST = "fast"
@@ -199,6 +199,25 @@ def apply_vector(mask: BoolArray, res: VectorResult) -> BoolArray:
         return mask
     mask &= res
     return mask
+
+
+def _normalise(wg: BaseHostWeigher, x: FloatArray, among: BoolArray | None = None) -> bool:
+    """In place: ``x`` clamped and normalised as weights.clamp, bounds and normalize do for
+    ``weigh_hosts`` (the same float operations in the same order, so both paths' weights are
+    bit-identical), over the rows ``among`` (default: all); False when all normalise to 0."""
+    if wg.minval is not None:
+        np.maximum(x, wg.minval, out=x)
+    if wg.maxval is not None:
+        np.minimum(x, wg.maxval, out=x)
+    sel = x if among is None else x[among]
+    if not len(sel):
+        return False
+    lo, hi = bounds(wg, float(sel.min()), float(sel.max()))
+    if lo == hi:
+        return False
+    x -= lo
+    x /= hi - lo
+    return True
 
 
 class _FastRanking:
@@ -612,15 +631,11 @@ class DecisionEngine:
         for wg, mult in self._multipliers():
             if wg.index_column is None or (isinstance(mult, float) and mult == 0.0):
                 continue
-            x = ix.weigher_cols[wg.index_column][:n]
-            xs = x[live]
-            if not len(xs):
-                continue
-            lo, hi = float(xs.min()), float(xs.max())
-            if lo == hi:
+            x = ix.weigher_cols[wg.index_column][:n].copy()
+            if not _normalise(wg, x, live):
                 continue
             m = mult if isinstance(mult, float) else mult[ix.gid[AGGREGATE_GROUPS][:n]]
-            score += (x - lo) / (hi - lo) * m
+            score += x * m
         owners = self._owner_numbers(ownership)
         scores_of: dict[int, FloatArray] = {}  # the live hosts' scores, per owner
         out = []
@@ -986,13 +1001,8 @@ class DecisionEngine:
                     x = ix.weigher_cols[wg.index_column][idx]
                     for p, hv in touched_pos:
                         x[p] = wg._weigh_object(hv, req)
-                lo = x.min()
-                hi = x.max()
-                if lo == hi:
+                if not _normalise(wg, x):
                     continue
-                # same operations, same order as weights.normalize + weigh_hosts
-                x -= lo
-                x /= hi - lo
                 if isinstance(mult, float):
                     x *= mult
                 else:

@@ -459,6 +459,8 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
             "config": config,
             "filters": [type(f).__name__ for f in engine.filters],
             "weighers": [type(w).__name__ for w in engine.weighers],
+            # nova's clamp and normalisation bounds, so a replay weighs as this engine did
+            "weigher_bounds": [[w.minval, w.maxval] for w in engine.weighers],
             "path": engine.path, "live": engine.live_schedulers,
         }
         self._append([ENGINE, self._clock(), self._engine])

@@ -815,6 +815,11 @@ class Replayer:
         got = ([type(f).__name__ for f in self.engine.filters],
                [type(w).__name__ for w in self.engine.weighers])
         want = (spec.get("filters"), spec.get("weighers"))
+        if got[1] == want[1]:
+            # logs written before the weighers took nova's minval/maxval weighed without bounds
+            recorded = spec.get("weigher_bounds") or [[None, None]] * len(self.engine.weighers)
+            for w, (lo, hi) in zip(self.engine.weighers, recorded, strict=True):
+                w.minval, w.maxval = lo, hi
         if got != want and not self.decision_options:
             self.result.decisions_note = (f"the engine loads filters/weighers {got}, the log recorded "
                                           f"{want}: differences may come from that")

@@ -42,10 +42,11 @@ def test_normalize_is_novas():
 
 
 def test_ram_weigher_spreads_by_default_and_stacks_with_negative_multiplier():
+    # nova's minval = 0: free / most free, as nova's own test_ram asserts (512 / 8192)
     ranked = _ranked([RAMWeigher()], _ram_docs())
-    assert ranked[0] == ("host4", 1.0) and ranked[-1] == ("host1", 0.0)
+    assert ranked[0] == ("host4", 1.0) and ranked[-1] == ("host1", 0.0625)
     stack = _ranked([RAMWeigher(SchedulerConfig(ram_weight_multiplier=-1.0))], _ram_docs())
-    assert stack[0] == ("host1", 0.0) and stack[-1] == ("host4", -1.0)
+    assert stack[0] == ("host1", -0.0625) and stack[-1] == ("host4", -1.0)
     double = _ranked([RAMWeigher(SchedulerConfig(ram_weight_multiplier=2.0))], _ram_docs())
     assert double[0] == ("host4", 2.0)
 
@@ -110,6 +111,17 @@ def test_ties_are_ordered_by_source_id():
     assert [s for s, _ in _ranked([RAMWeigher(), CPUWeigher()], docs)] == ["a", "b", "c"]
 
 
+def test_an_overcommitted_host_weighs_zero_on_both_paths():
+    # nova's RAM, CPU, disk and I/O-ops weighers clamp at minval = 0 before normalising
+    docs = {"over": host_doc("over", memory_mb=1024, memory_mb_used=1536, ram_ratio=2.0),
+            "half": host_doc("half", memory_mb=2048, memory_mb_used=1024),
+            "full": host_doc("full", memory_mb=4096)}
+    assert _ranked([RAMWeigher()], docs) == [("full", 1.0), ("half", 0.25), ("over", 0.0)]
+    engines = [DecisionEngine(load_receiver(docs), lambda c: None, path=path,
+                              weighers=[RAMWeigher()]) for path in ("fast", "slow")]
+    assert engines[0].ordered_hosts(RequestSpec()) == engines[1].ordered_hosts(RequestSpec())
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_fast_weights_are_bit_identical_to_slow(seed):
     rng = random.Random(seed)
@@ -124,6 +136,8 @@ def test_fast_weights_are_bit_identical_to_slow(seed):
             f"h{i}", vcpus=rng.choice((4, 8, 16)), vcpus_used=rng.randrange(8),
             cpu_ratio=rng.choice((1.0, 1.5, 16.0)), memory_mb=rng.randrange(1024, 65536, 512),
             memory_mb_used=rng.randrange(0, 1024, 256), disk_gb=rng.randrange(10, 500),
+            # some overcommitted: the weighers' minval clamps them to 0
+            disk_gb_used=rng.choice((0, 0, 5, 600)),
             num_io_ops=rng.randrange(5), num_instances=rng.randrange(9), aggregates=aggs)
     cfg = SchedulerConfig(num_instances_weight_multiplier=rng.choice((0.0, 1.0, -0.3)))
     spec = RequestSpec()

@@ -15,12 +15,15 @@ from shared_host_manager.updatelog.reader import LogReader, resolve_log
 from shared_host_manager.updatelog.replay import Replayer, replay
 
 
-def _recorded_run(mini_run):
+def _recorded_run(mini_run, *, unbounded_weighers=False):
     run = mini_run(checkpoint_interval=0.2)
     run.run(5)
     cache = run.caches["s0"]
     engine = DecisionEngine(cache.receiver, lambda claim: run._to_reporter("r0", claim),
                             config=SchedulerConfig(host_subset_size_min=3), rng=random.Random(7))
+    if unbounded_weighers:  # as engines weighed before the weighers took nova's minval
+        for w in engine.weighers:
+            w.minval = w.maxval = None
     engine.set_observer(run.recorders["s0"])
     placed, failed = [], 0
     for i in range(12):
@@ -48,6 +51,15 @@ def test_recorded_decisions_come_out_the_same(mini_run):
     assert result.ok, result.decision_diffs
     assert result.decisions == 13 and result.decisions_checked == 13 and not result.decisions_note
     assert len({s[0][0].source for s in placed}) > 1  # the seeded RNG did spread them
+
+
+def test_decisions_are_re_run_with_the_weighers_bounds_the_log_recorded(mini_run):
+    run, _ = _recorded_run(mini_run, unbounded_weighers=True)
+    engine_records = [r for r in LogReader(resolve_log(run.log("s0"))) if r.kind == ENGINE]
+    assert engine_records[0].fields[0]["weigher_bounds"] == [[None, None]] * 5
+    result = replay(resolve_log(run.log("s0")), decisions=True)
+    assert result.ok, result.decision_diffs
+    assert result.decisions_checked == 13 and not result.decisions_note
 
 
 def test_a_changed_option_changes_decisions_and_is_reported(mini_run):

@@ -1,15 +1,19 @@
 """Host weighers: nova's BaseHostWeigher and BaseWeightHandler, with an index column per weigher.
 
 Role: rank the hosts that passed every filter.  As in nova, each weigher
-produces a raw value per host, the values are normalised to 0..1 over the
-hosts being weighed (``(x - min) / (max - min)``, all 0 when min == max), then
+produces a raw value per host, the values are clamped to the weigher's
+``minval``/``maxval`` where it sets them, normalised to 0..1 (``(x - min) /
+(max - min)``, all 0 when min == max, with ``min``/``max`` the weigher's
+``minval``/``maxval`` where set, else those of the hosts being weighed), then
 multiplied by the weigher's multiplier for that host (the configured one, or
 the minimum of its aggregates' metadata override, nova's
-``utils.get_weight_multiplier``) and summed.  Unlike nova, min and max are
-those of the current request's hosts only (nova keeps them on the weigher
-object across requests, which makes a decision depend on history).  Hosts are
+``utils.get_weight_multiplier``) and summed.  nova 34's RAM, CPU, disk and
+I/O-ops weighers set ``minval = 0``: a host weighs its free amount relative to
+the most free one (``x / max``), and an overcommitted host weighs 0.  Hosts are
 ordered by weight, highest first; equal weights are ordered by source id so
-both decision paths and every scheduler break ties the same way.
+both decision paths and every scheduler break ties the same way (nova keeps its
+host iteration order).  tests/nova/test_own_core_vs_nova.py checks every
+built-in weigher against nova's own class (docs/design.md §5.7).
 
 Fast path contract: a weigher names the index column holding its raw value
 (``index_column``); the engine then normalises with numpy using the same
@@ -59,6 +63,11 @@ class BaseHostWeigher:
     multiplier_name: ClassVar[str] = ""
     #: index column with this weigher's raw value (None: evaluated per host)
     index_column: ClassVar[str | None] = None
+    #: nova's bounds: raw values are clamped to them, and they replace the hosts' min / max
+    #: in the normalisation (None: the hosts' own).  Per class, as nova's; a replay sets the
+    #: ones its log recorded on the instance.
+    minval: float | None = None
+    maxval: float | None = None
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
         self.config = config or SchedulerConfig()
@@ -100,6 +109,21 @@ def normalize(weight_list: Sequence[float], minval: float, maxval: float) -> lis
     return [(i - minval) / range_ for i in weight_list]
 
 
+def clamp(weigher: BaseHostWeigher, value: float) -> float:
+    """nova's BaseWeigher.weigh_objects: the raw value kept within minval / maxval."""
+    if weigher.minval is not None:
+        value = max(value, weigher.minval)
+    if weigher.maxval is not None:
+        value = min(value, weigher.maxval)
+    return value
+
+
+def bounds(weigher: BaseHostWeigher, lowest: float, highest: float) -> tuple[float, float]:
+    """The (min, max) nova's normalize uses: the weigher's bounds, else the hosts' own."""
+    return (lowest if weigher.minval is None else weigher.minval,
+            highest if weigher.maxval is None else weigher.maxval)
+
+
 def weigh_hosts(
     weighers: Iterable[BaseHostWeigher], hosts: Sequence[HostView], spec_obj: RequestView,
 ) -> list[WeighedHost]:
@@ -107,8 +131,9 @@ def weigh_hosts(
     weighed = [WeighedHost(h, 0.0) for h in hosts]
     if len(weighed) > 1:
         for weigher in weighers:
-            raw = [weigher._weigh_object(w.obj, spec_obj) for w in weighed]
-            for w, value in zip(weighed, normalize(raw, min(raw), max(raw)), strict=True):
+            raw = [clamp(weigher, weigher._weigh_object(w.obj, spec_obj)) for w in weighed]
+            lo, hi = bounds(weigher, min(raw), max(raw))
+            for w, value in zip(weighed, normalize(raw, lo, hi), strict=True):
                 w.weight += weigher.weight_multiplier(w.obj) * value
     return sorted(weighed, key=lambda w: (-w.weight, w.obj.uuid))
 
@@ -122,5 +147,5 @@ BUILTIN_WEIGHERS: dict[str, str] = {
     "IoOpsWeigher": "shared_host_manager.decision.weights.io_ops:IoOpsWeigher",
 }
 
-__all__ = ["BUILTIN_WEIGHERS", "BaseHostWeigher", "WeighedHost", "get_weight_multiplier",
-           "normalize", "weigh_hosts"]
+__all__ = ["BUILTIN_WEIGHERS", "BaseHostWeigher", "WeighedHost", "bounds", "clamp",
+           "get_weight_multiplier", "normalize", "weigh_hosts"]

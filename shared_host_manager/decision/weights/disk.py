@@ -14,6 +14,7 @@ from shared_host_manager.decision.weights import BaseHostWeigher
 class DiskWeigher(BaseHostWeigher):
     multiplier_name = "disk_weight_multiplier"
     index_column = "free_disk_mb"
+    minval = 0.0  # nova 34: weighs x / max; an overcommitted host weighs 0
 
     def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
         return host_state.free_disk_mb
