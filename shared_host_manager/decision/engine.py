@@ -84,7 +84,7 @@ from shared_host_manager.decision.index import (
 from shared_host_manager.decision.plugins import load_filters, load_weighers
 from shared_host_manager.decision.request import RequestSpec, RequestView
 from shared_host_manager.decision.subset import AdaptiveSubset, PeerOwnership, RendezvousChoice
-from shared_host_manager.decision.weights import BaseHostWeigher, bounds, weigh_hosts
+from shared_host_manager.decision.weights import BaseHostWeigher, weigh_hosts
 from shared_host_manager.decision.world import IndexWorld, ReceiverWorld
 
 FAST = "fast"
@@ -205,14 +205,18 @@ def _normalise(wg: BaseHostWeigher, x: FloatArray, among: BoolArray | None = Non
     """In place: ``x`` clamped and normalised as weights.clamp, bounds and normalize do for
     ``weigh_hosts`` (the same float operations in the same order, so both paths' weights are
     bit-identical), over the rows ``among`` (default: all); False when all normalise to 0."""
-    if wg.minval is not None:
+    if not len(x):
+        return False
+    # clamp only when a value is out of bounds: a pass over x instead of a write
+    if wg.minval is not None and float(x.min()) < wg.minval:
         np.maximum(x, wg.minval, out=x)
-    if wg.maxval is not None:
+    if wg.maxval is not None and float(x.max()) > wg.maxval:
         np.minimum(x, wg.maxval, out=x)
     sel = x if among is None else x[among]
     if not len(sel):
         return False
-    lo, hi = bounds(wg, float(sel.min()), float(sel.max()))
+    lo = wg.minval if wg.minval is not None else float(sel.min())
+    hi = wg.maxval if wg.maxval is not None else float(sel.max())
     if lo == hi:
         return False
     x -= lo

@@ -24,6 +24,8 @@ that host.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
@@ -50,6 +52,7 @@ from nova.scheduler.weights import ram as w_ram  # noqa: E402
 
 from protocol.hostdoc import is_host  # noqa: E402
 from shared_host_manager.conf.decision import SchedulerConfig  # noqa: E402
+from shared_host_manager.decision.engine import DecisionEngine, NoValidHost  # noqa: E402
 from shared_host_manager.decision.hostview import HostView  # noqa: E402
 from shared_host_manager.decision.plugins import load_filters, load_weighers  # noqa: E402
 from shared_host_manager.decision.request import (  # noqa: E402
@@ -117,6 +120,10 @@ INSTANCES = [fx.uuid_for("inst", i) for i in range(8)]
 NEW = fx.uuid_for("new", 0)
 
 
+#: a host is mostly up and enabled, so that more than one survives ComputeFilter
+RARELY = st.sampled_from([False, False, False, False, True])
+
+
 @st.composite
 def host_params(draw: st.DrawFn, i: int) -> dict:
     vcpus = draw(st.sampled_from([4, 16, 64]))
@@ -132,10 +139,11 @@ def host_params(draw: st.DrawFn, i: int) -> dict:
         "reserved": {"memory_mb": reserved_mb, "disk_gb": reserved_gb},
         "cpu_ratio": draw(st.sampled_from([1.0, 4.0, 16.0])),
         "ram_ratio": draw(st.sampled_from([1.0, 1.5])),
-        "num_instances": draw(st.integers(0, 60)),
-        "num_io_ops": draw(st.integers(0, 12)),
-        "disabled": draw(st.booleans()),
-        "forced_down": draw(st.booleans()),
+        # near the limits drawn in OPTIONS more often than not
+        "num_instances": draw(st.sampled_from([0, 0, 1, 4, 5, 49, 50, 60])),
+        "num_io_ops": draw(st.sampled_from([0, 0, 1, 3, 4, 8, 12])),
+        "disabled": draw(RARELY),
+        "forced_down": draw(RARELY),
         "aggregates": draw(st.lists(st.sampled_from(sorted(AGGREGATES)), max_size=3, unique=True)),
         "supported_instances": draw(st.sampled_from(SUPPORTED)),
         "hypervisor_version": draw(st.sampled_from([6000000, 7001000, 8002000])),
@@ -273,12 +281,13 @@ def nova_spec(req: dict, hosts: list[dict]) -> objects.RequestSpec:
 
 def _with_options(options: dict) -> SchedulerConfig:
     for name, value in options.items():
-        CONF.set_override(name, value, group="filter_scheduler")
+        if name in OPTIONS:
+            CONF.set_override(name, value, group="filter_scheduler")
     return SchedulerConfig(**options)
 
 
 def _clear(options: dict) -> None:
-    for name in options:
+    for name in OPTIONS:
         CONF.clear_override(name, group="filter_scheduler")
 
 
@@ -293,7 +302,7 @@ def _nova_passes(f: object, hs: object, spec: object) -> bool:
         return False
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hosts=clouds(), req=requests(), options=st.fixed_dictionaries(OPTIONS))
 def test_our_filters_and_weighers_decide_as_novas(hosts: list[dict], req: dict, options: dict) -> None:
     config = _with_options(options)
@@ -318,5 +327,79 @@ def test_our_filters_and_weighers_decide_as_novas(hosts: list[dict], req: dict, 
             nova = {w.obj.host: w.weight for w in HostWeightHandler().get_weighed_objects(
                 [nova_w], [theirs[n] for n in names], spec)}
             assert mine == pytest.approx(nova, abs=1e-9), ours_w.name
+
+        # the whole decision, on both of the engine's paths: nova's filter handler, then its
+        # weight handler, over every filter and weigher at once
+        survivors = list(theirs.values())
+        for cls in FILTERS.values():
+            survivors = [hs for hs in survivors if _nova_passes(cls(), hs, spec)]
+        nova_ranked = {w.obj.host: w.weight for w in HostWeightHandler().get_weighed_objects(
+            [cls() for cls in WEIGHERS.values()], survivors, spec)}
+        for path in ("fast", "slow"):
+            engine = DecisionEngine(rec, lambda claim: None, config=config, path=path,
+                                    filters=load_filters(list(FILTERS), config),
+                                    weighers=load_weighers(list(WEIGHERS), config))
+            ranked = dict(engine.ordered_hosts(our_spec(req)))
+            assert ranked == pytest.approx(nova_ranked, abs=1e-9), path
+    finally:
+        _clear(options)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hosts=clouds(), req=requests(), count=st.integers(2, 3),
+       options=st.fixed_dictionaries(OPTIONS))
+def test_a_multi_create_request_takes_the_hosts_novas_loop_takes(
+        hosts: list[dict], req: dict, count: int, options: dict) -> None:
+    """nova's _schedule for several instances: filter, weigh, take the best, consume it
+    (``_consume_selected_host``: resources, instance and I/O counts, the group's hosts and
+    the host's instances), next instance.  Our engine with a subset of 1 takes the best too,
+    consuming on the request's scratch (RequestView.consume); equal weights are ordered by
+    name on both sides (nova's sort is stable and its hosts come in name order here)."""
+    from nova.scheduler.manager import SchedulerManager
+
+    uuids = [fx.uuid_for("multi", i) for i in range(count)]
+    req = dict(req, instance_uuid=uuids[0])
+    config = _with_options(dict(options, host_subset_size_min=1, host_subset_size_max=1))
+    try:
+        def novas_loop(first: str | None) -> list[str]:
+            spec = nova_spec(req, hosts)
+            if spec.instance_group is not None:  # nova's API makes every instance a member
+                spec.instance_group.members = list(dict.fromkeys(
+                    [*spec.instance_group.members, *uuids]))
+            states = sorted(nova_states(hosts), key=lambda hs: hs.host)
+            took: list[str] = []
+            for uuid in uuids:
+                spec.instance_uuid = uuid
+                survivors = states
+                for cls in FILTERS.values():
+                    survivors = [hs for hs in survivors if _nova_passes(cls(), hs, spec)]
+                if first is not None and not took:
+                    # our choice for an affinity group's first member, if nova would allow it
+                    survivors = [hs for hs in survivors if hs.host == first]
+                if not survivors:
+                    break
+                best = HostWeightHandler().get_weighed_objects(
+                    [cls() for cls in WEIGHERS.values()], survivors, spec)[0].obj
+                SchedulerManager._consume_selected_host(best, spec, instance_uuid=uuid)
+                took.append(best.host)
+            return took
+
+        # an affinity group none of whose members is placed: its first member goes to one
+        # of the best hosts chosen by rendezvous over the group, so that racing schedulers
+        # agree on it (design §5.4), where nova takes the best; the rest must follow nova
+        anchored = bool(req["group"] and req["group"]["policy"] == "affinity" and not any(
+            set(req["group"]["members"]) & set(h["instances"]) for h in hosts))
+        rec = load_receiver(our_docs(hosts), down_interval=1e9)
+        ours = dataclasses.replace(our_spec(req), instance_uuids=tuple(uuids))
+        for path in ("fast", "slow"):
+            engine = DecisionEngine(rec, lambda claim: None, config=config, path=path,
+                                    filters=load_filters(list(FILTERS), config),
+                                    weighers=load_weighers(list(WEIGHERS), config))
+            try:
+                took = [row[0].host for row in engine.select_destinations(ours, 0.0, dry_run=True)]
+            except NoValidHost:
+                assert len(novas_loop(None)) < count, path
+                continue
+            assert took == novas_loop(took[0] if anchored else None), path
     finally:
         _clear(options)
