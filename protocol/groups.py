@@ -17,8 +17,9 @@ Verdict on one host (:func:`group_conflict`):
 * ``affinity``: when the scheduler located members on some host (it lists only
   those), one of them, or an instance recorded with the group, must be on this
   host.  The first member of a group cannot be checked locally; schedulers
-  choose its host by rendezvous over the group uuid, so racing first members
-  land on one host (``shared_host_manager.decision.engine``).
+  locate a group by the uuid its claims carry and its instance records keep, and
+  choose a first member's host by rendezvous over the group uuid, so racing
+  first members land on one host (``shared_host_manager.decision.engine``).
 
 Other policies (nova's soft ones are weighers) are not checked.  Pure: no I/O.
 """

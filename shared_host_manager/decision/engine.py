@@ -694,7 +694,9 @@ class DecisionEngine:
         if group is None or group.policy != AFFINITY or not group.members or group.hosts:
             return False
         self.index.sync()
-        return not IndexWorld(self.index).hosts_of_instances(group.members)
+        world = IndexWorld(self.index)
+        return not (world.hosts_of_instances(group.members)
+                    or (group.uuid and world.hosts_of_group(group.uuid)))
 
     def instance_uuids(self, spec: RequestSpec) -> list[str]:
         """The instances to place: the spec's, or fresh uuids (from the seeded RNG) for num_instances."""

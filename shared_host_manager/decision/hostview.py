@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from protocol.groups import GROUP_KEY
 from protocol.hostdoc import (
     Aggregate,
     aggregates_of,
@@ -64,6 +65,20 @@ def pending_counts(view: SourceView) -> tuple[int, int, tuple[str, ...]]:
     if peer:
         insts += tuple(p.claim.instance for p in peer.values() if p.claim.instance)
     return len(pending) + len(peer), len(insts), insts
+
+
+def group_uuids(view: SourceView) -> frozenset[str]:
+    """The server groups with a member on ``view``'s host: recorded with its instance by the
+    arbiter (``instances[uuid]["group"]``), or carried by a claim pending there, ours or a
+    live peer's.  A request of a group locates the group by these even before any member it
+    lists is known to be somewhere (design §5.3)."""
+    out = {record[GROUP_KEY] for record in instances_of(view.doc).values()
+           if type(record) is dict and GROUP_KEY in record}
+    for pending in (view.pending, view.peer):
+        for p in pending.values():
+            if p.claim.group is not None:
+                out.add(p.claim.group.uuid)
+    return frozenset(out)
 
 
 def held_usage(view: SourceView) -> Mapping[str, int]:
@@ -340,5 +355,5 @@ def host_views(
     return [HostView(v, overlays.get(v.source)) for v in views if is_host(v.doc)]
 
 
-__all__ = ["Consumption", "HasAggregates", "HasCapabilities", "HostView", "fit_inputs", "host_views",
-           "held_usage", "pending_counts", "weigher_inputs"]
+__all__ = ["Consumption", "HasAggregates", "HasCapabilities", "HostView", "fit_inputs", "group_uuids",
+           "host_views", "held_usage", "pending_counts", "weigher_inputs"]

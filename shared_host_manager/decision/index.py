@@ -66,7 +66,13 @@ from protocol.hostdoc import (
 )
 from protocol.receiver import ReceiverMachine, SourceView, Status
 from protocol.resources import STANDARD_RESOURCES
-from shared_host_manager.decision.hostview import fit_inputs, held_usage, pending_counts, weigher_inputs
+from shared_host_manager.decision.hostview import (
+    fit_inputs,
+    group_uuids,
+    held_usage,
+    pending_counts,
+    weigher_inputs,
+)
 
 #: per-row columns of the index
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
@@ -203,6 +209,9 @@ class HostIndex:
         self._inst_row: dict[str, int] = {}
         self._inst_more: dict[str, set[int]] = {}
         self._row_insts: list[frozenset[str]] = []
+        # server group uuid -> rows holding a member (recorded, or pending with a claim)
+        self._group_rows: dict[str, set[int]] = {}
+        self._row_groups: list[frozenset[str]] = []
         # change detection of interned values, per row
         self._aggs_src: list[dict | None] = []
         self._caps_src: list[tuple | None] = []
@@ -262,6 +271,7 @@ class HostIndex:
             self.nodenames.append("")
             self.cells.append(None)
             self._row_insts.append(frozenset())
+            self._row_groups.append(frozenset())
             self._aggs_src.append(None)
             self._caps_src.append(None)
         self.row_of[source] = row
@@ -279,6 +289,7 @@ class HostIndex:
         self._set_host(row, "")
         self._set_node(row, "")
         self._set_instances(row, frozenset())
+        self._set_groups(row, frozenset())
         if self._aggs_src[row] is not None:
             self.tables[AGGREGATE_GROUPS].refs[int(self.gid[AGGREGATE_GROUPS][row])] -= 1
         if self._caps_src[row] is not None:
@@ -401,8 +412,14 @@ class HostIndex:
             current = frozenset(insts).union(pending_insts)
         else:
             current = frozenset(insts)
-        if current != self._row_insts[row]:
+        changed = current != self._row_insts[row]
+        if changed:
             self._set_instances(row, current)
+        # a row's groups change with its instances, or as its pending claims are included
+        if changed or pending_insts or self._row_groups[row]:
+            groups = group_uuids(view)
+            if groups != self._row_groups[row]:
+                self._set_groups(row, groups)
 
     def _regroup(
         self, kind: str, row: int, had: bool, key: Hashable, make_stub: Callable[[], Stub],
@@ -467,6 +484,17 @@ class HostIndex:
                 more.setdefault(uuid, set()).add(row)
         self._row_insts[row] = current
 
+    def _set_groups(self, row: int, current: frozenset[str]) -> None:
+        old = self._row_groups[row]
+        for uuid in old - current:
+            rows = self._group_rows[uuid]
+            rows.discard(row)
+            if not rows:
+                del self._group_rows[uuid]
+        for uuid in current - old:
+            self._group_rows.setdefault(uuid, set()).add(row)
+        self._row_groups[row] = current
+
     def _refresh_foreign(self, source: str, view: SourceView | None) -> None:
         doc = view.doc if view is not None else None
         volumes = frozenset(namespace(doc, VOLUMES))
@@ -520,6 +548,11 @@ class HostIndex:
             extra = self._inst_more.get(uuid)
             if extra:
                 yield from extra
+
+    def rows_of_group(self, uuid: str) -> frozenset[int]:
+        """Rows holding a member of server group ``uuid`` (recorded with the group by the
+        arbiter, or pending with a claim carrying it, ours or a live peer's)."""
+        return frozenset(self._group_rows.get(uuid, ()))
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
         holders = self._volume_sources.get(volume_id)

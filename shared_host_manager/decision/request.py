@@ -126,6 +126,11 @@ class World(Protocol):
         """Host names of the hosts holding any of ``uuids`` (reported or pending)."""
         ...
 
+    def hosts_of_group(self, uuid: str) -> list[str]:
+        """Host names of the hosts holding a member of server group ``uuid``, recorded with
+        the group or pending with a claim carrying it (listed by the request or not)."""
+        ...
+
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
         """Hosts local to the volume backend(s) holding ``volume_id``; None if no source holds it."""
         ...
@@ -145,9 +150,13 @@ class RequestView:
         if group is not None:
             # nova's API makes the instances of the request members of their group, and
             # the conductor fills group.hosts from the members' hosts; we derive the hosts
-            # from the instances namespaces (and our pending claims) instead of a database.
+            # from the instances namespaces (and the pending claims) instead of a database,
+            # by the members listed and by the group's own uuid: a member placed a moment
+            # ago may not be listed yet (design §5.3)
             members = list(dict.fromkeys([*group.members, *(uuids or spec.instance_uuids)]))
-            hosts = list(dict.fromkeys([*group.hosts, *world.hosts_of_instances(members)]))
+            by_group = world.hosts_of_group(group.uuid) if group.uuid else []
+            hosts = list(dict.fromkeys([*group.hosts, *world.hosts_of_instances(members),
+                                        *by_group]))
             self.instance_group: InstanceGroup | None = InstanceGroup(
                 group.policy, members, hosts, dict(group.rules), group.uuid)
         else:

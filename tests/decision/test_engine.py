@@ -102,6 +102,57 @@ def test_affinity_within_one_request_and_across_requests(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_an_affinity_group_is_followed_before_its_members_are_listed(path):
+    # nova's API lists a member once it is created; a request issued while the group's
+    # first member is still being built lists none. Its claim carries the group: the next
+    # request goes to the same host, although the first one's weight dropped out of the
+    # best hosts the first member's host was chosen from (design §5.3)
+    docs = {f"cn{i}": host_doc(f"h{i}", memory_mb=16384) for i in range(40)}
+    engine, sent = _engine(docs, path)
+    flavor = Flavor(vcpus=1, memory_mb=4096)
+    hosts = set()
+    for i in range(3):
+        group = InstanceGroup("affinity", uuid="g1")
+        [[s, *_]] = engine.select_destinations(
+            RequestSpec(flavor=flavor, instance_uuids=[f"vm{i}"], instance_group=group), 0.0)
+        hosts.add(s.source)
+    assert len(hosts) == 1
+    assert all(c.group is not None and c.group.uuid == "g1" for c in sent)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_affinity_group_is_located_by_its_recorded_members_and_peer_claims(path):
+    from protocol.messages import Claim
+    from shared_host_manager.decision.request import RequestView
+    from shared_host_manager.decision.world import IndexWorld, ReceiverWorld
+
+    docs = _docs(6)
+    # the arbiter records the group of an instance it accepted (protocol.groups)
+    docs["cn1"] = host_doc("h1", memory_mb=9216, instances={
+        "placed": {"claim": "c0", "resources": {"vcpus": 1}, "group": "g-rec"}})
+    engine, _ = _engine(docs, path)
+    spec = RequestSpec(flavor=Flavor(vcpus=1), instance_group=InstanceGroup("affinity", uuid="g-rec"))
+    [[s, *_]] = engine.select_destinations(spec, 0.0)
+    assert s.source == "cn1"
+    # a live peer's announced claim carries its group too
+    from protocol.groups import ClaimGroup
+
+    view = engine.receiver.sources["cn2"]
+    peer = Claim("peer:1", "sched-b", "cn2", view.epoch, view.seq, {"vcpus": 1}, "elsewhere",
+                 group=ClaimGroup("g-peer", "affinity"))
+    assert engine.receiver.restore_claim(peer, 100.0, peer=True)
+    engine.index.sync()
+    world = IndexWorld(engine.index) if path == "fast" else ReceiverWorld(engine.receiver)
+    assert world.hosts_of_group("g-peer") == ["h2"]
+    req = RequestView(RequestSpec(instance_group=InstanceGroup("affinity", uuid="g-peer")), world)
+    assert req.instance_group is not None and req.instance_group.hosts == ["h2"]
+    # once the peer's claim is gone (its time to live is over), so is the group's location
+    engine.receiver.tick(101.0)
+    engine.index.sync()
+    assert world.hosts_of_group("g-peer") == []
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_force_and_ignore_hosts(path):
     engine, _ = _engine(_docs(), path)
     [[s, *alts]] = engine.select_destinations(RequestSpec(force_hosts=["H1"]), 0.0)
