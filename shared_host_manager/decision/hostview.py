@@ -71,7 +71,7 @@ def group_uuids(view: SourceView) -> frozenset[str]:
     """The server groups with a member on ``view``'s host: recorded with its instance by the
     arbiter (``instances[uuid]["group"]``), or carried by a claim pending there, ours or a
     live peer's.  A request of a group locates the group by these even before any member it
-    lists is known to be somewhere (design §5.3)."""
+    lists is known to be somewhere (design §5.4)."""
     out = {record[GROUP_KEY] for record in instances_of(view.doc).values()
            if type(record) is dict and GROUP_KEY in record}
     for pending in (view.pending, view.peer):

@@ -152,7 +152,7 @@ class RequestView:
             # the conductor fills group.hosts from the members' hosts; we derive the hosts
             # from the instances namespaces (and the pending claims) instead of a database,
             # by the members listed and by the group's own uuid: a member placed a moment
-            # ago may not be listed yet (design §5.3)
+            # ago may not be listed yet (design §5.4)
             members = list(dict.fromkeys([*group.members, *(uuids or spec.instance_uuids)]))
             by_group = world.hosts_of_group(group.uuid) if group.uuid else []
             hosts = list(dict.fromkeys([*group.hosts, *world.hosts_of_instances(members),

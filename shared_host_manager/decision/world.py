@@ -41,9 +41,9 @@ class ReceiverWorld:
         return sorted(out)
 
     def hosts_of_group(self, uuid: str) -> list[str]:
-        return sorted(host_name(compute_of(view.doc), view.source)
-                      for view in self.receiver.sources.values()
-                      if is_host(view.doc) and uuid in group_uuids(view))
+        return sorted({host_name(compute_of(view.doc), view.source)
+                       for view in self.receiver.sources.values()
+                       if is_host(view.doc) and uuid in group_uuids(view)})
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
         found = False
