@@ -47,6 +47,7 @@ from protocol.receiver import SourceView, Status
 from protocol.resources import capacity, check_fit
 
 _EMPTY: Mapping[str, Any] = {}
+_NO_GROUPS: frozenset[str] = frozenset()
 
 # -- numbers shared by the index and HostView -------------------------------------
 
@@ -72,13 +73,27 @@ def group_uuids(view: SourceView) -> frozenset[str]:
     arbiter (``instances[uuid]["group"]``), or carried by a claim pending there, ours or a
     live peer's.  A request of a group locates the group by these even before any member it
     lists is known to be somewhere (design §5.4)."""
-    out = {record[GROUP_KEY] for record in instances_of(view.doc).values()
-           if type(record) is dict and GROUP_KEY in record}
-    for pending in (view.pending, view.peer):
-        for p in pending.values():
-            if p.claim.group is not None:
-                out.add(p.claim.group.uuid)
-    return frozenset(out)
+    insts = instances_of(view.doc)
+    return frozenset(recorded_groups(insts, insts).values()) | pending_groups(view)
+
+
+def recorded_groups(instances: Mapping[str, Any], uuids: Iterable[str]) -> dict[str, str]:
+    """instance -> server group, for those of ``uuids`` (instances of one host) the arbiter
+    recorded with a group."""
+    out: dict[str, str] = {}
+    for uuid in uuids:
+        record = instances[uuid]
+        if type(record) is dict and GROUP_KEY in record:
+            out[uuid] = record[GROUP_KEY]
+    return out
+
+
+def pending_groups(view: SourceView) -> frozenset[str]:
+    """The server groups of the claims pending on ``view``, ours and the live peers'."""
+    found = [p.claim.group.uuid for p in view.pending.values() if p.claim.group is not None]
+    if view.peer:
+        found += [p.claim.group.uuid for p in view.peer.values() if p.claim.group is not None]
+    return frozenset(found) if found else _NO_GROUPS
 
 
 def held_usage(view: SourceView) -> Mapping[str, int]:
@@ -356,4 +371,5 @@ def host_views(
 
 
 __all__ = ["Consumption", "HasAggregates", "HasCapabilities", "HostView", "fit_inputs", "group_uuids",
-           "host_views", "held_usage", "pending_counts", "weigher_inputs"]
+           "host_views", "held_usage", "pending_counts", "pending_groups", "recorded_groups",
+           "weigher_inputs"]

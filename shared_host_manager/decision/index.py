@@ -10,8 +10,10 @@ vector operations per request.  What varies little between hosts
 (aggregate sets, hypervisor capabilities) is interned into *groups*: a
 per-row group id column plus one representative per group, so a filter on
 aggregates runs once per distinct aggregate set, not once per host.  Inverted
-maps (instance -> row, host name -> rows, volume -> backend sources) answer
-same-host, affinity and locality questions without a scan.
+maps (instance -> row, host name -> rows, volume -> backend sources, server
+group -> rows) answer same-host, affinity and locality questions without a
+scan; the group map is brought up to date for the rows filled since, when a
+request with a group asks (few have one).
 
 Life cycle::
 
@@ -68,9 +70,10 @@ from protocol.receiver import ReceiverMachine, SourceView, Status
 from protocol.resources import STANDARD_RESOURCES
 from shared_host_manager.decision.hostview import (
     fit_inputs,
-    group_uuids,
     held_usage,
     pending_counts,
+    pending_groups,
+    recorded_groups,
     weigher_inputs,
 )
 
@@ -212,6 +215,13 @@ class HostIndex:
         # server group uuid -> rows holding a member (recorded, or pending with a claim)
         self._group_rows: dict[str, set[int]] = {}
         self._row_groups: list[frozenset[str]] = []
+        # per row: the reported instances, and the group of each recorded with one (None:
+        # none is), kept from the instances added and removed, so a record is read once
+        self._row_reported: list[frozenset[str]] = []
+        self._row_grouped: list[dict[str, str] | None] = []
+        # rows filled since the groups were last asked for: few requests have a group, so
+        # the groups are brought up to date when one asks, not on every fill
+        self._groups_dirty: set[int] = set()
         # change detection of interned values, per row
         self._aggs_src: list[dict | None] = []
         self._caps_src: list[tuple | None] = []
@@ -272,6 +282,8 @@ class HostIndex:
             self.cells.append(None)
             self._row_insts.append(frozenset())
             self._row_groups.append(frozenset())
+            self._row_reported.append(frozenset())
+            self._row_grouped.append(None)
             self._aggs_src.append(None)
             self._caps_src.append(None)
         self.row_of[source] = row
@@ -290,6 +302,9 @@ class HostIndex:
         self._set_node(row, "")
         self._set_instances(row, frozenset())
         self._set_groups(row, frozenset())
+        self._row_reported[row] = frozenset()
+        self._row_grouped[row] = None
+        self._groups_dirty.discard(row)
         if self._aggs_src[row] is not None:
             self.tables[AGGREGATE_GROUPS].refs[int(self.gid[AGGREGATE_GROUPS][row])] -= 1
         if self._caps_src[row] is not None:
@@ -412,14 +427,9 @@ class HostIndex:
             current = frozenset(insts).union(pending_insts)
         else:
             current = frozenset(insts)
-        changed = current != self._row_insts[row]
-        if changed:
+        if current != self._row_insts[row]:
             self._set_instances(row, current)
-        # a row's groups change with its instances, or as its pending claims are included
-        if changed or pending_insts or self._row_groups[row]:
-            groups = group_uuids(view)
-            if groups != self._row_groups[row]:
-                self._set_groups(row, groups)
+        self._groups_dirty.add(row)
 
     def _regroup(
         self, kind: str, row: int, had: bool, key: Hashable, make_stub: Callable[[], Stub],
@@ -483,6 +493,32 @@ class HostIndex:
             elif have != row:
                 more.setdefault(uuid, set()).add(row)
         self._row_insts[row] = current
+
+    def _refresh_groups(self) -> None:
+        """Bring the groups of the rows filled since the last call up to date."""
+        for row in self._groups_dirty:
+            source = self.sources[row]
+            view = self.receiver.sources.get(source) if source is not None else None
+            if view is None or view.doc is None:
+                continue
+            insts = instances_of(view.doc)
+            reported = frozenset(insts)
+            before = self._row_reported[row]
+            grouped = self._row_grouped[row]
+            if reported != before:
+                self._row_reported[row] = reported
+                if grouped is not None:
+                    for uuid in before - reported:
+                        grouped.pop(uuid, None)
+                for uuid, group in recorded_groups(insts, reported - before).items():
+                    if grouped is None:
+                        grouped = self._row_grouped[row] = {}
+                    grouped[uuid] = group
+            groups = frozenset(grouped.values()) if grouped else frozenset()
+            groups |= pending_groups(view)
+            if groups != self._row_groups[row]:
+                self._set_groups(row, groups)
+        self._groups_dirty.clear()
 
     def _set_groups(self, row: int, current: frozenset[str]) -> None:
         old = self._row_groups[row]
@@ -552,6 +588,8 @@ class HostIndex:
     def rows_of_group(self, uuid: str) -> frozenset[int]:
         """Rows holding a member of server group ``uuid`` (recorded with the group by the
         arbiter, or pending with a claim carrying it, ours or a live peer's)."""
+        if self._groups_dirty:
+            self._refresh_groups()
         return frozenset(self._group_rows.get(uuid, ()))
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:

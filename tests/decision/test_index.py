@@ -57,6 +57,34 @@ def test_pending_claims_are_deducted_once_and_retired_with_the_delta():
     _row_equals_hostview(ix, "cn1")
 
 
+def test_server_groups_follow_claims_records_deletions_and_freed_rows():
+    from protocol.document import DEL
+    from protocol.groups import ClaimGroup
+
+    rec = load_receiver({"cn1": host_doc("h1"), "cn2": host_doc("h2", instances={
+        "old": {"claim": "c0", "group": "g2"}})})
+    ix = HostIndex(rec)
+    assert ix.rows_of_group("g2") == {ix.row_of["cn2"]} and ix.rows_of_group("g1") == set()
+    # pending with our claim, then recorded by the arbiter as it includes the claim
+    rec.add_claim(Claim("c1", rec.name, "cn1", 1, 0, {"vcpus": 1}, "vm1", {},
+                        ClaimGroup("g1", "affinity")), 0.0)
+    ix.sync()
+    row = ix.row_of["cn1"]
+    assert ix.rows_of_group("g1") == {row}
+    rec.receive(Delta("cn1", 1, 1, [[SET, "instances", "vm1", {"claim": "c1", "group": "g1"}]],
+                      ["c1"]), 1.0)
+    ix.sync()
+    assert ix.rows_of_group("g1") == {row}
+    # the member deleted: the group is nowhere
+    rec.receive(Delta("cn1", 1, 2, [[DEL, "instances", "vm1"]]), 2.0)
+    ix.sync()
+    assert ix.rows_of_group("g1") == set()
+    # a source forgotten takes its groups along
+    rec.forget("cn2")
+    ix.sync()
+    assert ix.rows_of_group("g2") == set()
+
+
 def test_rejected_claim_gives_the_room_back():
     rec = load_receiver({"cn1": host_doc("h1")})
     ix = HostIndex(rec)
