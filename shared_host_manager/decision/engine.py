@@ -696,7 +696,7 @@ class DecisionEngine:
         self.index.sync()
         world = IndexWorld(self.index)
         return not (world.hosts_of_instances(group.members)
-                    or (group.uuid and world.hosts_of_group(group.uuid)))
+                    or (group.uuid and world.members_of_group(group.uuid)))
 
     def instance_uuids(self, spec: RequestSpec) -> list[str]:
         """The instances to place: the spec's, or fresh uuids (from the seeded RNG) for num_instances."""

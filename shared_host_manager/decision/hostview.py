@@ -47,7 +47,6 @@ from protocol.receiver import SourceView, Status
 from protocol.resources import capacity, check_fit
 
 _EMPTY: Mapping[str, Any] = {}
-_NO_GROUPS: frozenset[str] = frozenset()
 
 # -- numbers shared by the index and HostView -------------------------------------
 
@@ -68,32 +67,30 @@ def pending_counts(view: SourceView) -> tuple[int, int, tuple[str, ...]]:
     return len(pending) + len(peer), len(insts), insts
 
 
-def group_uuids(view: SourceView) -> frozenset[str]:
-    """The server groups with a member on ``view``'s host: recorded with its instance by the
-    arbiter (``instances[uuid]["group"]``), or carried by a claim pending there, ours or a
-    live peer's.  A request of a group locates the group by these even before any member it
-    lists is known to be somewhere (design §5.4)."""
-    insts = instances_of(view.doc)
-    return frozenset(recorded_groups(insts, insts).values()) | pending_groups(view)
-
-
-def recorded_groups(instances: Mapping[str, Any], uuids: Iterable[str]) -> dict[str, str]:
-    """instance -> server group, for those of ``uuids`` (instances of one host) the arbiter
-    recorded with a group."""
+def groups_of(view: SourceView, uuids: Iterable[str] | None = None) -> dict[str, str]:
+    """instance -> server group, for the instances on ``view``'s host (those of ``uuids``;
+    default all) that belong to one: recorded with it by the arbiter
+    (``instances[uuid]["group"]``), or pending with a claim carrying it, ours or a live
+    peer's.  A request of a group finds the group's members by these even before it lists
+    them (design §5.4)."""
+    instances = instances_of(view.doc)
+    wanted = instances.keys() if uuids is None else uuids
     out: dict[str, str] = {}
-    for uuid in uuids:
-        record = instances[uuid]
-        if type(record) is dict and GROUP_KEY in record:
+    unrecorded = []
+    for uuid in wanted:
+        record = instances.get(uuid)
+        if record is None:
+            unrecorded.append(uuid)
+        elif type(record) is dict and GROUP_KEY in record:
             out[uuid] = record[GROUP_KEY]
+    if uuids is None or unrecorded:
+        for ledger in (view.pending, view.peer):
+            for p in ledger.values():
+                claim = p.claim
+                if claim.group is not None and claim.instance and claim.instance not in out \
+                        and (uuids is None or claim.instance in unrecorded):
+                    out[claim.instance] = claim.group.uuid
     return out
-
-
-def pending_groups(view: SourceView) -> frozenset[str]:
-    """The server groups of the claims pending on ``view``, ours and the live peers'."""
-    found = [p.claim.group.uuid for p in view.pending.values() if p.claim.group is not None]
-    if view.peer:
-        found += [p.claim.group.uuid for p in view.peer.values() if p.claim.group is not None]
-    return frozenset(found) if found else _NO_GROUPS
 
 
 def held_usage(view: SourceView) -> Mapping[str, int]:
@@ -370,6 +367,5 @@ def host_views(
     return [HostView(v, overlays.get(v.source)) for v in views if is_host(v.doc)]
 
 
-__all__ = ["Consumption", "HasAggregates", "HasCapabilities", "HostView", "fit_inputs", "group_uuids",
-           "host_views", "held_usage", "pending_counts", "pending_groups", "recorded_groups",
-           "weigher_inputs"]
+__all__ = ["Consumption", "HasAggregates", "HasCapabilities", "HostView", "fit_inputs", "groups_of",
+           "host_views", "held_usage", "pending_counts", "weigher_inputs"]

@@ -11,9 +11,8 @@ vector operations per request.  What varies little between hosts
 per-row group id column plus one representative per group, so a filter on
 aggregates runs once per distinct aggregate set, not once per host.  Inverted
 maps (instance -> row, host name -> rows, volume -> backend sources, server
-group -> rows) answer same-host, affinity and locality questions without a
-scan; the group map is brought up to date for the rows filled since, when a
-request with a group asks (few have one).
+group -> rows and members) answer same-host, affinity and locality questions
+without a scan.
 
 Life cycle::
 
@@ -70,10 +69,9 @@ from protocol.receiver import ReceiverMachine, SourceView, Status
 from protocol.resources import STANDARD_RESOURCES
 from shared_host_manager.decision.hostview import (
     fit_inputs,
+    groups_of,
     held_usage,
     pending_counts,
-    pending_groups,
-    recorded_groups,
     weigher_inputs,
 )
 
@@ -212,16 +210,12 @@ class HostIndex:
         self._inst_row: dict[str, int] = {}
         self._inst_more: dict[str, set[int]] = {}
         self._row_insts: list[frozenset[str]] = []
-        # server group uuid -> rows holding a member (recorded, or pending with a claim)
-        self._group_rows: dict[str, set[int]] = {}
-        self._row_groups: list[frozenset[str]] = []
-        # per row: the reported instances, and the group of each recorded with one (None:
-        # none is), kept from the instances added and removed, so a record is read once
-        self._row_reported: list[frozenset[str]] = []
+        # server groups: per row, instance -> group for the instances on it that have one
+        # (recorded with it by the arbiter, or pending with a claim carrying it; an
+        # instance keeps its group from claim to record, so only the instances added and
+        # removed are looked at), and group -> {row: members there}
         self._row_grouped: list[dict[str, str] | None] = []
-        # rows filled since the groups were last asked for: few requests have a group, so
-        # the groups are brought up to date when one asks, not on every fill
-        self._groups_dirty: set[int] = set()
+        self._group_rows: dict[str, dict[int, int]] = {}
         # change detection of interned values, per row
         self._aggs_src: list[dict | None] = []
         self._caps_src: list[tuple | None] = []
@@ -281,8 +275,6 @@ class HostIndex:
             self.nodenames.append("")
             self.cells.append(None)
             self._row_insts.append(frozenset())
-            self._row_groups.append(frozenset())
-            self._row_reported.append(frozenset())
             self._row_grouped.append(None)
             self._aggs_src.append(None)
             self._caps_src.append(None)
@@ -300,11 +292,7 @@ class HostIndex:
         self.compute_ok[row] = False
         self._set_host(row, "")
         self._set_node(row, "")
-        self._set_instances(row, frozenset())
-        self._set_groups(row, frozenset())
-        self._row_reported[row] = frozenset()
-        self._row_grouped[row] = None
-        self._groups_dirty.discard(row)
+        self._set_instances(row, frozenset(), None)
         if self._aggs_src[row] is not None:
             self.tables[AGGREGATE_GROUPS].refs[int(self.gid[AGGREGATE_GROUPS][row])] -= 1
         if self._caps_src[row] is not None:
@@ -428,8 +416,7 @@ class HostIndex:
         else:
             current = frozenset(insts)
         if current != self._row_insts[row]:
-            self._set_instances(row, current)
-        self._groups_dirty.add(row)
+            self._set_instances(row, current, view)
 
     def _regroup(
         self, kind: str, row: int, had: bool, key: Hashable, make_stub: Callable[[], Stub],
@@ -468,10 +455,24 @@ class HostIndex:
         if node:
             self._rows_by_lnode.setdefault(node.lower(), []).append(row)
 
-    def _set_instances(self, row: int, current: frozenset[str]) -> None:
+    def _set_instances(self, row: int, current: frozenset[str], view: SourceView | None) -> None:
         old = self._row_insts[row]
         inst_row, more = self._inst_row, self._inst_more
-        for uuid in old - current:
+        gone = old - current
+        came = current - old
+        grouped = self._row_grouped[row]
+        if grouped:
+            for uuid in gone:
+                group = grouped.pop(uuid, None)
+                if group is not None:
+                    self._group_count(group, row, -1)
+        if came and view is not None:
+            for uuid, group in groups_of(view, came).items():
+                if grouped is None:
+                    grouped = self._row_grouped[row] = {}
+                grouped[uuid] = group
+                self._group_count(group, row, 1)
+        for uuid in gone:
             if inst_row.get(uuid) == row:
                 extra = more.get(uuid)
                 if extra:
@@ -486,7 +487,7 @@ class HostIndex:
                     extra.discard(row)
                     if not extra:
                         del more[uuid]
-        for uuid in current - old:
+        for uuid in came:
             have = inst_row.get(uuid)
             if have is None:
                 inst_row[uuid] = row
@@ -494,42 +495,15 @@ class HostIndex:
                 more.setdefault(uuid, set()).add(row)
         self._row_insts[row] = current
 
-    def _refresh_groups(self) -> None:
-        """Bring the groups of the rows filled since the last call up to date."""
-        for row in self._groups_dirty:
-            source = self.sources[row]
-            view = self.receiver.sources.get(source) if source is not None else None
-            if view is None or view.doc is None:
-                continue
-            insts = instances_of(view.doc)
-            reported = frozenset(insts)
-            before = self._row_reported[row]
-            grouped = self._row_grouped[row]
-            if reported != before:
-                self._row_reported[row] = reported
-                if grouped is not None:
-                    for uuid in before - reported:
-                        grouped.pop(uuid, None)
-                for uuid, group in recorded_groups(insts, reported - before).items():
-                    if grouped is None:
-                        grouped = self._row_grouped[row] = {}
-                    grouped[uuid] = group
-            groups = frozenset(grouped.values()) if grouped else frozenset()
-            groups |= pending_groups(view)
-            if groups != self._row_groups[row]:
-                self._set_groups(row, groups)
-        self._groups_dirty.clear()
-
-    def _set_groups(self, row: int, current: frozenset[str]) -> None:
-        old = self._row_groups[row]
-        for uuid in old - current:
-            rows = self._group_rows[uuid]
-            rows.discard(row)
+    def _group_count(self, group: str, row: int, change: int) -> None:
+        rows = self._group_rows.setdefault(group, {})
+        count = rows.get(row, 0) + change
+        if count > 0:
+            rows[row] = count
+        else:
+            rows.pop(row, None)
             if not rows:
-                del self._group_rows[uuid]
-        for uuid in current - old:
-            self._group_rows.setdefault(uuid, set()).add(row)
-        self._row_groups[row] = current
+                del self._group_rows[group]
 
     def _refresh_foreign(self, source: str, view: SourceView | None) -> None:
         doc = view.doc if view is not None else None
@@ -585,12 +559,12 @@ class HostIndex:
             if extra:
                 yield from extra
 
-    def rows_of_group(self, uuid: str) -> frozenset[int]:
-        """Rows holding a member of server group ``uuid`` (recorded with the group by the
-        arbiter, or pending with a claim carrying it, ours or a live peer's)."""
-        if self._groups_dirty:
-            self._refresh_groups()
-        return frozenset(self._group_rows.get(uuid, ()))
+    def members_of_group(self, uuid: str) -> list[str]:
+        """The instances of server group ``uuid`` on any row: recorded with the group by the
+        arbiter, or pending with a claim carrying it, ours or a live peer's."""
+        grouped = self._row_grouped
+        return [instance for row in self._group_rows.get(uuid, ())
+                for instance, group in (grouped[row] or {}).items() if group == uuid]
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
         holders = self._volume_sources.get(volume_id)

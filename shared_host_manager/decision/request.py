@@ -126,9 +126,9 @@ class World(Protocol):
         """Host names of the hosts holding any of ``uuids`` (reported or pending)."""
         ...
 
-    def hosts_of_group(self, uuid: str) -> list[str]:
-        """Host names of the hosts holding a member of server group ``uuid``, recorded with
-        the group or pending with a claim carrying it (listed by the request or not)."""
+    def members_of_group(self, uuid: str) -> list[str]:
+        """The instances of server group ``uuid`` on any host: recorded with the group, or
+        pending with a claim carrying it (listed by the request or not)."""
         ...
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
@@ -150,13 +150,13 @@ class RequestView:
         if group is not None:
             # nova's API makes the instances of the request members of their group, and
             # the conductor fills group.hosts from the members' hosts; we derive the hosts
-            # from the instances namespaces (and the pending claims) instead of a database,
-            # by the members listed and by the group's own uuid: a member placed a moment
-            # ago may not be listed yet (design §5.4)
-            members = list(dict.fromkeys([*group.members, *(uuids or spec.instance_uuids)]))
-            by_group = world.hosts_of_group(group.uuid) if group.uuid else []
-            hosts = list(dict.fromkeys([*group.hosts, *world.hosts_of_instances(members),
-                                        *by_group]))
+            # from the instances namespaces (and the pending claims) instead of a database.
+            # Members are those listed and those found by the group's uuid: a member placed
+            # a moment ago may not be listed yet (design §5.4)
+            found = world.members_of_group(group.uuid) if group.uuid else []
+            members = list(dict.fromkeys([*group.members, *found,
+                                          *(uuids or spec.instance_uuids)]))
+            hosts = list(dict.fromkeys([*group.hosts, *world.hosts_of_instances(members)]))
             self.instance_group: InstanceGroup | None = InstanceGroup(
                 group.policy, members, hosts, dict(group.rules), group.uuid)
         else:

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from protocol.hostdoc import VOLUMES, compute_of, host_name, instances_of, is_host, namespace, volume_hosts_of
 from protocol.receiver import ReceiverMachine
-from shared_host_manager.decision.hostview import group_uuids, pending_counts
+from shared_host_manager.decision.hostview import groups_of, pending_counts
 from shared_host_manager.decision.index import HostIndex
 
 
@@ -40,10 +40,9 @@ class ReceiverWorld:
                 out.add(host_name(compute_of(view.doc), view.source))
         return sorted(out)
 
-    def hosts_of_group(self, uuid: str) -> list[str]:
-        return sorted({host_name(compute_of(view.doc), view.source)
-                       for view in self.receiver.sources.values()
-                       if is_host(view.doc) and uuid in group_uuids(view)})
+    def members_of_group(self, uuid: str) -> list[str]:
+        return [instance for view in self.receiver.sources.values() if is_host(view.doc)
+                for instance, group in groups_of(view).items() if group == uuid]
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
         found = False
@@ -66,9 +65,8 @@ class IndexWorld:
         out = {ix.hosts[row] for uuid in uuids for row in ix.rows_of_instance(uuid)}
         return sorted(out)
 
-    def hosts_of_group(self, uuid: str) -> list[str]:
-        ix = self.index
-        return sorted({ix.hosts[row] for row in ix.rows_of_group(uuid)})
+    def members_of_group(self, uuid: str) -> list[str]:
+        return self.index.members_of_group(uuid)
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
         return self.index.volume_hosts(volume_id)

@@ -121,6 +121,21 @@ def test_an_affinity_group_is_followed_before_its_members_are_listed(path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_an_anti_affinity_group_counts_the_members_it_does_not_list(path):
+    # stacking: without the first member counted, the second would take the same host and
+    # be rejected by it
+    engine, sent = _engine(_docs(3), path, ram_weight_multiplier=-1.0)
+    chosen = []
+    for i in range(2):
+        [[s, *_]] = engine.select_destinations(RequestSpec(
+            flavor=Flavor(vcpus=1), instance_uuids=[f"vm{i}"],
+            instance_group=InstanceGroup("anti-affinity", uuid="g")), 0.0)
+        chosen.append(s.source)
+    assert len(set(chosen)) == 2
+    assert sent[1].group is not None and sent[1].group.members == ("vm0", "vm1")
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_an_affinity_group_is_located_by_its_recorded_members_and_peer_claims(path):
     from protocol.messages import Claim
     from shared_host_manager.decision.request import RequestView
@@ -143,13 +158,15 @@ def test_an_affinity_group_is_located_by_its_recorded_members_and_peer_claims(pa
     assert engine.receiver.restore_claim(peer, 100.0, peer=True)
     engine.index.sync()
     world = IndexWorld(engine.index) if path == "fast" else ReceiverWorld(engine.receiver)
-    assert world.hosts_of_group("g-peer") == ["h2"]
-    req = RequestView(RequestSpec(instance_group=InstanceGroup("affinity", uuid="g-peer")), world)
+    assert world.members_of_group("g-peer") == ["elsewhere"]
+    req = RequestView(RequestSpec(instance_group=InstanceGroup("affinity", uuid="g-peer")), world,
+                      ("new",))
     assert req.instance_group is not None and req.instance_group.hosts == ["h2"]
-    # once the peer's claim is gone (its time to live is over), so is the group's location
+    assert req.instance_group.members == ["elsewhere", "new"]
+    # once the peer's claim is gone (its time to live is over), so is the group's member
     engine.receiver.tick(101.0)
     engine.index.sync()
-    assert world.hosts_of_group("g-peer") == []
+    assert world.members_of_group("g-peer") == []
 
 
 @pytest.mark.parametrize("path", PATHS)

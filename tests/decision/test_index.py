@@ -62,27 +62,29 @@ def test_server_groups_follow_claims_records_deletions_and_freed_rows():
     from protocol.groups import ClaimGroup
 
     rec = load_receiver({"cn1": host_doc("h1"), "cn2": host_doc("h2", instances={
-        "old": {"claim": "c0", "group": "g2"}})})
+        "old": {"claim": "c0", "group": "g2"}, "plain": {"claim": "c9"}})})
     ix = HostIndex(rec)
-    assert ix.rows_of_group("g2") == {ix.row_of["cn2"]} and ix.rows_of_group("g1") == set()
+    assert ix.members_of_group("g2") == ["old"] and ix.members_of_group("g1") == []
     # pending with our claim, then recorded by the arbiter as it includes the claim
     rec.add_claim(Claim("c1", rec.name, "cn1", 1, 0, {"vcpus": 1}, "vm1", {},
                         ClaimGroup("g1", "affinity")), 0.0)
     ix.sync()
-    row = ix.row_of["cn1"]
-    assert ix.rows_of_group("g1") == {row}
+    assert ix.members_of_group("g1") == ["vm1"]
     rec.receive(Delta("cn1", 1, 1, [[SET, "instances", "vm1", {"claim": "c1", "group": "g1"}]],
                       ["c1"]), 1.0)
     ix.sync()
-    assert ix.rows_of_group("g1") == {row}
-    # the member deleted: the group is nowhere
-    rec.receive(Delta("cn1", 1, 2, [[DEL, "instances", "vm1"]]), 2.0)
+    assert ix.members_of_group("g1") == ["vm1"]
+    # a second member there, then the first deleted
+    rec.receive(Delta("cn1", 1, 2, [[SET, "instances", "vm2", {"claim": "c2", "group": "g1"}]]), 2.0)
     ix.sync()
-    assert ix.rows_of_group("g1") == set()
-    # a source forgotten takes its groups along
+    assert sorted(ix.members_of_group("g1")) == ["vm1", "vm2"]
+    rec.receive(Delta("cn1", 1, 3, [[DEL, "instances", "vm1"], [DEL, "instances", "vm2"]]), 3.0)
+    ix.sync()
+    assert ix.members_of_group("g1") == []
+    # a source forgotten takes its members along
     rec.forget("cn2")
     ix.sync()
-    assert ix.rows_of_group("g2") == set()
+    assert ix.members_of_group("g2") == []
 
 
 def test_rejected_claim_gives_the_room_back():
