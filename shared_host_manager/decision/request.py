@@ -127,8 +127,8 @@ class World(Protocol):
         ...
 
     def members_of_group(self, uuid: str) -> list[str]:
-        """The instances of server group ``uuid`` on any host: recorded with the group, or
-        pending with a claim carrying it (listed by the request or not)."""
+        """The instances of server group ``uuid`` on any host, sorted: recorded with the
+        group, or pending with a claim carrying it (listed by the request or not)."""
         ...
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:

@@ -41,8 +41,8 @@ class ReceiverWorld:
         return sorted(out)
 
     def members_of_group(self, uuid: str) -> list[str]:
-        return [instance for view in self.receiver.sources.values() if is_host(view.doc)
-                for instance, group in groups_of(view).items() if group == uuid]
+        return sorted(instance for view in self.receiver.sources.values() if is_host(view.doc)
+                      for instance, group in groups_of(view).items() if group == uuid)
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
         found = False
@@ -66,7 +66,7 @@ class IndexWorld:
         return sorted(out)
 
     def members_of_group(self, uuid: str) -> list[str]:
-        return self.index.members_of_group(uuid)
+        return sorted(self.index.members_of_group(uuid))
 
     def volume_hosts(self, volume_id: str) -> frozenset[str] | None:
         return self.index.volume_hosts(volume_id)
