@@ -14,7 +14,7 @@ weigher both have, each host's weight (normalised, times its multiplier with
 aggregate overrides) must be equal within 1e-9.  The option values (limits,
 multipliers, default architecture) are drawn too and set on both sides.
 
-Not compared, by design (docs/design.md §5.1): ties between equal weights (nova
+Not compared, by design (docs/design.md §5.7): ties between equal weights (nova
 keeps its host iteration order, we order by source id); the filters nova no
 longer has or never had (AvailabilityZoneFilter, ResourceFitFilter,
 VolumeLocalityFilter); and a numeric extra-spec operator on a value that is
@@ -298,7 +298,7 @@ def _nova_passes(f: object, hs: object, spec: object) -> bool:
         return bool(f.host_passes(hs, spec))  # type: ignore[attr-defined]
     except ValueError:
         # a numeric extra-spec operator on a value that is no number: nova's filter raises and
-        # the request fails; ours lets that host fail (extra_specs_ops.py, design §5.1)
+        # the request fails; ours lets that host fail (extra_specs_ops.py, design §5.7)
         return False
 
 
