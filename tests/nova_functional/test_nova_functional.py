@@ -4,7 +4,10 @@ The selection (``selection.txt``, README "nova's functional tests") runs twice
 in subprocesses (``worker.py``), ``SHM_NOVA_FUNCTIONAL_WORKERS`` processes per
 side (default 2): once as nova ships it (the baseline), once with every nova
 TestCase using :class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture`.
-Pass: no test that passes on the baseline fails with the drop-in, and the
+Pass: no test that passes on the baseline fails with the drop-in (a test that
+fails with the drop-in runs again alone, on both sides, and counts only if it
+fails again there while passing with nova's HostManager; otherwise the summary
+lists it as ``flaky``), and the
 drop-in served every test (nova's own HostManager never read hosts from the
 database, and every test that scheduled went through our decisions), and every
 decision recorded in the schedulers' update logs re-runs the same
@@ -117,6 +120,23 @@ def test_nova_functional_selection_passes_with_the_drop_in():
     assert not missing, f"{len(missing)} tests did not report (worker crashed?): {missing[:5]}; logs in {out}"
     passing = [i for i in ids if baseline[i]["outcome"] == "pass"]
     assert len(passing) >= 0.9 * len(ids), f"the baseline itself fails: {summary}"
+    # nova's move tests wait a fixed time for each state (ten polls 0.5 s apart); on a
+    # loaded machine one of them times out now and then on either side. A test that failed
+    # with the drop-in runs again alone, on both sides: a regression fails again with the
+    # drop-in while it passes with nova's HostManager; otherwise it is reported as flaky.
+    first = [i for i in passing if shared[i]["outcome"] != "pass"]
+    if first:
+        again = out / "again"
+        again.mkdir(exist_ok=True)
+        base_again, _ = _run_side("nova", first, 1, again)
+        shared_again, _ = _run_side("shared", first, 1, again)
+        flaky = [i for i in first if shared_again.get(i, {}).get("outcome") == "pass"]
+        shared.update({i: shared_again[i] for i in flaky})
+        passing = [i for i in passing if i not in first
+                   or base_again.get(i, {}).get("outcome") == "pass"]
+        summary["flaky"] = flaky
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps({"flaky": flaky}))
     regressions = {i: shared[i]["detail"][-1500:] for i in passing if shared[i]["outcome"] != "pass"}
     assert not regressions, (f"{len(regressions)} tests pass with nova's HostManager and fail with the "
                              f"drop-in:\n" + "\n\n".join(f"{i}\n{d}" for i, d in regressions.items()))
