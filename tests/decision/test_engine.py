@@ -106,7 +106,7 @@ def test_an_affinity_group_is_followed_before_its_members_are_listed(path):
     # nova's API lists a member once it is created; a request issued while the group's
     # first member is still being built lists none. Its claim carries the group: the next
     # request goes to the same host, although the first one's weight dropped out of the
-    # best hosts the first member's host was chosen from (design §5.3)
+    # best hosts the first member's host was chosen from (design §5.4)
     docs = {f"cn{i}": host_doc(f"h{i}", memory_mb=16384) for i in range(40)}
     engine, sent = _engine(docs, path)
     flavor = Flavor(vcpus=1, memory_mb=4096)
