@@ -145,6 +145,14 @@ class NoValidHost(Exception):
         self.reason = reason
 
 
+class _AnchorRefused(Exception):
+    """An affinity group's anchor, chosen in this request, refused a later member of it."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(source)
+        self.source = source
+
+
 class Delegated(Exception):
     """Another live peer decides this request: the coordinator of scarce requests, or the
     owner of the best hosts when this scheduler owns none of them (design §5.4).  Hand it
@@ -305,7 +313,7 @@ class DecisionEngine:
         self._claims = 0
         self.stats = {"requests": 0, "instances": 0, "no_valid_host": 0, "claims_sent": 0,
                       "alternates_claimed": 0, "owned_choices": 0, "peer_choices": 0,
-                      "affinity_anchors": 0, "scarce_choices": 0, "scarce_skips": 0,
+                      "affinity_anchors": 0, "anchors_refused": 0, "scarce_choices": 0, "scarce_skips": 0,
                       "fresh_alternates": 0, "delegated": 0, "handed_to_owner": 0}
         #: sums over every instance placed: weight of the best host minus the chosen one's,
         #: and the chosen host's rank (0: the best), for the simulator's quality figures
@@ -373,7 +381,6 @@ class DecisionEngine:
         self.stats["requests"] += 1
         fast = (path or self.path) == FAST
         uuids = self.instance_uuids(spec)
-        req = self.request_view(spec, fast, uuids)
         k = self.subset.size(live_schedulers if live_schedulers is not None else self.live_schedulers)
         # with known peers, look deeper: about k of the top k*peers hosts are ours
         depth = k * len(self._ownership.peers) if self._ownership is not None else k
@@ -381,47 +388,23 @@ class DecisionEngine:
         scarce = SCARCE_PER_PEER * len(self._ownership.peers) + 1 if self._ownership is not None else 0
         coordinator = self.coordinator if delegable else None
         rank = self._rank_fast if fast else self._rank_slow
-        picks: list[tuple[str, str, float, str]] = []
-        ranking: Iterable[tuple[str, float]] = ()
-        for i, uuid in enumerate(uuids):
-            req.begin(i, uuid)
-            ranking = rank(req)
-            group = req.instance_group
-            anchor = group is not None and group.policy == AFFINITY and not group.hosts
-            # with peers, look far enough to tell a scarce request (few hosts fit) apart
-            top = list(islice(ranking, max(depth, ANCHOR_DEPTH) if anchor else max(depth, scarce)))
-            if not top:
-                self.stats["no_valid_host"] += 1
-                raise NoValidHost(self._explain(req, fast, i, len(uuids)))
-            if anchor:
-                assert group is not None
-                # the first member of an affinity group: the arbiter cannot see the other
-                # hosts, so schedulers racing with first members must agree on the host
-                # without talking: rendezvous over the group (design §5.3)
-                pick = RendezvousChoice(group.uuid).index([s for s, _ in top])
-                self.stats["affinity_anchors"] += 1
-                self._choice = ANCHOR
-            else:
-                is_scarce = len(top) < scarce
-                if coordinator is not None and is_scarce:
-                    # scarce: the peers' coordinator decides it, so that no two scarce
-                    # requests are decided on different views (design §5.4); this
-                    # scheduler still keeps the hosts it fits off its other requests
-                    self._remember_scarce(req.resources, now)
-                    self.stats["delegated"] += 1
-                    raise Delegated(coordinator)
-                if not is_scarce:  # choose among the best ``depth`` (which may be fewer
-                    top = top[:depth]  # than make a request scarce: 2 peers, k = 2)
-                pick = self._choose(top, k, now, is_scarce, req.resources,
-                                    delegable and self.config.hand_to_owner)
-            source, weight = top[pick]
-            if not dry_run:
+        # anchors whose group's later members of this request did not fit there
+        refused: set[str] = set()
+        while True:
+            req = self.request_view(spec, fast, uuids)
+            try:
+                picks, ranking = self._pick(req, uuids, rank, depth, scarce, k, now, coordinator,
+                                            delegable, fast, refused)
+                break
+            except _AnchorRefused as exc:
+                self.stats["anchors_refused"] += 1
+                refused.add(exc.source)
+        if not dry_run:
+            for _, _, _, _, gap, pick in picks:
                 # placement quality: how far below the best host the chosen one weighs
-                self.quality["weight_gap"] += top[0][1] - weight
+                self.quality["weight_gap"] += gap
                 self.quality["rank"] += pick
                 self.quality["picks"] += 1
-            req.consume(source, self._host_of(source), uuid)
-            picks.append((uuid, source, weight, self._choice))
 
         num_alts = self.config.max_attempts - 1 if return_alternates else 0
         alternates: dict[str | None, list[tuple[str, float]]] = {}
@@ -429,13 +412,13 @@ class DecisionEngine:
             if len(uuids) > 1:
                 # nova re-ranks once after consuming every instance (claimed hosts have less left)
                 ranking = rank(req)
-            alternates = self._alternates(ranking, {s for _, s, _, _ in picks}, num_alts)
+            alternates = self._alternates(ranking, {p[1] for p in picks}, num_alts)
 
         out: list[list[Selection]] = []
         claims: list[Claim] = []
         payload = self.claim_payload(spec)
         group_of_claims = self._claim_group(req)
-        for uuid, source, weight, choice in picks:
+        for uuid, source, weight, choice, _, _ in picks:
             claim = self._new_claim(source, uuid, req.resources, payload, group_of_claims)
             if not dry_run:
                 self.receiver.add_claim(claim, now)
@@ -453,6 +436,59 @@ class DecisionEngine:
         self.stats["instances"] += len(uuids)
         self.stats["claims_sent"] += len(claims)
         return out
+
+    def _pick(self, req: RequestView, uuids: list[str], rank: Callable[[RequestView], Iterable[
+              tuple[str, float]]], depth: int, scarce: int, k: int, now: float,
+              coordinator: str | None, delegable: bool, fast: bool, refused: set[str],
+              ) -> tuple[list[tuple[str, str, float, str, float, int]], Iterable[tuple[str, float]]]:
+        """Each instance's host in turn, consuming on the request's scratch: per instance
+        (uuid, source, weight, how chosen, gap to the best, rank); and the last ranking.
+
+        Raises _AnchorRefused when an affinity group anchored in this request cannot take
+        a later member: the request starts again without that anchor (design §5.4)."""
+        picks: list[tuple[str, str, float, str, float, int]] = []
+        ranking: Iterable[tuple[str, float]] = ()
+        anchored: str | None = None
+        for i, uuid in enumerate(uuids):
+            req.begin(i, uuid)
+            ranking = rank(req)
+            group = req.instance_group
+            anchor = group is not None and group.policy == AFFINITY and not group.hosts
+            # with peers, look far enough to tell a scarce request (few hosts fit) apart
+            top = list(islice(ranking, max(depth, ANCHOR_DEPTH) if anchor else max(depth, scarce)))
+            if anchor and refused:
+                top = [t for t in top if t[0] not in refused]
+            if not top:
+                if anchored is not None:
+                    raise _AnchorRefused(anchored)
+                self.stats["no_valid_host"] += 1
+                raise NoValidHost(self._explain(req, fast, i, len(uuids)))
+            if anchor:
+                assert group is not None
+                # the first member of an affinity group: the arbiter cannot see the other
+                # hosts, so schedulers racing with first members must agree on the host
+                # without talking: rendezvous over the group (design §5.3)
+                pick = RendezvousChoice(group.uuid).index([s for s, _ in top])
+                self.stats["affinity_anchors"] += 1
+                self._choice = ANCHOR
+                anchored = top[pick][0]
+            else:
+                is_scarce = len(top) < scarce
+                if coordinator is not None and is_scarce:
+                    # scarce: the peers' coordinator decides it, so that no two scarce
+                    # requests are decided on different views (design §5.4); this
+                    # scheduler still keeps the hosts it fits off its other requests
+                    self._remember_scarce(req.resources, now)
+                    self.stats["delegated"] += 1
+                    raise Delegated(coordinator)
+                if not is_scarce:  # choose among the best ``depth`` (which may be fewer
+                    top = top[:depth]  # than make a request scarce: 2 peers, k = 2)
+                pick = self._choose(top, k, now, is_scarce, req.resources,
+                                    delegable and self.config.hand_to_owner)
+            source, weight = top[pick]
+            req.consume(source, self._host_of(source), uuid)
+            picks.append((uuid, source, weight, self._choice, top[0][1] - weight, pick))
+        return picks, ranking
 
     @property
     def peers(self) -> list[str]:

@@ -12,7 +12,7 @@ from protocol.resources import check_fit
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
-from shared_host_manager.decision.subset import AdaptiveSubset
+from shared_host_manager.decision.subset import AdaptiveSubset, RendezvousChoice
 from simulator.synthetic_hosts import host_doc, load_receiver
 
 PATHS = ("fast", "slow")
@@ -99,6 +99,30 @@ def test_affinity_within_one_request_and_across_requests(path):
     [[later, *_]] = engine.select_destinations(
         RequestSpec(flavor=Flavor(vcpus=1), instance_group=group), 0.0)
     assert later.source == result[0][0].source
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_affinity_anchor_that_cannot_take_the_whole_request_is_passed_over(path):
+    # cn1 weighs less and fits one 4-vcpu instance, cn0 fits two; the group's rendezvous
+    # prefers cn1 (the uuid is chosen so), which would leave the second member nowhere
+    # (nova's loop, taking the best host first, places both on cn0)
+    docs = {"cn0": host_doc("h0", vcpus=8, cpu_ratio=1.0, memory_mb=16384),
+            "cn1": host_doc("h1", vcpus=4, cpu_ratio=1.0, memory_mb=8192)}
+    group_uuid = next(u for u in (f"g{i}" for i in range(100))
+                      if RendezvousChoice(u).index(["cn0", "cn1"]) == 1)
+    engine, sent = _engine(docs, path)
+    spec = RequestSpec(flavor=Flavor(vcpus=4, memory_mb=1024), instance_uuids=["a", "b"],
+                       instance_group=InstanceGroup("affinity", uuid=group_uuid))
+    result = engine.select_destinations(spec, 0.0)
+    assert [r[0].source for r in result] == ["cn0", "cn0"]
+    assert engine.stats["anchors_refused"] == 1 and len(sent) == 2
+    # a group no host can take whole is NoValidHost, and claims nothing
+    too_big = RequestSpec(flavor=Flavor(vcpus=4, memory_mb=1024), instance_uuids=["c", "d", "e"],
+                          instance_group=InstanceGroup("affinity", uuid=group_uuid + "x"))
+    engine, sent = _engine(docs, path)
+    with pytest.raises(NoValidHost):
+        engine.select_destinations(too_big, 0.0)
+    assert sent == [] and engine.stats["anchors_refused"] == 2
 
 
 @pytest.mark.parametrize("path", PATHS)
