@@ -74,6 +74,8 @@ Rules: the clock is an argument; nothing here does I/O; every step returns
 the :class:`~protocol.messages.Send` instructions (resync requests) it needs.
 The edge drains :meth:`ReceiverMachine.drain_changed` (sources whose view
 changed, for incremental indexes) and :meth:`drain_outcomes` (claim outcomes).
+A second incremental reader takes its own :meth:`ReceiverMachine.change_feed`:
+every feed sees every change once, whoever else drains.
 
 Observation: whoever must see the steps as they happen (an update log, the
 replay's tracer) registers a :class:`ReceiverObserver` with
@@ -88,6 +90,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypedDict
@@ -195,6 +198,23 @@ class SourceView:
     def known_digest(self) -> bytes | None:
         """The digest if already computed (for a heartbeat check), else None; never computes."""
         return self._digest
+
+
+class ChangeFeed:
+    """One reader's sources whose view changed since it last drained (see
+    :meth:`ReceiverMachine.change_feed`)."""
+
+    __slots__ = ("__weakref__", "_pending", "_receiver")
+
+    def __init__(self, receiver: ReceiverMachine) -> None:
+        self._receiver = receiver
+        self._pending: set[str] = set()
+
+    def drain(self) -> set[str]:
+        """The sources whose document, liveness or pending claims changed since the last drain."""
+        self._receiver._distribute()
+        out, self._pending = self._pending, set()
+        return out
 
 
 class ReceiverObserver:
@@ -307,7 +327,11 @@ class ReceiverMachine:
         self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
         self._troubled: set[str] = set()
         self._deadlines: list[tuple[float, str, str]] = []
+        #: sources marked changed and not yet handed to the feeds (see _distribute)
         self._changed: set[str] = set()
+        self._feeds: list[weakref.ref[ChangeFeed]] = []
+        #: drain_changed's feed (the engine's index reads it)
+        self._default_feed = self.change_feed()
         self._outcomes: list[tuple[str, str, Outcome]] = []
         self._alerts: list[str] = []
         self._next_down_scan = 0.0
@@ -330,8 +354,29 @@ class ReceiverMachine:
 
     def drain_changed(self) -> set[str]:
         """Sources whose document, liveness or pending claims changed since last drained."""
-        changed, self._changed = self._changed, set()
-        return changed
+        return self._default_feed.drain()
+
+    def change_feed(self) -> ChangeFeed:
+        """A new reader of what :meth:`drain_changed` reports, from now on, independent of
+        every other reader; held weakly (a dropped feed stops costing anything)."""
+        self._distribute()
+        feed = ChangeFeed(self)
+        self._feeds.append(weakref.ref(feed))
+        return feed
+
+    def _distribute(self) -> None:
+        """Hand the marked sources to every live feed (the steps only mark: one set add)."""
+        changed = self._changed
+        if not changed:
+            return
+        self._changed = set()
+        live = []
+        for ref in self._feeds:
+            feed = ref()
+            if feed is not None:
+                feed._pending |= changed
+                live.append(ref)
+        self._feeds = live
 
     def drain_outcomes(self) -> list[tuple[str, str, Outcome]]:
         """(claim_id, source, outcome) for every claim event since last drained."""
@@ -821,8 +866,8 @@ class ReceiverMachine:
             self._observer.source_forgotten(source)
 
 
-__all__ = ["Outcome", "PendingClaim", "PlantedBug", "ReceiverMachine", "ReceiverObserver", "ReceiverParams",
-           "ResyncRequest", "SourceView", "Status"]
+__all__ = ["ChangeFeed", "Outcome", "PendingClaim", "PlantedBug", "ReceiverMachine", "ReceiverObserver",
+           "ReceiverParams", "ResyncRequest", "SourceView", "Status"]
 
 
 def _release(usage: dict[str, int], resources: Mapping[str, int]) -> None:

@@ -34,6 +34,8 @@ LAYERS: list[tuple[str, ...]] = [
 PROTOCOL_ALLOWED = {
     "__future__", "typing", "collections", "dataclasses", "enum", "heapq", "itertools", "math",
     "hashlib", "hmac", "zlib", "reprlib", "msgpack",
+    # change feeds are held weakly (ReceiverMachine.change_feed): memory, not I/O
+    "weakref",
 }
 
 

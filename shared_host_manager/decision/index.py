@@ -29,7 +29,8 @@ Rules:
 
 * The index is the *only* consumer of ``receiver.drain_changed()`` (it is a
   destructive read); :meth:`sync` returns the drained set so the service layer
-  can pass it on if anything else needs it.
+  can pass it on if anything else needs it.  Another incremental reader takes
+  its own ``receiver.change_feed()``.
 * It never writes to the receiver or its documents.  Its numbers come from the
   helpers in :mod:`shared_host_manager.decision.hostview`, the same ones HostView uses,
   so both paths see bit-identical floats.

@@ -104,6 +104,7 @@ from shared_host_manager.decision.subset import PeerOwnership
 from shared_host_manager.nova import decision_log, vector
 from shared_host_manager.nova import document as ndoc
 from shared_host_manager.nova.api_source import ApiState, is_api_source
+from shared_host_manager.nova.row_entries import SKIP, RowEntries
 
 LOG = logging.getLogger(__name__)
 
@@ -600,6 +601,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         #: decide with the vector core (vector.py); False: nova's handlers per host
         self.vector_decisions = bool(vector_decisions)
         self._vector_store = vector.Store()
+        #: each source's request row, kept until it changes (row_entries.py)
+        self._entries = RowEntries()
         if register_claims is None:
             register_claims = conf.register_claims if conf is not None else True
         self.register_claims = bool(register_claims)
@@ -698,42 +701,24 @@ class SharedHostManager(nova_host_manager.HostManager):
             # the peers' claims that arrived while the lock was taken count in this request
             cache.apply_peer_claims()
             sources = cache.receiver.sources
-            if compute_uuids is None:
-                views = list(sources.values())
-            else:
-                get = sources.get
-                views = [get(u) for u in compute_uuids]
             now = cache.clock()
             wall_offset = self.wall_clock() - now
             api = self._api_state(sources)
-            templates = self._templates
-            agg_gen = self._agg_gen
             out = vector.HostRows(self, self._vector_store, wall_offset, LazyHostState,
                                   _pending_effect)
-            hints_of = self._hints_for if self._inst_hints else None
-            for view in views:
-                if view is None or view.doc is None or view.down:
-                    continue
-                tpl = templates.get(view.source)
-                if tpl is None or tpl.version != view.version:
-                    tpl = self._rebuild(view, tpl)
-                    if tpl is None:
-                        continue
-                api_service = api.services.get(tpl.host)
-                if api_service is not None and api_service.get("deleted") \
-                        and self._still_deleted(("service", tpl.host), api_service, view, tpl):
-                    continue  # nova skips compute nodes without a service record
-                node = api.nodes.get(view.source)
-                if node is not None and node.get("deleted") \
-                        and self._still_deleted(("node", view.source), node, view, tpl):
-                    continue
-                if tpl.agg_gen != agg_gen:
-                    tpl.aggregates = self._aggregates_for(tpl.host, view.doc)
-                    tpl.agg_gen = agg_gen
-                if only_cell is not None and tpl.cell_uuid != only_cell:
-                    continue
-                hints = hints_of(tpl, now) if hints_of is not None else None
-                out.add(tpl, view, agg_gen, api_service, hints)
+            kept = self._entries
+            kept.begin(cache.receiver, (api, self._agg_gen, self.default_cell_uuid),
+                       self._inst_hints)
+            uuids = list(sources) if compute_uuids is None else compute_uuids
+            held = kept.held.get
+            entries = [held(u) for u in uuids]
+            for i in [i for i, e in enumerate(entries) if e is None]:
+                entries[i] = self._entry(uuids[i], sources.get(uuids[i]), api, now, kept)
+            entries = [e for e in entries if e is not SKIP]
+            if only_cell is not None:
+                entries = [e for e in entries if e[0][0].cell_uuid == only_cell]
+            out.add_entries(entries)
+            templates = self._templates
             if len(templates) > 2 * len(sources) + 64:
                 for source in [s for s in templates if s not in sources]:
                     del templates[source]
@@ -861,6 +846,42 @@ class SharedHostManager(nova_host_manager.HostManager):
         self.counters["vector_weighed"] += 1
         return vector.weigh(self.weighers, rows, [h.__dict__["_row"] for h in hosts], spec_obj,
                             self.counters)
+
+    def _entry(self, source: str, view: Any, api: ApiState, now: float,
+               kept: RowEntries) -> tuple[Any, ...]:
+        """One source's request row (vector.HostRows.add_entries), or SKIP where nova would not
+        list it; kept for the next requests when clean (row_entries.py)."""
+        if view is None:
+            return SKIP
+        entry: tuple[Any, ...] = SKIP
+        if view.doc is not None and not view.down:
+            tpl = self._templates.get(source)
+            if tpl is None or tpl.version != view.version:
+                tpl = self._rebuild(view, tpl)
+            if tpl is not None:
+                entry = self._row_of(tpl, view, api, now)
+            if len(entry) > 3:
+                return entry
+        kept.keep(source, entry[0][0].host if entry is not SKIP else None, entry)
+        return entry
+
+    def _row_of(self, tpl: _Template, view: Any, api: ApiState, now: float) -> tuple[Any, ...]:
+        api_service = api.services.get(tpl.host)
+        if api_service is not None and api_service.get("deleted") \
+                and self._still_deleted(("service", tpl.host), api_service, view, tpl):
+            return SKIP  # nova skips compute nodes without a service record
+        node = api.nodes.get(view.source)
+        if node is not None and node.get("deleted") \
+                and self._still_deleted(("node", view.source), node, view, tpl):
+            return SKIP
+        if tpl.agg_gen != self._agg_gen:
+            tpl.aggregates = self._aggregates_for(tpl.host, view.doc)
+            tpl.agg_gen = self._agg_gen
+        rec = self._vector_store.record(tpl)
+        hints = self._hints_for(tpl, now) if self._inst_hints else None
+        if hints or view.pending or view.peer:
+            return (rec, api_service, view, hints or None)
+        return (rec, api_service, view)
 
     def get_all_host_states(self, context: Any) -> Iterator[SharedHostState]:
         """Every eligible host (nova 34 has no such method any more; kept for callers that do)."""

@@ -24,7 +24,8 @@ tests in tests/nova/test_nova_vector.py are the definition of "same"):
 Life cycle (one request)::
 
     get_host_states_by_uuids (under cache.lock)
-        HostRows.add per host, then HostRows.seal: per host a LazyHostState
+        HostRows.add_entries (row_entries.py keeps each source's entry across
+        requests), then HostRows.seal: per host a LazyHostState
         shell (host_manager.py: request rows + row number, no HostState
         attributes yet), and a copy of what the lock protects (liveness,
         pending claims, aggregates, the numbers of NUMBERS from the Store)
@@ -196,7 +197,7 @@ class _Snap:
 class Store:
     """The manager's numbers of every template it has seen, one row per source (see NUMBERS).
 
-    Written under the cache lock only (by HostRows.add); a request copies its rows out
+    Written under the cache lock only (by :meth:`record`); a request copies its rows out
     under the same lock (HostRows.seal), so filters and weighers read a consistent copy.
     One slot per source ever seen (a forgotten source's slot is reused if it returns).
     """
@@ -220,6 +221,16 @@ class Store:
             self.table[s] = _numbers(tpl)
             memo["slot"] = s
         return s
+
+    def record(self, tpl: Any) -> tuple[Any, int, list[Any], Any]:
+        """(template, store slot, aggregates, aggregate key): a request row's part that only a
+        new version or new aggregates change, memoised on the template."""
+        rec = tpl.vec.get("rec")
+        if rec is None or rec[2] is not tpl.aggregates:
+            aggs = tpl.aggregates
+            key = tuple((a.uuid, tuple(sorted((a.metadata or {}).items()))) for a in aggs)
+            rec = tpl.vec["rec"] = (tpl, self.slot(tpl), aggs, key)
+        return rec
 
 
 class Hosts(list):  # type: ignore[type-arg]
@@ -275,27 +286,25 @@ class HostRows:
         self._pos = pos + 1
         return self.shells[pos]
 
-    def add(self, tpl: Any, view: Any, agg_gen: int, api_service: dict[str, Any] | None = None,
-            hints: dict[str, bool] | None = None) -> None:
-        """One host (under the cache lock)."""
-        rec = tpl.vec.get("rec")
-        if rec is None or rec[2] is not tpl.aggregates:
-            rec = tpl.vec["rec"] = self._record(tpl)
-        self._recs.append(rec)
-        if api_service is not None or hints:
-            self.overrides[len(self._recs) - 1] = (api_service, hints or None)
-        self.last_heard.append(view.last_heard)
-        if view.pending or view.peer:
-            # our pending claims and the peers' announced ones, held alike (design §5.2)
-            pending = {**view.pending, **view.peer} if view.peer else dict(view.pending)
-            effect = self._pending_effect(_Snap(view.last_heard, pending), tpl.doc_instances)
-            self.pending[len(self._recs) - 1] = (pending, effect)
-
-    def _record(self, tpl: Any) -> tuple[Any, int, list[Any], Any]:
-        """(template, store slot, aggregates, aggregate key): what add needs, per template."""
-        aggs = tpl.aggregates
-        key = tuple((a.uuid, tuple(sorted((a.metadata or {}).items()))) for a in aggs)
-        return (tpl, self.store.slot(tpl), aggs, key)
+    def add_entries(self, entries: list[tuple[Any, ...]]) -> None:
+        """The request's rows, in order (under the cache lock): per host ``(record, API-side
+        service record or None, view)``, with a fourth item (its live instance hints, or
+        None) when the view has pending claims or hints (row_entries.py: a kept entry has
+        neither).  Pending claims, ours and the peers', are copied here: held alike
+        (design §5.2)."""
+        start = len(self._recs)
+        self._recs.extend([e[0] for e in entries])
+        self.last_heard.extend([e[2].last_heard for e in entries])
+        for j in [j for j, e in enumerate(entries) if e[1] is not None or len(e) > 3]:
+            rec, api_service, view, *rest = entries[j]
+            hints = rest[0] if rest else None
+            row = start + j
+            if api_service is not None or hints:
+                self.overrides[row] = (api_service, hints or None)
+            if view.pending or view.peer:
+                pending = {**view.pending, **view.peer} if view.peer else dict(view.pending)
+                effect = self._pending_effect(_Snap(view.last_heard, pending), rec[0].doc_instances)
+                self.pending[row] = (pending, effect)
 
     def seal(self) -> None:
         """The rows' columns and shells; the numbers copied out of the store (under the cache
@@ -310,9 +319,7 @@ class HostRows:
         cls = self.shell_cls
         shells = self.shells = [new(cls) for _ in recs]
         for row, shell in enumerate(shells):
-            d = shell.__dict__
-            d["_rows"] = self
-            d["_row"] = row
+            shell.__dict__ = {"_rows": self, "_row": row}
         table = self._table = self.store.table[np.asarray(slots, dtype=np.int64)].reshape(
             -1, len(NUMBERS))
         for row, (_, (res, claims, insts, usages)) in self.pending.items():
