@@ -56,8 +56,8 @@ class RowEntries:
         self._receiver: ReceiverMachine | None = None
         self._feed: ChangeFeed | None = None
         self.key: tuple[Any, ...] | None = None
-        #: entries derived again because their source changed, and whole-table drops
-        self.stats = {"derived": 0, "dropped_all": 0}
+        #: entries kept (each one derived because it was new or its source changed), whole-table drops
+        self.stats = {"kept": 0, "dropped_all": 0}
 
     def begin(self, receiver: ReceiverMachine, key: tuple[Any, ...],
               hinted_hosts: Any) -> None:
@@ -83,7 +83,7 @@ class RowEntries:
 
     def keep(self, source: str, host: str | None, entry: tuple[Any, ...]) -> None:
         """Hold a clean entry derived in this request, until its source changes."""
-        self.stats["derived"] += 1
+        self.stats["kept"] += 1
         self.held[source] = entry
         if host is not None:
             self._by_host.setdefault(host, set()).add(source)
