@@ -56,6 +56,14 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                    help="time only host states + filtering + weighing inside SharedHostManager, "
                         "vector core vs nova's per-host handlers (no nova database: fast to set up "
                         "at 10 000 hosts)")
+    p.add_argument("--api-services", action="store_true",
+                   help="with --decision-only: an API-side source holding a service record for "
+                        "every host, as nova-conductor publishes one when each compute's service "
+                        "is created (a deployment's usual state, design §2); one host in 50 "
+                        "disabled there")
+    p.add_argument("--aggregates", type=int, default=0, metavar="N",
+                   help="with --decision-only: N host aggregates (availability zones with a "
+                        "weight multiplier in their metadata), each host in one of them")
     p.add_argument("--gc-young-threshold", type=int, default=100000, metavar="N",
                    help="Python's first garbage-collector threshold while the drop-in decides, "
                         "as nova-scheduler-shared sets it ([shared_host_manager] gc_young_threshold, "
@@ -123,6 +131,7 @@ def _record(cache: Any, directory: str | None) -> Any:
 def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
     """get_host_states_by_uuids + get_filtered_hosts + get_weighed_hosts of one SharedHostManager,
     with the vector core and with nova's handlers, alternating, on the bench's hosts."""
+    from protocol import hostdoc
     from shared_host_manager.nova import document as ndoc
     from shared_host_manager.nova import fixtures as fx
     from shared_host_manager.nova import host_manager as shm
@@ -136,6 +145,12 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
         cn, service=fx.service_dict(cn.host), cell_uuid=fx.CELL1,
         instances=[fx.uuid_for(f"inst-{cn.host}", k) for k in range(args.instances_per_host)])
         for cn in nodes}
+    if args.api_services:
+        # one host in 50 disabled by an operator since its compute last reported
+        docs["nova-api"] = {hostdoc.API_SERVICES: {
+            cn.host: {"disabled": i % 50 == 7, "forced_down": False,
+                      "disabled_reason": "maintenance" if i % 50 == 7 else None,
+                      "deleted": False, "changed": time.time()} for i, cn in enumerate(nodes)}}
     cache = fx.cache_from_documents(docs)
     managers = {"vector": shm.SharedHostManager(cache, register_claims=False,
                                                 default_cell_uuid=fx.CELL1)}
@@ -148,6 +163,16 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
         recorder = _record(recorded, args.record)
         managers["recorded"] = shm.SharedHostManager(recorded, register_claims=False,
                                                      default_cell_uuid=fx.CELL1)
+    if args.aggregates:
+        from nova import objects
+
+        aggs = [objects.Aggregate(
+            uuid=fx.uuid_for("aggregate", k), name=f"az{k}", id=k + 1,
+            hosts=[cn.host for cn in nodes[k::args.aggregates]],
+            metadata={"availability_zone": f"az{k}", "ram_weight_multiplier": str(1.0 + k % 3)})
+            for k in range(args.aggregates)]
+        for manager in {id(m): m for m in managers.values()}.values():
+            manager.update_aggregates(aggs)
     ctx = None  # SharedHostManager reads no request context
     uuids = [cn.uuid for cn in nodes]
     sides = {"vector": True, "per-host": False, "recorded": True}
@@ -168,7 +193,7 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
         c2, t2 = time.process_time(), time.perf_counter()
         weighed = manager.get_weighed_hosts(passed, spec)
         c3, t3 = time.process_time(), time.perf_counter()
-        best[side] = [(w.obj.host, w.weight) for w in weighed[:3]]
+        best[side] = (len(weighed), [(w.obj.host, w.weight) for w in weighed[:3]])
         if timed:
             for k, v in (("host_states", t1 - t0), ("filter", t2 - t1), ("weigh", t3 - t2),
                          ("total", t3 - t0), ("cpu_host_states", c1 - c0), ("cpu_filter", c2 - c1),
@@ -185,7 +210,9 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
                 one(side, True)
     assert best["vector"] == best["per-host"], (best["vector"], best["per-host"])
     out: dict[str, Any] = {"hosts": args.hosts, "filters": filters,
-                           "instances_per_host": args.instances_per_host}
+                           "instances_per_host": args.instances_per_host,
+                           "api_services": args.api_services, "aggregates": args.aggregates,
+                           "hosts_passed": best["vector"][0]}
     if recorder is not None:
         recorder.close()
         out["update_log_bytes"] = sum(os.path.getsize(f) for f in recorder.files)

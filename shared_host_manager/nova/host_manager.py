@@ -402,6 +402,14 @@ def _apply_numa_pci(numa: Any, pci: Any, usages: list[dict[str, Any]]) -> tuple[
     return numa, pci
 
 
+def service_agrees(service: dict[str, Any], api_service: dict[str, Any]) -> bool:
+    """True when the API side's record would change nothing of ``service`` (a template's
+    service dict) that SharedHostState._make takes from it."""
+    return (service["disabled"] is bool(api_service.get("disabled", False))
+            and service["forced_down"] is bool(api_service.get("forced_down", False))
+            and service["disabled_reason"] == api_service.get("disabled_reason"))
+
+
 # -- the per-request view -------------------------------------------------------------------
 
 class SharedHostState(nova_host_manager.HostState):
@@ -870,6 +878,11 @@ class SharedHostManager(nova_host_manager.HostManager):
         if api_service is not None and api_service.get("deleted") \
                 and self._still_deleted(("service", tpl.host), api_service, view, tpl):
             return SKIP  # nova skips compute nodes without a service record
+        if api_service is not None and service_agrees(tpl.service, api_service):
+            # nova-conductor records every compute's service when it is created: most rows
+            # have a record that says what the compute's own document says, and an override
+            # that changes nothing would cost every request a per-row step (design §5.6)
+            api_service = None
         node = api.nodes.get(view.source)
         if node is not None and node.get("deleted") \
                 and self._still_deleted(("node", view.source), node, view, tpl):
@@ -877,7 +890,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         if tpl.agg_gen != self._agg_gen:
             tpl.aggregates = self._aggregates_for(tpl.host, view.doc)
             tpl.agg_gen = self._agg_gen
-        rec = self._vector_store.record(tpl)
+        rec = self._vector_store.record(tpl, self._agg_gen)
         hints = self._hints_for(tpl, now) if self._inst_hints else None
         if hints or view.pending or view.peer:
             return (rec, api_service, view, hints or None)

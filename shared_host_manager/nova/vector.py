@@ -184,6 +184,10 @@ def _pci_taken(tpl: Any, usages: list[dict[str, Any]]) -> int:
 PendingEffect = tuple[dict[str, int], int, list[str], list[dict[str, Any]]]
 
 
+#: Store.record's tuple
+Record = tuple[Any, int, list[Any], Any, int, Any]
+
+
 class _Snap:
     """What SharedHostState._make reads from a SourceView, as it was under the lock."""
 
@@ -200,11 +204,19 @@ class Store:
     Written under the cache lock only (by :meth:`record`); a request copies its rows out
     under the same lock (HostRows.seal), so filters and weighers read a consistent copy.
     One slot per source ever seen (a forgotten source's slot is reused if it returns).
+
+    Aggregate keys are interned: equal aggregate metadata, one small integer, so a
+    request groups its rows by aggregates with one numpy call instead of hashing a
+    nested tuple per row.  The numbers are valid for one aggregate generation of the
+    manager (every row is derived again when it changes), and the table starts again
+    with each generation, which bounds it by the distinct keys of one generation.
     """
 
     def __init__(self) -> None:
         self.slots: dict[str, int] = {}
         self.table = np.zeros((1024, len(NUMBERS)))
+        self._agg_ids: dict[Any, int] = {}
+        self._agg_gen: Any = None
 
     def slot(self, tpl: Any) -> int:
         memo = tpl.vec
@@ -222,14 +234,18 @@ class Store:
             memo["slot"] = s
         return s
 
-    def record(self, tpl: Any) -> tuple[Any, int, list[Any], Any]:
-        """(template, store slot, aggregates, aggregate key): a request row's part that only a
-        new version or new aggregates change, memoised on the template."""
+    def record(self, tpl: Any, agg_gen: Any) -> Record:
+        """(template, store slot, aggregates, aggregate key, its interned id, ``agg_gen``): a
+        request row's part that only a new version or new aggregates change, memoised on
+        the template.  ``agg_gen``: the manager's aggregate generation."""
         rec = tpl.vec.get("rec")
-        if rec is None or rec[2] is not tpl.aggregates:
+        if rec is None or rec[2] is not tpl.aggregates or rec[5] != agg_gen:
+            if agg_gen != self._agg_gen:
+                self._agg_ids, self._agg_gen = {}, agg_gen
             aggs = tpl.aggregates
             key = tuple((a.uuid, tuple(sorted((a.metadata or {}).items()))) for a in aggs)
-            rec = tpl.vec["rec"] = (tpl, self.slot(tpl), aggs, key)
+            gid = self._agg_ids.setdefault(key, len(self._agg_ids))
+            rec = tpl.vec["rec"] = (tpl, self.slot(tpl), aggs, key, gid, agg_gen)
         return rec
 
 
@@ -263,7 +279,9 @@ class HostRows:
         self.overrides: dict[int, tuple[dict[str, Any] | None, dict[str, bool] | None]] = {}
         #: nova's alloc_reqs_by_rp_uuid when we took it over from nova's generator
         self.alloc_reqs: Any = None
-        self._recs: list[tuple[Any, int, list[Any], Any]] = []
+        self._recs: list[Record] = []
+        #: per row, its aggregate key's interned id (Store.record)
+        self.agg_ids: IntArray = np.zeros(0, dtype=np.int64)
         self._table: FloatArray | None = None
         #: rows whose shell became a full SharedHostState (the manager may have changed it)
         self.touched: set[int] = set()
@@ -311,8 +329,9 @@ class HostRows:
         lock), net of pending claims."""
         recs = self._recs
         if recs:
-            tpls, slots, aggs, keys = zip(*recs, strict=True)
+            tpls, slots, aggs, keys, agg_ids, _ = zip(*recs, strict=True)
             self.tpls, self.aggs, self.agg_keys = list(tpls), list(aggs), list(keys)
+            self.agg_ids = np.asarray(agg_ids, dtype=np.int64)
         else:
             slots = ()
         new = self.shell_cls.__new__
@@ -343,17 +362,13 @@ class HostRows:
         return self._table[:, _COLUMN[name]]
 
     def group_ids(self) -> IntArray:
-        """Per row, a small integer naming its aggregate metadata (equal metadata, equal id)."""
+        """Per row, a group number 0..groups-1 naming its aggregate metadata (equal metadata,
+        equal number); :attr:`group_rep` holds one row of each group."""
         gids = self._gids
         if gids is None:
-            ids: dict[Any, int] = {}
-            self.group_rep = []
-            for row, k in enumerate(self.agg_keys):
-                if k not in ids:
-                    ids[k] = len(ids)
-                    self.group_rep.append(row)
-            gids = self._gids = np.fromiter((ids[k] for k in self.agg_keys), dtype=np.int64,
-                                            count=len(self.agg_keys))
+            _, first, gids = np.unique(self.agg_ids, return_index=True, return_inverse=True)
+            self.group_rep = first.tolist()
+            self._gids = gids = gids.astype(np.int64, copy=False).reshape(-1)
         return gids
 
     def values(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
@@ -538,6 +553,18 @@ def _once_per_key(idx: IntArray, keys: list[Any], decide: Callable[[int], Any]) 
     return out
 
 
+def _once_per_group(idx: IntArray, gids: IntArray, decide: Callable[[int], Any],
+                    dtype: Any = bool) -> npt.NDArray[Any]:
+    """``decide(row)`` for one row per distinct ``gids[row]`` (numbers), spread to the rows
+    sharing it."""
+    if not len(idx):
+        return np.empty(0, dtype=dtype)
+    _, first, inverse = np.unique(gids[idx], return_index=True, return_inverse=True)
+    answers = np.fromiter((decide(row) for row in idx[first].tolist()), dtype=dtype,
+                          count=len(first))
+    return answers[inverse.reshape(-1)]
+
+
 def _agg_probe(rows: HostRows) -> Callable[[int], Any]:
     return lambda row: _Probe(rows.aggs[row], rows.tpls[row].host, rows.tpls[row].attrs["nodename"])
 
@@ -674,21 +701,17 @@ def _limit(column: str, getter: str) -> VectorFilter:
         if _rebuild_skips(f, spec):
             return _all(idx)
         get_max = getattr(f, getter)
-        limits: dict[Any, Any] = {}
         probe = _agg_probe(rows)
-        lim = np.empty(len(idx), dtype=np.float64)
-        for j, row in enumerate(idx.tolist()):
-            k = rows.agg_keys[row]
-            v = limits.get(k)
-            if v is None:
-                v = limits[k] = get_max(probe(row), spec)
-            lim[j] = v
+        lim = _once_per_group(idx, rows.group_ids(), lambda row: get_max(probe(row), spec),
+                              dtype=np.float64)
         return rows.col(column)[idx] < lim
     return vf
 
 
 def _by_aggregates(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
-    return _grouped(f, rows, idx, spec, rows.agg_keys, _agg_probe(rows))
+    probe = _agg_probe(rows)
+    return _once_per_group(idx, rows.group_ids(),
+                           lambda row: bool(f._filter_one(probe(row), spec)))
 
 
 def _isolated(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:

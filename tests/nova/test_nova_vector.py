@@ -539,6 +539,23 @@ def test_bench_decision_only_agrees_with_novas_handlers(capsys, tmp_path) -> Non
     assert r.decisions == 3 and r.decisions_checked == 3 and r.ok, r.decision_diffs
 
 
+def test_bench_decision_only_in_a_deployments_state_agrees_with_novas_handlers(capsys) -> None:
+    """``--api-services --aggregates``: API-side service records for every host (some of them
+    disabling the host) and aggregates with weight multipliers; both ways pick the same hosts
+    with the same weights (the benchmark asserts it)."""
+    import json
+
+    from simulator import bench_nova
+
+    assert bench_nova.main(["--decision-only", "--hosts", "30", "--rounds", "1", "--requests", "2",
+                            "--warmup", "1", "--json", "--api-services", "--aggregates", "4",
+                            "--gc-young-threshold", "0"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["api_services"] is True and result["aggregates"] == 4
+    assert result["hosts_passed"] == 29  # host 7's service is disabled on the API side
+    assert result["vector"]["samples"] == 2
+
+
 def test_bench_nova_runs_each_side_with_its_process_gc(tmp_path) -> None:
     """``shm bench nova``: nova's database side with Python's GC, the drop-in with its own (in
     a process of its own: nova's database setup is once per process)."""
