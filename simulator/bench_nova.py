@@ -164,13 +164,7 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
         managers["recorded"] = shm.SharedHostManager(recorded, register_claims=False,
                                                      default_cell_uuid=fx.CELL1)
     if args.aggregates:
-        from nova import objects
-
-        aggs = [objects.Aggregate(
-            uuid=fx.uuid_for("aggregate", k), name=f"az{k}", id=k + 1,
-            hosts=[cn.host for cn in nodes[k::args.aggregates]],
-            metadata={"availability_zone": f"az{k}", "ram_weight_multiplier": str(1.0 + k % 3)})
-            for k in range(args.aggregates)]
+        aggs = fx.zones([cn.host for cn in nodes], args.aggregates)
         for manager in {id(m): m for m in managers.values()}.values():
             manager.update_aggregates(aggs)
     ctx = None  # SharedHostManager reads no request context

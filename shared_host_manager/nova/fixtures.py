@@ -255,6 +255,18 @@ def patched_scheduler(placement: FakePlacement, *, shared: bool = True,
             host_manager.uninstall()
 
 
+def zones(hosts: list[str], n: int) -> list[Any]:
+    """``n`` aggregates, availability zones with a RAM weight multiplier in their metadata,
+    host ``i`` in zone ``i % n``."""
+    from nova import objects
+
+    return [objects.Aggregate(uuid=uuid_for("aggregate", k), name=f"az{k}", id=k + 1,
+                              hosts=list(hosts[k::n]),
+                              metadata={"availability_zone": f"az{k}",
+                                        "ram_weight_multiplier": str(1.0 + k % 3)})
+            for k in range(n)]
+
+
 def request_spec(*, instance_uuid: str | None = None, memory_mb: int = 2048, vcpus: int = 2,
                  root_gb: int = 20, extra_specs: Mapping[str, str] | None = None,
                  image_props: Mapping[str, Any] | None = None, numa: Any = None, pci: Any = None,
