@@ -58,6 +58,11 @@ FILTERS = ["ComputeFilter", "ComputeCapabilitiesFilter", "ImagePropertiesFilter"
            "SimpleCIDRAffinityFilter", "JsonFilter", "MetricsFilter", "NUMATopologyFilter",
            "PciPassthroughFilter", "AllHostsFilter"]
 
+#: the filters that decide once per aggregate group (and spread the answer to the group)
+AGGREGATE_FILTERS = ["AggregateInstanceExtraSpecsFilter", "AggregateImagePropertiesIsolation",
+                     "AggregateMultiTenancyIsolation", "AggregateTypeAffinityFilter",
+                     "AggregateNumInstancesFilter", "AggregateIoOpsFilter"]
+
 INSTANCES = [fx.uuid_for("vinst", i) for i in range(6)]
 
 AGG_META = [
@@ -79,8 +84,8 @@ AGGREGATES = [objects.Aggregate(id=i + 1, uuid=fx.uuid_for("vagg", i), name=f"ag
 
 
 @st.composite
-def hosts(draw: Any) -> list[dict[str, Any]]:
-    n = draw(st.integers(1, 7))
+def hosts(draw: Any, least: int = 1, least_aggregates: int = 0) -> list[dict[str, Any]]:
+    n = draw(st.integers(least, 7))
     out = []
     for i in range(n):
         out.append({
@@ -98,7 +103,8 @@ def hosts(draw: Any) -> list[dict[str, Any]]:
             "stats": draw(st.sampled_from([{}, {"num_vm_active": "1"}, {"gpu": "yes"}])),
             "disabled": draw(st.booleans()) and draw(st.booleans()),
             "forced_down": draw(st.booleans()) and draw(st.booleans()) and draw(st.booleans()),
-            "aggregates": draw(st.lists(st.integers(0, len(AGGREGATES) - 1), max_size=3, unique=True)),
+            "aggregates": draw(st.lists(st.integers(0, len(AGGREGATES) - 1), min_size=least_aggregates,
+                                        max_size=3, unique=True)),
             "instances": draw(st.lists(st.sampled_from(INSTANCES), max_size=3, unique=True)),
             # builds this scheduler sent that the compute has not reported yet
             "pending": draw(st.sampled_from([0, 0, 0, 1, 2])),
@@ -117,8 +123,8 @@ def _pending_specs(p: dict[str, Any]) -> list[Any]:
 
 
 @st.composite
-def configs(draw: Any) -> dict[str, Any]:
-    names = draw(st.lists(st.sampled_from(FILTERS), min_size=1, max_size=8, unique=True))
+def configs(draw: Any, pool: list[str] = FILTERS) -> dict[str, Any]:
+    names = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=8, unique=True))
     mult = st.sampled_from([0.0, 1.0, -1.0, 2.5])
     positive = st.sampled_from([0.0, 1.0, 2.5])  # options with min=0
     return {
@@ -359,6 +365,16 @@ def _same_decision(theirs: tuple[list[Any], Any], ours: tuple[list[Any], Any]) -
           deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(params=hosts(), config=configs(), req=requests())
 def test_vector_core_decides_as_novas_handlers(params: Any, config: Any, req: Any) -> None:
+    _decides_as_nova(params, config, req)
+
+
+@settings(max_examples=int(__import__("os").environ.get("SHM_VECTOR_EXAMPLES", "60")),
+          deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(params=hosts(4, 1), config=configs(AGGREGATE_FILTERS), req=requests())
+def test_the_aggregate_filters_decide_as_novas_handlers(params: Any, config: Any, req: Any) -> None:
+    """Only filters whose answer is spread per aggregate group, over 4-7 hosts each in an
+    aggregate: a wrong spread (a group's answer given to another group's hosts) shows
+    whenever two groups answer differently."""
     _decides_as_nova(params, config, req)
 
 
