@@ -185,7 +185,7 @@ PendingEffect = tuple[dict[str, int], int, list[str], list[dict[str, Any]]]
 
 
 #: Store.record's tuple
-Record = tuple[Any, int, list[Any], Any, int, Any]
+Record = tuple[Any, int, list[Any], int, Any]
 
 
 class _Snap:
@@ -235,17 +235,18 @@ class Store:
         return s
 
     def record(self, tpl: Any, agg_gen: Any) -> Record:
-        """(template, store slot, aggregates, aggregate key, its interned id, ``agg_gen``): a
-        request row's part that only a new version or new aggregates change, memoised on
-        the template.  ``agg_gen``: the manager's aggregate generation."""
+        """(template, store slot, aggregates, their key's interned id, ``agg_gen``): a request
+        row's part that only a new version or new aggregates change, memoised on the
+        template.  ``agg_gen``: the manager's aggregate generation (a template's aggregates
+        change only with it)."""
         rec = tpl.vec.get("rec")
-        if rec is None or rec[2] is not tpl.aggregates or rec[5] != agg_gen:
+        if rec is None or rec[4] != agg_gen:
             if agg_gen != self._agg_gen:
                 self._agg_ids, self._agg_gen = {}, agg_gen
             aggs = tpl.aggregates
             key = tuple((a.uuid, tuple(sorted((a.metadata or {}).items()))) for a in aggs)
             gid = self._agg_ids.setdefault(key, len(self._agg_ids))
-            rec = tpl.vec["rec"] = (tpl, self.slot(tpl), aggs, key, gid, agg_gen)
+            rec = tpl.vec["rec"] = (tpl, self.slot(tpl), aggs, gid, agg_gen)
         return rec
 
 
@@ -270,7 +271,6 @@ class HostRows:
         self.shells: list[Any] = []
         self.last_heard: list[float] = []
         self.aggs: list[list[Any]] = []
-        self.agg_keys: list[Any] = []
         #: row -> (pending claims copy, (resources, claims, instances)) for rows with pending claims
         self.pending: dict[int, tuple[dict[str, Any], PendingEffect]] = {}
         #: row -> (the API side's service record, nova's instance hints) for rows that have
@@ -329,8 +329,8 @@ class HostRows:
         lock), net of pending claims."""
         recs = self._recs
         if recs:
-            tpls, slots, aggs, keys, agg_ids, _ = zip(*recs, strict=True)
-            self.tpls, self.aggs, self.agg_keys = list(tpls), list(aggs), list(keys)
+            tpls, slots, aggs, agg_ids, _ = zip(*recs, strict=True)
+            self.tpls, self.aggs = list(tpls), list(aggs)
             self.agg_ids = np.asarray(agg_ids, dtype=np.int64)
         else:
             slots = ()

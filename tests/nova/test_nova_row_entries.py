@@ -148,11 +148,12 @@ class _Cloud:
             shm.service_agrees = agrees
         assert [t.attrs["uuid"] for t in a.tpls] == [t.attrs["uuid"] for t in b.tpls]
         assert [t.version for t in a.tpls] == [t.version for t in b.tpls]
-        assert a.aggs == b.aggs and a.agg_keys == b.agg_keys
-        for rows in (a, b):  # interned aggregate ids group exactly the rows with equal keys
+        assert a.aggs == b.aggs
+        for rows in (a, b):  # interned aggregate ids group exactly the rows with equal metadata
             gids = rows.group_ids().tolist()
-            assert len(set(zip(gids, map(repr, rows.agg_keys), strict=True))) == \
-                len(set(gids)) == len(set(map(repr, rows.agg_keys)))
+            keys = [repr([(g.uuid, sorted((g.metadata or {}).items())) for g in aggs])
+                    for aggs in rows.aggs]
+            assert len(set(zip(gids, keys, strict=True))) == len(set(gids)) == len(set(keys))
             assert [gids[r] for r in rows.group_rep] == list(range(len(rows.group_rep)))
         assert a.last_heard == b.last_heard
         assert {r: o[1] for r, o in a.overrides.items() if o[1]} == \
