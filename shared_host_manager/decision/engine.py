@@ -970,6 +970,7 @@ class DecisionEngine:
         deferred: list[BaseHostFilter] = []
         for f in used:
             before = mask.copy() if counts is not None else mask
+            req.candidates = mask
             res = f.vector(ix, req)
             if counts is not None:
                 if res is None:
@@ -984,6 +985,7 @@ class DecisionEngine:
                 deferred.append(f)
             else:
                 mask = apply_vector(mask, res)
+        req.candidates = None
         if counts is None:
             for row, hv in touched.items():
                 mask[row] = self._name_ok(hv, spec) and all(f.host_passes(hv, req) for f in used)
@@ -1035,12 +1037,17 @@ class DecisionEngine:
             for wg, mult in mults:
                 if isinstance(mult, float) and mult == 0.0:
                     continue  # adds 0.0 * x: no change (skipped like a zero multiplier)
-                if wg.index_column is None:
+                column = None
+                if wg.index_column is not None:
+                    column = ix.weigher_cols[wg.index_column][idx]
+                else:
+                    column = wg.vector_weights(ix, req, idx)
+                if column is None:
                     x = np.fromiter(
                         (wg._weigh_object(touched.get(r) or HostView(ix.view(r)), req)
                          for r in idx.tolist()), dtype=np.float64, count=m)
                 else:
-                    x = ix.weigher_cols[wg.index_column][idx]
+                    x = column
                     for p, hv in touched_pos:
                         x[p] = wg._weigh_object(hv, req)
                 if not _normalise(wg, x):

@@ -52,6 +52,7 @@ import numpy.typing as npt
 
 from protocol.hostdoc import (
     AGGREGATES,
+    PCI,
     VOLUMES,
     Aggregate,
     aggregates_key,
@@ -68,6 +69,7 @@ from protocol.hostdoc import (
 )
 from protocol.receiver import ReceiverMachine, SourceView, Status
 from protocol.resources import STANDARD_RESOURCES
+from shared_host_manager.decision.host_table import COLUMNS, add_pending, document_numbers
 from shared_host_manager.decision.hostview import (
     fit_inputs,
     groups_of,
@@ -182,6 +184,8 @@ class HostIndex:
     live: BoolArray
     #: ComputeFilter's answer: ACTIVE and the service enabled
     compute_ok: BoolArray
+    #: the receiver holds the source ACTIVE (heard from within its down interval)
+    up: BoolArray
     #: per standard resource class: usable capacity (-inf: no inventory), used + pending
     cap: dict[str, FloatArray]
     used: dict[str, FloatArray]
@@ -189,6 +193,9 @@ class HostIndex:
     num_io_ops: IntArray
     #: per WEIGHER_COLUMNS name: the weigher's raw input
     weigher_cols: dict[str, FloatArray]
+    #: per row, nova's numbers of the host (decision/host_table.py COLUMNS), net of
+    #: pending claims: what nova's filters and weighers read through the vector core
+    numbers: npt.NDArray[np.float64]
     #: per group kind: the row's group id in that table
     gid: dict[str, GroupIdArray]
     #: the row's position in source id order (ties of equal weight)
@@ -251,6 +258,7 @@ class HostIndex:
         first = self._cap == 0
         self.live = grow(None if first else self.live, np.bool_, False)
         self.compute_ok = grow(None if first else self.compute_ok, np.bool_, False)
+        self.up = grow(None if first else self.up, np.bool_, False)
         self.cap = {r: grow(None if first else self.cap[r], np.float64, -np.inf)
                     for r in STANDARD_RESOURCES}
         self.used = {r: grow(None if first else self.used[r], np.float64) for r in STANDARD_RESOURCES}
@@ -258,6 +266,10 @@ class HostIndex:
         self.num_io_ops = grow(None if first else self.num_io_ops, np.int64)
         self.weigher_cols = {c: grow(None if first else self.weigher_cols[c], np.float64)
                              for c in WEIGHER_COLUMNS}
+        numbers = np.zeros((new, len(COLUMNS)))
+        if not first:
+            numbers[: self._cap] = self.numbers[: self._cap]
+        self.numbers = numbers
         self.gid = {k: grow(None if first else self.gid[k], np.int32) for k in self.tables}
         self.rank = grow(None if first else self.rank, np.int64)
         self._cap = new
@@ -291,6 +303,7 @@ class HostIndex:
         self.sources[row] = None
         self.live[row] = False
         self.compute_ok[row] = False
+        self.up[row] = False
         self._set_host(row, "")
         self._set_node(row, "")
         self._set_instances(row, frozenset(), None)
@@ -373,7 +386,8 @@ class HostIndex:
         assert doc is not None
         compute = doc["compute"]
         self.live[row] = True
-        self.compute_ok[row] = view.status is Status.ACTIVE and enabled(service_of(doc))
+        self.up[row] = view.status is Status.ACTIVE
+        self.compute_ok[row] = self.up[row] and enabled(service_of(doc))
         pending = held_usage(view)
         for resource in STANDARD_RESOURCES:
             cap, used = fit_inputs(compute, resource, pending.get(resource, 0))
@@ -386,6 +400,9 @@ class HostIndex:
             cols[name][row] = value
         self.num_instances[row] = numbers[3]
         self.num_io_ops[row] = numbers[4]
+        nova_numbers = self.numbers[row]
+        nova_numbers[:] = document_numbers(compute, service_of(doc), doc.get(PCI))
+        add_pending(nova_numbers, pending, claims, n_inst)
         host = host_name(compute, source)
         if host != self.hosts[row]:
             self._set_host(row, host)
@@ -634,6 +651,11 @@ class HostIndex:
             if cache_key is not None:
                 self._vcache[key] = hit
         return hit[1], hit[2]
+
+    def instances(self, row: int) -> frozenset[str]:
+        """The instances on the row's host: reported, or pending with a claim (ours or a
+        live peer's)."""
+        return self._row_insts[row]
 
     def view(self, row: int) -> SourceView:
         source = self.sources[row]

@@ -140,7 +140,7 @@ class RequestView:
     """Per-request scratch and nova-compatible spec face; see the module docstring."""
 
     __slots__ = ("spec", "world", "instance_group", "instance_uuid", "index", "consumed",
-                 "chosen", "_memo", "resources")
+                 "chosen", "_memo", "resources", "candidates")
 
     def __init__(self, spec: RequestSpec, world: World, uuids: Sequence[str] = ()) -> None:
         self.spec = spec
@@ -166,6 +166,10 @@ class RequestView:
         self.consumed: dict[str, Consumption] = {}
         self.chosen: list[str] = []
         self._memo: dict[str, Any] = {}
+        #: on the fast path, while a filter's vector form is asked: the index rows the
+        #: filters before it left (a bool per row); a form may answer for these alone, as
+        #: nova's handler asks each filter about the survivors only
+        self.candidates: Any = None
 
     # -- nova spec_obj face --------------------------------------------------------
     @property

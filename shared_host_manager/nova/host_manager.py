@@ -100,6 +100,7 @@ from nova.scheduler import host_manager as nova_host_manager
 from protocol import hostdoc
 from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
+from shared_host_manager.decision.host_table import allocation_ratio, document_numbers
 from shared_host_manager.decision.subset import PeerOwnership
 from shared_host_manager.nova import decision_log, vector
 from shared_host_manager.nova import document as ndoc
@@ -145,13 +146,15 @@ def current() -> SharedHostManager | None:
 class _Template:
     """The nova objects of one source at one document version (immutable once built)."""
 
-    __slots__ = ("version", "attrs", "instances", "host", "cell_uuid", "service",
+    __slots__ = ("version", "numbers", "attrs", "instances", "host", "cell_uuid", "service",
                  "agg_gen", "aggregates", "doc_instances", "parts", "vec")
 
-    def __init__(self, version: tuple[int, int], attrs: dict[str, Any],
+    def __init__(self, version: tuple[int, int], numbers: tuple[float, ...], attrs: dict[str, Any],
                  instances: dict[str, Any], service: dict[str, Any],
                  doc_instances: Any) -> None:
         self.version = version
+        #: the vector forms' numbers (decision/host_table.py), before pending claims
+        self.numbers = numbers
         self.attrs = attrs
         self.instances = instances
         self.host = attrs["host"]
@@ -164,11 +167,6 @@ class _Template:
         self.parts: dict[str, Any] = {}
         #: what the vector core derived from this version (group keys, weights), see vector.py
         self.vec: dict[str, Any] = {}
-
-
-def _ratio(compute: dict[str, Any], key: str) -> float:
-    value = compute.get(key)
-    return float(value) if type(value) in (int, float) and value > 0 else 1.0
 
 
 def _ip(value: Any) -> Any:
@@ -237,7 +235,7 @@ def _parts(doc: Any, previous: _Template | None) -> dict[str, Any]:
     return parts
 
 
-def _build_template(source: str, view: Any, default_cell: str | None,
+def build_template(source: str, view: Any, default_cell: str | None,
                     previous: _Template | None) -> _Template | None:
     doc = view.doc
     c = doc.get(hostdoc.COMPUTE)
@@ -247,12 +245,11 @@ def _build_template(source: str, view: Any, default_cell: str | None,
     node = c.get("nodename") or host
     parts = _parts(doc, previous)
     numa = parts["numa"]
-    memory_mb = c.get("memory_mb", 0)
-    disk_gb = c.get("disk_gb", 0)
-    free_gb = hostdoc.free_disk_gb(c)
-    least = c.get("disk_available_least")
-    if type(least) is int:
-        free_gb = min(least, free_gb)
+    s = doc.get(hostdoc.SERVICE) or _EMPTY
+    # one derivation of the numbers for both the vector forms and nova's per-host classes
+    numbers = document_numbers(c, s, doc.get(hostdoc.PCI))
+    (free_ram, free_disk, disk_used, vcpus_used, num_instances, num_io_ops, vcpus_total,
+     cpu_ratio, failed_builds) = numbers[:9]
     supported = c.get("supported_instances")
     attrs = {
         "host": host,
@@ -260,18 +257,18 @@ def _build_template(source: str, view: Any, default_cell: str | None,
         "uuid": source,
         "cell_uuid": c.get("cell_uuid") or default_cell,
         "_lock_name": f"{host}-{node}",
-        "total_usable_ram_mb": memory_mb,
-        "total_usable_disk_gb": disk_gb,
-        "disk_mb_used": (c.get("disk_gb_used", 0) + c.get("reserved_disk_gb", 0)) * 1024,
-        "free_ram_mb": memory_mb - c.get("reserved_memory_mb", 0) - c.get("memory_mb_used", 0),
-        "free_disk_mb": free_gb * 1024,
-        "vcpus_total": c.get("vcpus", 0),
-        "vcpus_used": c.get("vcpus_used", 0) + c.get("reserved_vcpus", 0),
+        "total_usable_ram_mb": c.get("memory_mb", 0),
+        "total_usable_disk_gb": c.get("disk_gb", 0),
+        "disk_mb_used": disk_used,
+        "free_ram_mb": free_ram,
+        "free_disk_mb": free_disk,
+        "vcpus_total": vcpus_total,
+        "vcpus_used": vcpus_used,
         "numa_topology": numa,
         "pci_stats": parts["pci_stats"],
-        "num_instances": c.get("num_instances", 0),
-        "num_io_ops": c.get("num_io_ops", 0),
-        "failed_builds": c.get("failed_builds", 0),
+        "num_instances": num_instances,
+        "num_io_ops": num_io_ops,
+        "failed_builds": failed_builds,
         "host_ip": _ip(c.get("host_ip")),
         "hypervisor_type": c.get("hypervisor_type"),
         "hypervisor_version": c.get("hypervisor_version"),
@@ -280,9 +277,9 @@ def _build_template(source: str, view: Any, default_cell: str | None,
         "supported_instances": [list(s) for s in supported] if type(supported) is list else [],
         "stats": dict(doc.get(hostdoc.STATS) or _EMPTY),
         "metrics": parts["metrics"],
-        "cpu_allocation_ratio": _ratio(c, "cpu_allocation_ratio"),
-        "ram_allocation_ratio": _ratio(c, "ram_allocation_ratio"),
-        "disk_allocation_ratio": _ratio(c, "disk_allocation_ratio"),
+        "cpu_allocation_ratio": cpu_ratio,
+        "ram_allocation_ratio": allocation_ratio(c, "ram_allocation_ratio"),
+        "disk_allocation_ratio": allocation_ratio(c, "disk_allocation_ratio"),
         "_updated": ndoc.parse_time(c.get("updated_at")),
     }
     # Instance stubs (nova's scheduler keeps stubs too: filters read the keys only);
@@ -290,7 +287,6 @@ def _build_template(source: str, view: Any, default_cell: str | None,
     doc_instances = doc.get(hostdoc.INSTANCES) or _EMPTY
     old = previous.instances if previous is not None else _EMPTY
     instances = {u: old.get(u) or objects.Instance(uuid=u) for u in doc_instances}
-    s = doc.get(hostdoc.SERVICE) or _EMPTY
     service = {
         "host": host, "binary": "nova-compute", "topic": "compute",
         "disabled": bool(s.get("disabled", False)),
@@ -298,7 +294,7 @@ def _build_template(source: str, view: Any, default_cell: str | None,
         "forced_down": bool(s.get("forced_down", False)),
         "version": s.get("version"),
     }
-    tpl = _Template(view.version, attrs, instances, service, doc_instances)
+    tpl = _Template(view.version, numbers, attrs, instances, service, doc_instances)
     tpl.parts = parts
     return tpl
 
@@ -1002,7 +998,7 @@ class SharedHostManager(nova_host_manager.HostManager):
 
     def _rebuild(self, view: Any, previous: _Template | None) -> _Template | None:
         try:
-            tpl = _build_template(view.source, view, self.default_cell_uuid, previous)
+            tpl = build_template(view.source, view, self.default_cell_uuid, previous)
         except Exception:  # one bad document must not take every request down
             LOG.exception("cannot build a HostState from the document of %s at version %s",
                           view.source, view.version)

@@ -28,7 +28,7 @@ Life cycle (one request)::
         requests), then HostRows.seal: per host a LazyHostState
         shell (host_manager.py: request rows + row number, no HostState
         attributes yet), and a copy of what the lock protects (liveness,
-        pending claims, aggregates, the numbers of NUMBERS from the Store)
+        pending claims, aggregates, the numbers of COLUMNS from the Store)
     get_filtered_hosts -> nova's force/ignore/requested_destination rules on the
         rows' names, then the filters in nova's order -> a list of shells
     get_weighed_hosts -> weights per weigher, nova.weights.normalize's
@@ -54,7 +54,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -117,32 +117,19 @@ from nova.scheduler.weights import (
     ram as w_ram,
 )
 
+from shared_host_manager.decision.host_table import (
+    COLUMN,
+    COLUMNS,
+    HostTable,
+    add_pending,
+    service_down,
+)
+
 LOG = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
-
-#: the numbers the vector forms read, per template (see _numbers)
-NUMBERS = ("free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used", "num_instances",
-           "num_io_ops", "vcpus_total", "cpu_allocation_ratio", "failed_builds",
-           "hypervisor_version", "pci_free", "down")
-_COLUMN = {name: i for i, name in enumerate(NUMBERS)}
-
-
-def _numbers(tpl: Any) -> tuple[float, ...]:
-    a = tpl.attrs
-    ps = a["pci_stats"]
-    free = sum(pool["count"] for pool in (ps.pools if ps else [])) or 0
-    s = tpl.service
-    return (a["free_ram_mb"], a["free_disk_mb"], a["disk_mb_used"], a["vcpus_used"],
-            a["num_instances"], a["num_io_ops"], a["vcpus_total"], a["cpu_allocation_ratio"],
-            a["failed_builds"], a["hypervisor_version"] or 0,
-            # PCIWeigher reads the free devices (net of pending claims, see HostRows.seal)
-            free,
-            # ComputeFilter: service disabled or forced down
-            1.0 if (s["disabled"] or s.get("forced_down")) else 0.0)
-
 
 #: the numbers this scheduler's pending claims change (host_manager._make does the same)
 _ADJUSTED = frozenset({"free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used",
@@ -188,7 +175,7 @@ PendingEffect = tuple[dict[str, int], int, list[str], list[dict[str, Any]]]
 Record = tuple[Any, int, list[Any], int, Any]
 
 
-class _Snap:
+class Snap:
     """What SharedHostState._make reads from a SourceView, as it was under the lock."""
 
     __slots__ = ("last_heard", "pending")
@@ -199,7 +186,7 @@ class _Snap:
 
 
 class Store:
-    """The manager's numbers of every template it has seen, one row per source (see NUMBERS).
+    """The manager's numbers of every template it has seen, one row per source (COLUMNS).
 
     Written under the cache lock only (by :meth:`record`); a request copies its rows out
     under the same lock (HostRows.seal), so filters and weighers read a consistent copy.
@@ -214,7 +201,7 @@ class Store:
 
     def __init__(self) -> None:
         self.slots: dict[str, int] = {}
-        self.table = np.zeros((1024, len(NUMBERS)))
+        self.table = np.zeros((1024, len(COLUMNS)))
         self._agg_ids: dict[Any, int] = {}
         self._agg_gen: Any = None
 
@@ -227,10 +214,10 @@ class Store:
             if s is None:
                 s = self.slots[source] = len(self.slots)
                 if s >= len(self.table):
-                    grown = np.zeros((2 * len(self.table), len(NUMBERS)))
+                    grown = np.zeros((2 * len(self.table), len(COLUMNS)))
                     grown[:len(self.table)] = self.table
                     self.table = grown
-            self.table[s] = _numbers(tpl)
+            self.table[s] = tpl.numbers
             memo["slot"] = s
         return s
 
@@ -258,7 +245,11 @@ class Hosts(list):  # type: ignore[type-arg]
 
 
 class HostRows:
-    """The hosts of one request: templates, snapshots, lazily built columns, the shells."""
+    """The hosts of one request: templates, snapshots, lazily built columns, the shells.
+
+    A :class:`~shared_host_manager.decision.host_table.HostTable`: the vector forms read it
+    through that interface only.
+    """
 
     def __init__(self, manager: Any, store: Store, wall_offset: float, shell_cls: type,
                  pending_effect: Callable[[Any, Any], PendingEffect]) -> None:
@@ -287,7 +278,7 @@ class HostRows:
         self.touched: set[int] = set()
         self._gids: IntArray | None = None
         #: per aggregate group id, one row of that group
-        self.group_rep: list[int] = []
+        self._group_rep: list[int] = []
         self._cols: dict[str, Any] = {}
         self._pos = 0
         #: this request's id in the update log (decision_log.py), when one records it
@@ -321,7 +312,7 @@ class HostRows:
                 self.overrides[row] = (api_service, hints or None)
             if view.pending or view.peer:
                 pending = {**view.pending, **view.peer} if view.peer else dict(view.pending)
-                effect = self._pending_effect(_Snap(view.last_heard, pending), rec[0].doc_instances)
+                effect = self._pending_effect(Snap(view.last_heard, pending), rec[0].doc_instances)
                 self.pending[row] = (pending, effect)
 
     def seal(self) -> None:
@@ -340,36 +331,38 @@ class HostRows:
         for row, shell in enumerate(shells):
             shell.__dict__ = {"_rows": self, "_row": row}
         table = self._table = self.store.table[np.asarray(slots, dtype=np.int64)].reshape(
-            -1, len(NUMBERS))
+            -1, len(COLUMNS))
         for row, (_, (res, claims, insts, usages)) in self.pending.items():
-                if not claims:
-                    continue
-                if usages:
-                    table[row, _COLUMN["pci_free"]] -= _pci_taken(self.tpls[row], usages)
-                vcpus, mem, disk = res.get("vcpus", 0), res.get("memory_mb", 0), res.get("disk_gb", 0)
-                for name_, delta in (("free_ram_mb", -mem), ("free_disk_mb", -disk * 1024),
-                                     ("disk_mb_used", disk * 1024), ("vcpus_used", vcpus),
-                                     ("num_instances", len(insts)), ("num_io_ops", claims)):
-                    table[row, _COLUMN[name_]] += delta
+            if claims and usages:
+                table[row, COLUMN["pci_free"]] -= _pci_taken(self.tpls[row], usages)
+            add_pending(table[row], res, claims, len(insts))
         for row, (api_service, _) in self.overrides.items():
             if api_service is not None:  # the API side owns service state (ComputeFilter's column)
-                down = api_service.get("disabled", False) or api_service.get("forced_down", False)
-                table[row, _COLUMN["down"]] = 1.0 if down else 0.0
+                table[row, COLUMN["down"]] = 1.0 if service_down(api_service) else 0.0
 
     def col(self, name: str) -> FloatArray:
         """A number of every row as float64, as the (unconsumed) SharedHostState would have it."""
         assert self._table is not None, "HostRows.seal() first"
-        return self._table[:, _COLUMN[name]]
+        return self._table[:, COLUMN[name]]
 
     def group_ids(self) -> IntArray:
         """Per row, a group number 0..groups-1 naming its aggregate metadata (equal metadata,
-        equal number); :attr:`group_rep` holds one row of each group."""
+        equal number); :meth:`group_rep` gives one row of each group."""
         gids = self._gids
         if gids is None:
             _, first, gids = np.unique(self.agg_ids, return_index=True, return_inverse=True)
-            self.group_rep = first.tolist()
+            self._group_rep = first.tolist()
             self._gids = gids = gids.astype(np.int64, copy=False).reshape(-1)
         return gids
+
+    def group_rep(self) -> list[int]:
+        return self._group_rep
+
+    def value_ids(self, name: str, fn: Callable[[Any], Any]) -> IntArray:
+        """Per row a number naming ``fn(template)`` (equal values, equal numbers)."""
+        ids: dict[Any, int] = {}
+        return np.fromiter((ids.setdefault(v, len(ids)) for v in self.values(name, fn)),
+                           dtype=np.int64, count=len(self.tpls))
 
     def values(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
         """fn(template) of every row, memoised per template (for what only a new version changes)."""
@@ -403,8 +396,38 @@ class HostRows:
             keys.update(p[1][2])
         return keys
 
+    def rows_with_instances(self, uuids: Collection[str]) -> set[int]:
+        """The rows holding any of ``uuids`` (a scan: the rows have no inverted map)."""
+        wanted = uuids if isinstance(uuids, (set, frozenset)) else set(uuids)
+        return {r for r in range(len(self.tpls)) if not wanted.isdisjoint(self.instances_of(r))}
+
     def name(self, row: int) -> str:
         return self.tpls[row].host
+
+    def nodename(self, row: int) -> str:
+        return self.tpls[row].attrs["nodename"]  # type: ignore[no-any-return]
+
+    def cell_uuid(self, row: int) -> str | None:
+        return self.tpls[row].cell_uuid  # type: ignore[no-any-return]
+
+    def aggregates(self, row: int) -> list[Any]:
+        return self.aggs[row]
+
+    def seen_up(self, rows: IntArray) -> FloatArray:
+        """Wall-clock seconds of each row's last message (nova's ``last_seen_up``)."""
+        return self.wall_offset + np.asarray(self.last_heard, dtype=np.float64)[rows]
+
+    def now(self) -> float:
+        return float(self.manager.wall_clock())
+
+    def per_request_attribute(self, name: str) -> bool:
+        return bool(self.tpls) and name not in self.tpls[0].attrs and hasattr(self.shell_cls, name)
+
+    def host(self, row: int) -> Any:
+        return self.shells[row]
+
+    def row_of(self, host: Any) -> int:
+        return host.__dict__["_row"]  # type: ignore[no-any-return]
 
 
 def node_uuid(host: Any) -> str:
@@ -415,10 +438,10 @@ def node_uuid(host: Any) -> str:
     return str(host.uuid)
 
 
-def snapshot(rows: HostRows, row: int) -> _Snap:
+def snapshot(rows: HostRows, row: int) -> Snap:
     """What SharedHostState._make reads from the row's SourceView, as it was under the lock."""
     p = rows.pending.get(row)
-    return _Snap(rows.last_heard[row], p[0] if p is not None else {})
+    return Snap(rows.last_heard[row], p[0] if p is not None else {})
 
 
 def candidates(rows: HostRows, uuid: str) -> Any:
@@ -489,9 +512,8 @@ def _nova_generator_codes() -> list[Any]:
 
 # -- nova's wrapper rules (ignore / force / requested_destination) on rows -------------------
 
-def pre_filter(rows: HostRows, idx: list[int], spec_obj: Any) -> tuple[list[int], bool]:
+def pre_filter(rows: HostTable, idx: list[int], spec_obj: Any) -> tuple[list[int], bool]:
     """nova's HostManager.get_filtered_hosts before the filters: (rows left, skip the filters)."""
-    tpls = rows.tpls
     ignore_hosts = spec_obj.ignore_hosts or []
     force_hosts = spec_obj.force_hosts or []
     force_nodes = spec_obj.force_nodes or []
@@ -499,13 +521,13 @@ def pre_filter(rows: HostRows, idx: list[int], spec_obj: Any) -> tuple[list[int]
     if requested is not None and "host" in requested:
         host, node = requested.host, requested.node
         if node:
-            idx = [i for i in idx if tpls[i].host == host and tpls[i].attrs["nodename"] == node]
+            idx = [i for i in idx if rows.name(i) == host and rows.nodename(i) == node]
         else:
-            idx = [i for i in idx if tpls[i].host == host]
+            idx = [i for i in idx if rows.name(i) == host]
     if ignore_hosts or force_hosts or force_nodes:
         by_name: dict[tuple[str, str], int] = {}
         for i in idx:
-            by_name[(tpls[i].host, tpls[i].attrs["nodename"])] = i
+            by_name[(rows.name(i), rows.nodename(i))] = i
         if ignore_hosts:
             lowered = {h.lower() for h in ignore_hosts}
             by_name = {k: v for k, v in by_name.items() if k[0].lower() not in lowered}
@@ -527,70 +549,60 @@ def pre_filter(rows: HostRows, idx: list[int], spec_obj: Any) -> tuple[list[int]
 
 #: a vector filter: (filter, rows, row numbers (lazy rows only), spec) -> pass mask, or None
 #: when this request needs nova's per-host class (then the filter runs per host)
-VectorFilter = Callable[[Any, HostRows, IntArray, Any], "BoolArray | None"]
+VectorFilter = Callable[[Any, HostTable, IntArray, Any], "BoolArray | None"]
 
 
 def _all(idx: IntArray) -> BoolArray:
     return np.ones(len(idx), dtype=bool)
 
 
-def _grouped(f: Any, rows: HostRows, idx: IntArray, spec: Any, keys: list[Any],
+def _grouped(f: Any, rows: HostTable, idx: IntArray, spec: Any, ids: IntArray,
              probe: Callable[[int], Any]) -> BoolArray:
     """nova's own ``f._filter_one`` once per distinct key, on one host of the group."""
-    return _once_per_key(idx, keys, lambda row: f._filter_one(probe(row), spec))
-
-
-def _once_per_key(idx: IntArray, keys: list[Any], decide: Callable[[int], Any]) -> BoolArray:
-    """``decide(row)`` for one row per distinct ``keys[row]``, spread to the rows sharing it."""
-    answer: dict[Any, bool] = {}
-    out = np.empty(len(idx), dtype=bool)
-    for j, row in enumerate(idx.tolist()):
-        k = keys[row]
-        a = answer.get(k)
-        if a is None:
-            a = answer[k] = bool(decide(row))
-        out[j] = a
-    return out
+    return _once_per_group(idx, ids, lambda row: f._filter_one(probe(row), spec))
 
 
 def _once_per_group(idx: IntArray, gids: IntArray, decide: Callable[[int], Any],
                     dtype: Any = bool) -> npt.NDArray[Any]:
-    """``decide(row)`` for one row per distinct ``gids[row]`` (numbers), spread to the rows
-    sharing it."""
+    """``decide(row)`` for one row per distinct ``gids[row]`` (small numbers), spread to the
+    rows sharing it (no sort: the groups are few, the rows many)."""
     if not len(idx):
         return np.empty(0, dtype=dtype)
-    _, first, inverse = np.unique(gids[idx], return_index=True, return_inverse=True)
-    answers = np.fromiter((decide(row) for row in idx[first].tolist()), dtype=dtype,
-                          count=len(first))
-    return answers[inverse.reshape(-1)]
+    g = gids[idx]
+    first = np.full(int(g.max()) + 1, -1, dtype=np.int64)
+    first[g[::-1]] = idx[::-1]  # the last write wins: each group's first row in idx
+    present = np.flatnonzero(first >= 0)
+    answers = np.zeros(len(first), dtype=dtype)
+    answers[present] = np.fromiter((decide(row) for row in first[present].tolist()), dtype=dtype,
+                                   count=len(present))
+    return answers[g]
 
 
-def _agg_probe(rows: HostRows) -> Callable[[int], Any]:
-    return lambda row: _Probe(rows.aggs[row], rows.tpls[row].host, rows.tpls[row].attrs["nodename"])
+def _agg_probe(rows: HostTable) -> Callable[[int], Any]:
+    return lambda row: _Probe(rows.aggregates(row), rows.name(row), rows.nodename(row))
 
 
-def _shell(rows: HostRows) -> Callable[[int], Any]:
-    return lambda row: rows.shells[row]
+def _shell(rows: HostTable) -> Callable[[int], Any]:
+    return rows.host
 
 
 def _rebuild_skips(f: Any, spec: Any) -> bool:
     return not f.RUN_ON_REBUILD and nova_utils.request_is_rebuild(spec)
 
 
-def _compute_filter(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     if type(f.servicegroup_api._driver).__name__ != "DbDriver":
         return None  # another servicegroup driver: nova's class asks it per host
     from nova import conf as nova_conf
 
     down_time = nova_conf.CONF.service_down_time
-    heard = np.asarray(rows.last_heard, dtype=np.float64)[idx]
     # nova: abs(utcnow - last_seen_up) <= service_down_time, with last_seen_up = wall clock of
     # the last message (host_manager._make); microsecond rounding aside, the same comparison
-    elapsed = np.abs(rows.manager.wall_clock() - (rows.wall_offset + heard))
+    elapsed = np.abs(rows.now() - rows.seen_up(idx))
     return (rows.col("down")[idx] == 0.0) & (elapsed <= down_time)
 
 
-def _capabilities(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     flavor = spec.flavor
     if "extra_specs" not in flavor:
         return _all(idx)
@@ -609,17 +621,17 @@ def _capabilities(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray
     names = tuple(sorted(set(tops)))
     for name in names:
         # a number this scheduler's claims change, or a per-request attribute: per host
-        if name in _ADJUSTED or (name not in rows.tpls[0].attrs and hasattr(rows.shell_cls, name)):
+        if name in _ADJUSTED or rows.per_request_attribute(name):
             return None
         if name in ("limits", "allocation_candidates", "instances", "aggregates", "service",
                     "updated", "stats", "metrics", "numa_topology", "pci_stats", "host_ip"):
             return None
-    keys = rows.values("cap:" + ",".join(names), lambda t: repr(tuple(
+    ids = rows.value_ids("cap:" + ",".join(names), lambda t: repr(tuple(
         (t.attrs.get(n), t.attrs["stats"].get(n)) for n in names)))
-    return _grouped(f, rows, idx, spec, keys, _shell(rows))
+    return _grouped(f, rows, idx, spec, ids, _shell(rows))
 
 
-def _image_props(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     from nova.objects import fields
 
     props = spec.image.properties if spec.image else {}
@@ -629,13 +641,13 @@ def _image_props(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray 
                fields.VMMode.canonicalize(props.get("hw_vm_mode")))
     if not any(checked):
         return _all(idx)
-    keys = rows.values("image", lambda t: repr((t.attrs["supported_instances"],
-                                                t.attrs["hypervisor_version"],
-                                                t.attrs["cpu_info"])))
-    return _grouped(f, rows, idx, spec, keys, _shell(rows))
+    ids = rows.value_ids("image", lambda t: repr((t.attrs["supported_instances"],
+                                                  t.attrs["hypervisor_version"],
+                                                  t.attrs["cpu_info"])))
+    return _grouped(f, rows, idx, spec, ids, _shell(rows))
 
 
-def _anti_affinity(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _anti_affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     if _rebuild_skips(f, spec):
         return _all(idx)
     group = spec.instance_group
@@ -646,14 +658,27 @@ def _anti_affinity(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArra
     rules = group.rules
     limit = rules["max_server_per_host"] if rules and "max_server_per_host" in rules else 1
     me = spec.instance_uuid
-    out = np.empty(len(idx), dtype=bool)
-    for j, row in enumerate(idx.tolist()):
-        insts = rows.instances_of(row)
+    if limit < 1:  # no row passes for holding none: every row's own answer
+        candidates = np.arange(len(idx))
+        out = np.empty(len(idx), dtype=bool)
+    else:  # a row holding no member passes: only the holders are asked
+        candidates = np.flatnonzero(_holding(rows, idx, members))
+        out = np.ones(len(idx), dtype=bool)
+    for j in candidates.tolist():
+        insts = rows.instances_of(int(idx[j]))
         out[j] = me in insts or len(members.intersection(insts)) < limit
     return out
 
 
-def _affinity(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _holding(rows: HostTable, idx: IntArray, uuids: Collection[str]) -> BoolArray:
+    """Per row of ``idx``: does it hold any of ``uuids``."""
+    holders = rows.rows_with_instances(uuids)
+    if not holders:
+        return np.zeros(len(idx), dtype=bool)
+    return np.isin(idx, np.fromiter(holders, dtype=np.int64, count=len(holders)))
+
+
+def _affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     if _rebuild_skips(f, spec):
         return _all(idx)
     group = spec.instance_group
@@ -668,20 +693,19 @@ def _affinity(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | N
 
 
 def _overlap(hint: str, same: bool) -> VectorFilter:
-    def vf(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
         if _rebuild_skips(f, spec):
             return _all(idx)
         uuids = spec.get_scheduler_hint(hint)
         if not uuids:
             return _all(idx)
         wanted = {uuids} if isinstance(uuids, str) else set(uuids)
-        hit = np.fromiter((not wanted.isdisjoint(rows.instances_of(r)) for r in idx.tolist()),
-                          dtype=bool, count=len(idx))
+        hit = _holding(rows, idx, wanted)
         return hit if same else ~hit
     return vf
 
 
-def _cidr(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _cidr(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     if _rebuild_skips(f, spec):
         return _all(idx)
     if not spec.get_scheduler_hint("build_near_host_ip"):
@@ -689,7 +713,7 @@ def _cidr(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
     return None  # rare: nova's class per host
 
 
-def _json(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _json(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     if _rebuild_skips(f, spec) or not spec.get_scheduler_hint("query"):
         return _all(idx)
     return None
@@ -697,7 +721,7 @@ def _json(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
 
 def _limit(column: str, getter: str) -> VectorFilter:
     """NumInstances/IoOps (and their aggregate forms): the limit per aggregate group, by nova."""
-    def vf(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
         if _rebuild_skips(f, spec):
             return _all(idx)
         get_max = getattr(f, getter)
@@ -708,13 +732,13 @@ def _limit(column: str, getter: str) -> VectorFilter:
     return vf
 
 
-def _by_aggregates(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     probe = _agg_probe(rows)
     return _once_per_group(idx, rows.group_ids(),
                            lambda row: bool(f._filter_one(probe(row), spec)))
 
 
-def _isolated(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _isolated(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     from nova import conf as nova_conf
 
     c = nova_conf.CONF.filter_scheduler
@@ -731,27 +755,28 @@ def _isolated(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | N
     return host_isolated if image_isolated else _all(idx)
 
 
-def _metrics(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _metrics(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     if _rebuild_skips(f, spec):
         return _all(idx)
-    keys = rows.values("metric_names", lambda t: tuple(sorted(m.name for m in t.attrs["metrics"])))
-    return _grouped(f, rows, idx, spec, keys, _shell(rows))
+    ids = rows.value_ids("metric_names",
+                         lambda t: tuple(sorted(m.name for m in t.attrs["metrics"])))
+    return _grouped(f, rows, idx, spec, ids, _shell(rows))
 
 
-def _numa(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _numa(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     if _rebuild_skips(f, spec):
         return _all(idx)
     if spec.numa_topology:
         return None  # a NUMA fit per host and candidate: nova's class
     extra_specs = spec.flavor.extra_specs
     image_props = spec.image.properties
-    keys = rows.values("numa_policy", lambda t: (bool(t.attrs["numa_topology"]), bool(
+    ids = rows.value_ids("numa_policy", lambda t: (bool(t.attrs["numa_topology"]), bool(
         t.attrs["numa_topology"].has_threads) if t.attrs["numa_topology"] else None))
-    return _once_per_key(idx, keys, lambda row: f._satisfies_cpu_policy(rows.shells[row], extra_specs,
-                                                                         image_props))
+    return _once_per_group(idx, ids, lambda row: f._satisfies_cpu_policy(
+        rows.host(row), extra_specs, image_props))
 
 
-def _pci(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+def _pci(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
     if _rebuild_skips(f, spec):
         return _all(idx)
     pci_requests = spec.pci_requests
@@ -761,7 +786,7 @@ def _pci(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
 
 
 def _rebuild_wrapped(vf: VectorFilter) -> VectorFilter:
-    def wrapped(f: Any, rows: HostRows, idx: IntArray, spec: Any) -> BoolArray | None:
+    def wrapped(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
         if _rebuild_skips(f, spec):
             return _all(idx)
         return vf(f, rows, idx, spec)
@@ -810,27 +835,37 @@ def _own_methods(cls: type) -> dict[str, Any]:
 _SHIPPED: dict[type, dict[str, Any]] = {cls: _own_methods(cls) for cls in VECTOR_FILTERS}
 
 
+def _stored(cls: type, name: str) -> Any:
+    """What ``inspect.getattr_static(cls, name)`` finds on a plain class: the first entry of
+    the name along the MRO (a few dict lookups; it runs for every class on every request)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name, _stored)
+        if found is not _stored:
+            return found
+    return None
+
+
 def _unchanged(cls: type) -> bool:
     shipped = _SHIPPED.get(cls)
-    return shipped is not None and all(inspect.getattr_static(cls, name, None) is fn
-                                       for name, fn in shipped.items())
+    return shipped is not None and all(_stored(cls, name) is fn for name, fn in shipped.items())
 
 
-def _is_base_filter_all(f: Any) -> bool:
+def is_base_filter_all(f: Any) -> bool:
+    """``f`` is nova's class as shipped (its vector form stands for it)."""
     return type(f).filter_all is nova_filters.BaseHostFilter.filter_all and _unchanged(type(f))
 
 
-def run_filters(filters_: Iterable[Any], rows: HostRows, idx_: list[int], spec: Any,
+def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec: Any,
                 index: int, counters: Any = None) -> list[int] | None:
     """nova's BaseFilterHandler.get_filtered_objects over rows (None: a filter said stop)."""
-    shells = rows.shells
+    host = rows.host
     idx = np.asarray(idx_, dtype=np.int64)
     for f in filters_:
         if not f.run_filter_for_index(index):
             continue
         vf = VECTOR_FILTERS.get(type(f))
         mask = None
-        if vf is not None and _is_base_filter_all(f):
+        if vf is not None and is_base_filter_all(f):
             touched = rows.touched
             if not touched:
                 mask = vf(f, rows, idx, spec)
@@ -844,15 +879,15 @@ def run_filters(filters_: Iterable[Any], rows: HostRows, idx_: list[int], spec: 
                     keep = np.empty(len(idx), dtype=bool)
                     keep[~is_touched] = mask
                     for j in np.flatnonzero(is_touched).tolist():
-                        keep[j] = bool(f._filter_one(shells[idx[j]], spec))
+                        keep[j] = bool(f._filter_one(host(int(idx[j])), spec))
                     idx = idx[keep]
         if mask is None:  # nova's own class, per host, on the survivors
             if counters is not None:
                 counters["filter_fallback_runs"] += 1
-            objs = f.filter_all([shells[i] for i in idx.tolist()], spec)
+            objs = f.filter_all([host(i) for i in idx.tolist()], spec)
             if objs is None:
                 return None
-            idx = np.asarray([o.__dict__["_row"] for o in objs], dtype=np.int64)
+            idx = np.asarray([rows.row_of(o) for o in objs], dtype=np.int64)
         if not len(idx):
             LOG.info("Filter %s returned 0 hosts", type(f).__name__)
             break
@@ -862,45 +897,47 @@ def run_filters(filters_: Iterable[Any], rows: HostRows, idx_: list[int], spec: 
 # -- weighers --------------------------------------------------------------------------------
 
 #: a vector weigher: (weigher, rows, lazy row numbers, spec) -> raw weights (before the clamp)
-VectorWeigher = Callable[[Any, HostRows, IntArray, Any], "FloatArray | None"]
+VectorWeigher = Callable[[Any, HostTable, IntArray, Any], "FloatArray | None"]
 
 
 def _column(name: str) -> VectorWeigher:
     return lambda w, rows, idx, spec: rows.col(name)[idx]
 
 
-def _pci_weight(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
+def _pci_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray:
     # nova.scheduler.weights.pci: MAX_DEVS - min(free, MAX_DEVS - 1)
     free = rows.col("pci_free")[idx]
     return w_pci.MAX_DEVS - np.minimum(free, w_pci.MAX_DEVS - 1)
 
 
-def _cpu(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
+def _cpu(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray:
     return rows.col("vcpus_total")[idx] * rows.col("cpu_allocation_ratio")[idx] \
         - rows.col("vcpus_used")[idx]
 
 
-def _cross_cell(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
+def _cross_cell(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray:
     rd = spec.requested_destination if "requested_destination" in spec else None
     if rd and "cell" in rd and rd.cell and rd.allow_cross_cell_move:
         cell = rd.cell.uuid
-        return np.fromiter((1.0 if rows.tpls[r].cell_uuid == cell else -1.0 for r in idx.tolist()),
+        return np.fromiter((1.0 if rows.cell_uuid(r) == cell else -1.0 for r in idx.tolist()),
                            dtype=np.float64, count=len(idx))
     return np.zeros(len(idx))
 
 
 def _soft(sign: float) -> VectorWeigher:
-    def vw(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray:
+    def vw(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray:
         group = spec.instance_group
         if not group or w.policy_name != group.policy:
             return np.zeros(len(idx))
         members = set(group.members)
-        return np.fromiter((sign * len(members.intersection(rows.instances_of(r)))
-                            for r in idx.tolist()), dtype=np.float64, count=len(idx))
+        out = np.zeros(len(idx))
+        for j in np.flatnonzero(_holding(rows, idx, members)).tolist():
+            out[j] = sign * len(members.intersection(rows.instances_of(int(idx[j]))))
+        return out
     return vw
 
 
-def _image_props_weight(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray | None:
+def _image_props_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray | None:
     from nova import conf as nova_conf
 
     if nova_conf.CONF.filter_scheduler.image_props_weight_multiplier == 0.0:
@@ -908,14 +945,14 @@ def _image_props_weight(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> Flo
     return None  # reads instances' image metadata from the cell DB: nova's class per host
 
 
-def _metrics_weight(w: Any, rows: HostRows, idx: IntArray, spec: Any) -> FloatArray | None:
+def _metrics_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray | None:
     if not w.setting:
         return np.zeros(len(idx))
+    metrics = rows.values("metrics", lambda t: t.attrs["metrics"])
     out = np.empty(len(idx), dtype=np.float64)
     for j, row in enumerate(idx.tolist()):
-        t = rows.tpls[row]
-        out[j] = w._weigh_object(_MetricsProbe(rows.aggs[row], t.host, t.attrs["nodename"],
-                                               t.attrs["metrics"]), spec)
+        out[j] = w._weigh_object(_MetricsProbe(rows.aggregates(row), rows.name(row),
+                                               rows.nodename(row), metrics[row]), spec)
     return out
 
 
@@ -939,6 +976,12 @@ VECTOR_WEIGHERS: dict[type, VectorWeigher] = {
 _SHIPPED.update({cls: _own_methods(cls) for cls in VECTOR_WEIGHERS})
 
 
+def is_base_weigher(w: Any) -> bool:
+    """``w`` is nova's class as shipped (its vector form stands for it)."""
+    return type(w).weigh_objects is nova_weights.BaseHostWeigher.weigh_objects \
+        and _unchanged(type(w))
+
+
 def _normalize(weights: FloatArray, minval: Any, maxval: Any) -> FloatArray:
     """nova.weights.normalize, element for element."""
     hi = float(weights.max()) if maxval is None else float(maxval)
@@ -948,14 +991,30 @@ def _normalize(weights: FloatArray, minval: Any, maxval: Any) -> FloatArray:
     return (weights - lo) / (hi - lo)
 
 
-def weigh(weighers: Iterable[Any], rows: HostRows, idx: list[int], spec: Any,
+def weigh(weighers: Iterable[Any], rows: HostTable, idx: list[int], spec: Any,
           counters: Any = None) -> list[Any]:
     """nova's BaseWeightHandler.get_weighed_objects over rows -> sorted WeighedHosts."""
-    shells = rows.shells
-    objs = [shells[i] for i in idx]
+    order, weights = weigh_rows(weighers, rows, idx, spec, counters)
+    host = rows.host
+    return [nova_weights.WeighedHost(host(r), w) for r, w in zip(order, weights, strict=True)]
+
+
+def weigh_rows(weighers: Iterable[Any], rows: HostTable, idx: list[int], spec: Any,
+               counters: Any = None) -> tuple[list[int], list[float]]:
+    """The rows of ``idx`` in nova's order (stable, by descending weight), and their weights.
+
+    A host object (``rows.host``) is asked for only where nova's own code runs per host: a
+    weigher without a vector form, or a touched row."""
     n = len(idx)
     if n <= 1:
-        return [nova_weights.WeighedHost(o, 0.0) for o in objs]
+        return list(idx), [0.0] * n
+    objs: list[Any] = []
+
+    def hosts() -> list[Any]:
+        if not objs:
+            objs.extend(rows.host(i) for i in idx)
+        return objs
+
     arr = np.asarray(idx, dtype=np.int64)
     touched = [j for j, i in enumerate(idx) if i in rows.touched] if rows.touched else []
     lazy_pos = np.asarray([j for j, i in enumerate(idx) if i not in rows.touched],
@@ -965,8 +1024,7 @@ def weigh(weighers: Iterable[Any], rows: HostRows, idx: list[int], spec: Any,
     for w in weighers:
         vw = VECTOR_WEIGHERS.get(type(w))
         raw = None
-        if vw is not None and type(w).weigh_objects is nova_weights.BaseHostWeigher.weigh_objects \
-                and _unchanged(type(w)):
+        if vw is not None and is_base_weigher(w):
             if lazy_pos is None:
                 raw = vw(w, rows, arr, spec)
             else:
@@ -975,7 +1033,7 @@ def weigh(weighers: Iterable[Any], rows: HostRows, idx: list[int], spec: Any,
                     raw = np.empty(n)
                     raw[lazy_pos] = sub
                     for j in touched:
-                        raw[j] = w._weigh_object(objs[j], spec)
+                        raw[j] = w._weigh_object(rows.host(idx[j]), spec)
             if raw is not None:
                 if w.minval is not None:
                     raw = np.maximum(raw, w.minval)
@@ -985,30 +1043,32 @@ def weigh(weighers: Iterable[Any], rows: HostRows, idx: list[int], spec: Any,
             if counters is not None:
                 counters["weigher_fallback_runs"] += 1
             if wrapped is None:
-                wrapped = [nova_weights.WeighedHost(o, 0.0) for o in objs]
+                wrapped = [nova_weights.WeighedHost(o, 0.0) for o in hosts()]
             raw = np.asarray(w.weigh_objects(wrapped, spec), dtype=np.float64)
         norm = _normalize(raw, w.minval, w.maxval)
-        total += _multipliers(w, rows, idx, arr, objs, touched) * norm
-    order = np.argsort(-total, kind="stable").tolist()
-    weights = total.tolist()
-    return [nova_weights.WeighedHost(objs[j], weights[j]) for j in order]
+        total += _multipliers(w, rows, idx, arr, hosts, touched) * norm
+    order = np.argsort(-total, kind="stable")
+    return arr[order].tolist(), total[order].tolist()
 
 
-def _multipliers(w: Any, rows: HostRows, idx: list[int], arr: IntArray, objs: list[Any],
-                 touched: list[int]) -> FloatArray:
+def _multipliers(w: Any, rows: HostTable, idx: list[int], arr: IntArray,
+                 hosts: Callable[[], list[Any]], touched: list[int]) -> FloatArray:
     """w.weight_multiplier per host, asked once per distinct aggregate metadata."""
     if type(w) not in VECTOR_WEIGHERS:  # a weigher of its own: asked per host, as nova does
-        return np.fromiter((w.weight_multiplier(o) for o in objs), dtype=np.float64, count=len(objs))
+        return np.fromiter((w.weight_multiplier(o) for o in hosts()), dtype=np.float64,
+                           count=len(idx))
     gids = rows.group_ids()
-    per_group = np.empty(len(rows.group_rep))
-    for g, row in enumerate(rows.group_rep):
-        t = rows.tpls[row]
-        per_group[g] = w.weight_multiplier(_Probe(rows.aggs[row], t.host, t.attrs["nodename"]))
+    reps = rows.group_rep()
+    per_group = np.zeros(len(reps))
+    for g, row in enumerate(reps):
+        if row >= 0:
+            per_group[g] = w.weight_multiplier(_Probe(rows.aggregates(row), rows.name(row),
+                                                      rows.nodename(row)))
     out = per_group[gids[arr]]
     for j in touched:
-        out[j] = w.weight_multiplier(objs[j])
+        out[j] = w.weight_multiplier(rows.host(idx[j]))
     return out
 
 
 __all__ = ["VECTOR_FILTERS", "VECTOR_WEIGHERS", "HostRows", "Hosts", "Store", "candidates", "pre_filter",
-           "rows_of", "run_filters", "snapshot", "take_over", "weigh"]
+           "rows_of", "run_filters", "snapshot", "take_over", "weigh", "weigh_rows"]

@@ -154,7 +154,7 @@ class _Cloud:
             keys = [repr([(g.uuid, sorted((g.metadata or {}).items())) for g in aggs])
                     for aggs in rows.aggs]
             assert len(set(zip(gids, keys, strict=True))) == len(set(gids)) == len(set(keys))
-            assert [gids[r] for r in rows.group_rep] == list(range(len(rows.group_rep)))
+            assert [gids[r] for r in rows.group_rep()] == list(range(len(rows.group_rep())))
         assert a.last_heard == b.last_heard
         assert {r: o[1] for r, o in a.overrides.items() if o[1]} == \
             {r: o[1] for r, o in b.overrides.items() if o[1]}

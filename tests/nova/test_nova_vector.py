@@ -38,6 +38,7 @@ from nova.scheduler import host_manager as nova_hm  # noqa: E402
 from nova.scheduler import manager as nova_manager  # noqa: E402
 from nova.scheduler import weights as nova_weights  # noqa: E402
 
+from shared_host_manager.decision.index import HostIndex  # noqa: E402
 from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
 from shared_host_manager.nova import vector  # noqa: E402
@@ -46,6 +47,7 @@ from shared_host_manager.nova.document import (  # noqa: E402
     canonical_primitive,
     document_from_compute_node,
 )
+from shared_host_manager.nova.index_table import IndexTable, Templates  # noqa: E402
 
 CONF = fx.setup_nova()
 
@@ -406,6 +408,55 @@ def _decides_as_nova(params: Any, config: Any, req: Any) -> None:
             spec.instance_uuid = fx.uuid_for("next", 2)
         _same_decision(_decide(nova_side, [w.obj for w in theirs[1]], spec_n, index + 1),
                        _decide(ours, [w.obj for w in mine[1]], spec_o, index + 1))
+
+
+@settings(max_examples=int(__import__("os").environ.get("SHM_VECTOR_EXAMPLES", "60")),
+          deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(params=hosts(), config=configs(), req=requests())
+def test_the_vector_core_over_the_engines_index_decides_as_novas_handlers(
+        params: Any, config: Any, req: Any) -> None:
+    """The same comparison with the engine's HostIndex in place of the drop-in's request rows
+    (design §10, item 13, step 1): the same compute-hook documents and pending builds, held
+    in the receiver the index reads; the filtered hosts in order and the weights, bit for
+    bit.  Left out of the drawn worlds: pending builds on a host with PCI devices (the index
+    does not count PCI devices held by pending claims; the drop-in's rows do, see
+    vector._pci_taken), and a request for a NUMA topology or PCI devices (nova's
+    NUMATopologyFilter and PciPassthroughFilter then keep the allocation candidates that
+    fit, and the engine has no placement to give any: its requests carry neither)."""
+    params = [dict(p, pending=0) if p["pci"] else p for p in params]
+    req = dict(req, numa=None, pci=0)
+    world = _World(params)
+    with _conf(config):
+        nova_side = _NovaSide()
+        ours = shm.SharedHostManager(world.cache, register_claims=True, default_cell_uuid=fx.CELL1)
+        world.hold_pending(ours)
+        spec_n, spec_o = _spec(req), _spec(req)
+        theirs = _decide(nova_side, _candidates(world.nova_states()), spec_n, req["index"])
+        table = IndexTable(HostIndex(world.cache.receiver), Templates(fx.CELL1),
+                           now=world.cache.clock())
+        order = [cn.uuid for cn in world.nodes]  # nova's side iterates the hosts in this order
+        rows = sorted(table.rows().tolist(), key=lambda r: order.index(table.index.sources[r]))
+        mine: tuple[list[Any], Any]
+        try:
+            rows, skip = vector.pre_filter(table, rows, spec_o)
+            if not skip:
+                rows = vector.run_filters(ours.enabled_filters, table, rows, spec_o, req["index"]) \
+                    or []
+            passed = [table.host(r) for r in rows]
+        except Exception as exc:
+            mine = ([], type(exc))
+        else:
+            try:
+                mine = (passed, vector.weigh(ours.weighers, table, rows, spec_o) if rows else [])
+            except Exception as exc:
+                mine = (passed, type(exc))
+        (t_passed, t_weighed), (o_passed, o_weighed) = theirs, mine
+        if isinstance(t_weighed, type) or isinstance(o_weighed, type):
+            assert o_weighed == t_weighed
+            t_weighed = o_weighed = []
+        assert [h.host for h in o_passed] == [h.host for h in t_passed]
+        assert [(w.obj.host, w.weight) for w in o_weighed] == \
+            [(w.obj.host, w.weight) for w in t_weighed]
 
 
 def test_held_pci_devices_weigh_as_in_novas_host_state() -> None:

@@ -63,6 +63,7 @@ from shared_host_manager.decision.request import (  # noqa: E402
 )
 from shared_host_manager.decision.weights import weigh_hosts  # noqa: E402
 from shared_host_manager.decision.world import ReceiverWorld  # noqa: E402
+from shared_host_manager.nova import core_plugins  # noqa: E402
 from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from simulator.synthetic_hosts import host_doc, load_receiver  # noqa: E402
 
@@ -293,6 +294,29 @@ def _clear(options: dict) -> None:
 
 # -- the comparison ----------------------------------------------------------------------------
 
+def _plugins(core: str, config: SchedulerConfig) -> tuple[list, list]:
+    """The engine's filters and weighers: its own ("own"), or nova's classes through the
+    vector core ("nova", design §10 item 13)."""
+    if core == "own":
+        return load_filters(list(FILTERS), config), load_weighers(list(WEIGHERS), config)
+    shared = core_plugins.Shared(fx.CELL1)
+    return (core_plugins.load_filters(list(FILTERS), config, shared),
+            core_plugins.load_weighers(list(WEIGHERS), config, shared))
+
+
+def _handler_raises(states: list, spec: object) -> bool:
+    """Whether nova's filter handler raises for this request (a numeric extra-spec operator
+    on a value that is no number, on a host the filters before it left)."""
+    from nova.scheduler import filters as nova_filters
+
+    try:
+        nova_filters.HostFilterHandler().get_filtered_objects(
+            [cls() for cls in FILTERS.values()], states, spec, 0)
+    except ValueError:
+        return True
+    return False
+
+
 def _nova_passes(f: object, hs: object, spec: object) -> bool:
     try:
         return bool(f.host_passes(hs, spec))  # type: ignore[attr-defined]
@@ -335,12 +359,17 @@ def test_our_filters_and_weighers_decide_as_novas(hosts: list[dict], req: dict, 
             survivors = [hs for hs in survivors if _nova_passes(cls(), hs, spec)]
         nova_ranked = {w.obj.host: w.weight for w in HostWeightHandler().get_weighed_objects(
             [cls() for cls in WEIGHERS.values()], survivors, spec)}
-        for path in ("fast", "slow"):
+        nova_raises = _handler_raises(list(theirs.values()), spec)
+        for path, core in (("fast", "own"), ("slow", "own"), ("fast", "nova"), ("slow", "nova")):
+            filters, weighers = _plugins(core, config)
             engine = DecisionEngine(rec, lambda claim: None, config=config, path=path,
-                                    filters=load_filters(list(FILTERS), config),
-                                    weighers=load_weighers(list(WEIGHERS), config))
+                                    filters=filters, weighers=weighers)
+            if core == "nova" and nova_raises:  # nova's classes raise as in nova
+                with pytest.raises(ValueError):
+                    engine.ordered_hosts(our_spec(req))
+                continue
             ranked = dict(engine.ordered_hosts(our_spec(req)))
-            assert ranked == pytest.approx(nova_ranked, abs=1e-9), path
+            assert ranked == pytest.approx(nova_ranked, abs=1e-9), (path, core)
     finally:
         _clear(options)
 
@@ -361,7 +390,7 @@ def test_a_multi_create_request_takes_the_hosts_novas_loop_takes(
     req = dict(req, instance_uuid=uuids[0])
     config = _with_options(dict(options, host_subset_size_min=1, host_subset_size_max=1))
     try:
-        def novas_loop(first: str | None) -> list[str]:
+        def novas_loop(first: str | None, strict: bool = False) -> list[str]:
             spec = nova_spec(req, hosts)
             if spec.instance_group is not None:  # nova's API makes every instance a member
                 spec.instance_group.members = list(dict.fromkeys(
@@ -371,6 +400,8 @@ def test_a_multi_create_request_takes_the_hosts_novas_loop_takes(
             for uuid in uuids:
                 spec.instance_uuid = uuid
                 survivors = states
+                if strict and _handler_raises(survivors, spec):
+                    raise ValueError("nova's filters raise")
                 for cls in FILTERS.values():
                     survivors = [hs for hs in survivors if _nova_passes(cls(), hs, spec)]
                 if first is not None and not took:
@@ -391,15 +422,77 @@ def test_a_multi_create_request_takes_the_hosts_novas_loop_takes(
             set(req["group"]["members"]) & set(h["instances"]) for h in hosts))
         rec = load_receiver(our_docs(hosts), down_interval=1e9)
         ours = dataclasses.replace(our_spec(req), instance_uuids=tuple(uuids))
-        for path in ("fast", "slow"):
+        for path, core in (("fast", "own"), ("slow", "own"), ("fast", "nova"), ("slow", "nova")):
+            filters, weighers = _plugins(core, config)
             engine = DecisionEngine(rec, lambda claim: None, config=config, path=path,
-                                    filters=load_filters(list(FILTERS), config),
-                                    weighers=load_weighers(list(WEIGHERS), config))
+                                    filters=filters, weighers=weighers)
+            strict = core == "nova"  # nova's classes raise where nova's handler does
             try:
                 took = [row[0].host for row in engine.select_destinations(ours, 0.0, dry_run=True)]
             except NoValidHost:
-                assert len(novas_loop(None)) < count, path
+                assert len(novas_loop(None, strict)) < count, (path, core)
                 continue
-            assert took == novas_loop(took[0] if anchored else None), path
+            except ValueError:
+                assert strict, (path, core)
+                with pytest.raises(ValueError):
+                    novas_loop(None, strict)
+                continue
+            assert took == novas_loop(took[0] if anchored else None, strict), (path, core)
+    finally:
+        _clear(options)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hosts=clouds(), req=requests(), options=st.fixed_dictionaries(OPTIONS),
+       pending=st.lists(st.sampled_from([0, 0, 1, 2]), min_size=8, max_size=8))
+def test_novas_classes_over_the_engines_index_decide_as_novas_handlers(
+        hosts: list[dict], req: dict, options: dict, pending: list[int]) -> None:
+    """The vector core, fed the engine's HostIndex (IndexTable) instead of the drop-in's
+    request rows, filters and weighs exactly as nova's handlers on nova's HostStates: the
+    same hosts in the same order and bit-identical weights (design §10, item 13, step 1).
+    Builds this scheduler sent that the hosts have not reported are pending claims on our
+    side and consumed by nova's own HostState on nova's."""
+    from collections import Counter
+
+    from nova.scheduler import filters as nova_filters
+
+    from protocol.messages import Claim
+    from shared_host_manager.decision.index import HostIndex
+    from shared_host_manager.nova import vector
+    from shared_host_manager.nova.index_table import IndexTable, Templates
+
+    _with_options(options)
+    try:
+        rec = load_receiver(our_docs(hosts), now=100.0, down_interval=1e9)
+        theirs = nova_states(hosts)  # in host order, as the index's source order
+        for i, (h, hs) in enumerate(zip(hosts, theirs, strict=False)):
+            for k in range(pending[i]):
+                uuid = fx.uuid_for(f"pending-{i}", k)
+                rec.add_claim(Claim(f"c{i}-{k}", "scheduler-0", h["name"], 1, 0,
+                                    {"vcpus": k + 1, "memory_mb": 512 * (k + 1), "disk_gb": k},
+                                    instance=uuid), 100.0)
+                hs.consume_from_request(fx.request_spec(instance_uuid=uuid, memory_mb=512 * (k + 1),
+                                                        vcpus=k + 1, root_gb=k))
+        table = IndexTable(HostIndex(rec), Templates(fx.CELL1), now=110.0)
+        spec = nova_spec(req, hosts)
+        filters = [cls() for cls in FILTERS.values()]
+        counters: Counter[str] = Counter()
+        try:
+            nova_passed = nova_filters.HostFilterHandler().get_filtered_objects(
+                filters, theirs, spec, 0)
+        except ValueError:  # a numeric extra-spec operator on a value that is no number
+            with pytest.raises(ValueError):
+                vector.run_filters(filters, table, table.rows().tolist(), spec, 0, counters)
+            return
+        rows = vector.run_filters(filters, table, table.rows().tolist(), spec, 0, counters)
+        assert rows is not None and nova_passed is not None
+        assert [table.name(r) for r in rows] == [hs.host for hs in nova_passed]
+        assert counters["filter_fallback_runs"] == 0  # every filter decided as a vector form
+
+        weighers = [cls() for cls in WEIGHERS.values()]
+        ours = vector.weigh(weighers, table, rows, spec, counters)
+        nova = HostWeightHandler().get_weighed_objects(weighers, nova_passed, spec)
+        assert [(w.obj.host, w.weight) for w in ours] == [(w.obj.host, w.weight) for w in nova]
+        assert counters["weigher_fallback_runs"] == 0
     finally:
         _clear(options)

@@ -16,10 +16,10 @@ host iteration order).  tests/nova/test_own_core_vs_nova.py checks every
 built-in weigher against nova's own class (docs/design.md §5.7).
 
 Fast path contract: a weigher names the index column holding its raw value
-(``index_column``); the engine then normalises with numpy using the same
+(``index_column``), or computes the raw values of many rows at once
+(``vector_weights``); the engine then normalises with numpy using the same
 float operations in the same order as :func:`weigh_hosts`, so both paths
-produce bit-identical weights.  A weigher without a column is evaluated per
-host.
+produce bit-identical weights.  A weigher with neither is evaluated per host.
 
 Contract (checked by mypy for every built-in weigher): ``_weigh_object`` is
 given a :class:`~shared_host_manager.decision.hostview.HostView` and the
@@ -42,6 +42,7 @@ from shared_host_manager.decision.filters import utils as filter_utils
 
 if TYPE_CHECKING:
     from shared_host_manager.decision.hostview import HasAggregates, HostView
+    from shared_host_manager.decision.index import FloatArray, HostIndex, IntArray
     from shared_host_manager.decision.request import RequestView
 
 
@@ -86,6 +87,12 @@ class BaseHostWeigher:
     def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
         """nova's raw weight of ``host_state`` (normalised over the hosts by the caller)."""
         raise NotImplementedError
+
+    def vector_weights(self, index: HostIndex, weight_properties: RequestView, rows: IntArray
+                       ) -> FloatArray | None:
+        """The raw weights of the index ``rows`` at once, for a weigher without an index
+        column (None: evaluated per host)."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{self.name}>"

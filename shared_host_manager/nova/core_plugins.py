@@ -1,0 +1,277 @@
+"""nova's own filters and weighers as the engine's plugins, deciding through the vector core.
+
+Role
+----
+The project's engine (``decision/engine.py``: ``shm sim``, ``shm bench decisions``,
+``shm replay --decisions``) loads filters and weighers by name and runs them
+two ways: a vector form over its incremental index, and per host on a
+HostView.  :func:`load_filters` and :func:`load_weighers` give it nova 34's own
+classes in both roles (design §10, item 13):
+
+* the vector form is the drop-in's (:mod:`.vector`), over the engine's index
+  through :class:`~.index_table.IndexTable`, so the engine decides with nova's
+  semantics and no host object per host per decision;
+* per host (the engine's slow path, hosts an earlier instance of the request
+  consumed, a filter whose vector form declines this request), nova's class
+  runs on a ``SharedHostState`` of the host (``index_table.host_state``), net of
+  the pending claims and of the request's scratch;
+* a name nova has no class for (ResourceFitFilter, AvailabilityZoneFilter,
+  VolumeLocalityFilter: what placement, the API and cinder decide in nova)
+  stays the engine's own filter.
+
+The engine's request (``decision/request.py``) becomes nova's RequestSpec once
+per request (:class:`_NovaRequest`, in the request's memo), updated per
+instance as nova's ``_consume_selected_host`` updates it.  Liveness: the
+engine's receiver is the servicegroup (``IndexTable`` without ``now``).
+
+Life cycle: one :class:`Shared` per loaded set (the templates outlive
+decisions), one ``_NovaRequest`` per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+from nova import objects
+from nova.scheduler import filters as nova_filters
+from nova.scheduler import weights as nova_weights
+
+from protocol.receiver import Status
+from shared_host_manager.conf.decision import SchedulerConfig
+from shared_host_manager.decision import plugins
+from shared_host_manager.decision.filters import BaseHostFilter
+from shared_host_manager.decision.hostview import HasAggregates, HostView
+from shared_host_manager.decision.index import HostIndex, VectorResult
+from shared_host_manager.decision.request import RequestView
+from shared_host_manager.decision.weights import BaseHostWeigher
+from shared_host_manager.nova import vector
+from shared_host_manager.nova.index_table import IndexTable, Templates, host_state
+
+_P = TypeVar("_P")
+
+
+class Shared:
+    """What the nova plugins of one engine share: the templates of its hosts."""
+
+    def __init__(self, default_cell: str | None = None) -> None:
+        self.templates = Templates(default_cell)
+
+    def request(self, index: HostIndex | None, req: RequestView) -> _NovaRequest:
+        """The request's nova face (made once per request, see the module docstring)."""
+        nova_req: _NovaRequest = req.memo("nova-core", lambda: _NovaRequest(self, req))
+        if index is not None and nova_req.table is None:
+            nova_req.table = IndexTable(index, self.templates)
+        return nova_req
+
+
+class _NovaRequest:
+    """One engine request as nova's classes read it."""
+
+    def __init__(self, shared: Shared, req: RequestView) -> None:
+        self.shared = shared
+        self.req = req
+        self.table: IndexTable | None = None
+        self._spec = nova_spec(req)
+        self._for: tuple[int, int] | None = None
+
+    def spec(self) -> Any:
+        """nova's RequestSpec for the instance being placed (instance uuid, group hosts)."""
+        req = self.req
+        group = req.instance_group
+        key = (req.index, len(group.hosts) if group is not None else 0)
+        if key != self._for:
+            self._spec.instance_uuid = req.instance_uuid
+            if group is not None:
+                self._spec.instance_group.hosts = list(group.hosts)
+                self._spec.instance_group.members = list(group.members)
+            self._for = key
+        return self._spec
+
+    def rows(self) -> Any:
+        """The rows a filter's vector form is asked about: those the filters before it left."""
+        assert self.table is not None
+        index = self.table.index
+        among = self.req.candidates
+        return np.flatnonzero(index.live[: index.size] if among is None else among[: index.size])
+
+    def host(self, hv: HostView) -> Any:
+        """nova's host object of ``hv``: its pending claims and the request's scratch counted."""
+        if self.table is not None:
+            row = self.table.index.row_of.get(hv.uuid)
+            if row is not None:
+                if hv.overlay is None:
+                    return self.table.host(row)
+                return self.table.consumed_host(row, hv.overlay)
+        view = hv.view
+        tpl = self.shared.templates.of(hv.uuid, view)
+        heard = time.time() if view.status is Status.ACTIVE else 0.0
+        return host_state(tpl, view, heard, hv.aggregates, hv.overlay)
+
+
+def nova_spec(req: RequestView) -> Any:
+    """nova's RequestSpec of an engine request, as nova's conductor would hand it over."""
+    spec = req.spec
+    f = spec.flavor
+    group = None
+    g = req.instance_group
+    if g is not None:
+        group = objects.InstanceGroup(policy=g.policy, policies=g.policies,
+                                      members=list(g.members), hosts=list(g.hosts),
+                                      rules=dict(g.rules))
+        if g.uuid:
+            group.uuid = g.uuid
+    hints = {k: (list(v) if isinstance(v, (list, tuple)) else [v])
+             for k, v in spec.scheduler_hints.items()}
+    return objects.RequestSpec(
+        instance_uuid=req.instance_uuid, project_id=spec.project_id or None,
+        user_id=spec.user_id or None, num_instances=max(1, len(spec.instance_uuids) or
+                                                          spec.num_instances),
+        is_bfv=spec.is_bfv,
+        flavor=objects.Flavor(flavorid="shm", name="shm", memory_mb=f.memory_mb, vcpus=f.vcpus,
+                              root_gb=f.root_gb, ephemeral_gb=f.ephemeral_gb, swap=f.swap,
+                              extra_specs=dict(f.extra_specs)),
+        image=objects.ImageMeta.from_dict({"properties": dict(spec.image_properties)}),
+        numa_topology=None, pci_requests=objects.InstancePCIRequests(requests=[]),
+        instance_group=group, scheduler_hints=hints, ignore_hosts=list(spec.ignore_hosts),
+        force_hosts=list(spec.force_hosts), force_nodes=list(spec.force_nodes),
+        requested_resources=[], availability_zone=spec.availability_zone,
+        request_level_params=objects.RequestLevelParams(),
+        security_groups=objects.SecurityGroupList())
+
+
+class NovaFilter(BaseHostFilter):
+    """One of nova's filter classes as an engine filter (see the module docstring).
+
+    Active for every instance of a request, unlike nova's ``run_filter_for_index``: nova
+    filters the previous instance's survivors, the engine ranks every instance over all
+    hosts, so a once-per-request filter must decide again (with the same answers).
+    """
+
+    placement: ClassVar[bool] = False
+
+    def __init__(self, nova_filter: Any, shared: Shared, config: SchedulerConfig | None = None
+                 ) -> None:
+        super().__init__(config)
+        self.nova = nova_filter
+        self.shared = shared
+
+    @property
+    def name(self) -> str:
+        return type(self.nova).__name__
+
+    def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
+        vf = vector.VECTOR_FILTERS.get(type(self.nova))
+        if vf is None or not vector.is_base_filter_all(self.nova):
+            return None
+        nova_req = self.shared.request(index, spec_obj)
+        assert nova_req.table is not None
+        rows = nova_req.rows()
+        mask = vf(self.nova, nova_req.table, rows, nova_req.spec())
+        if mask is None:
+            return None
+        out = np.zeros(index.size, dtype=bool)
+        out[rows] = mask
+        return out
+
+    def host_passes(self, host_state: HostView, spec_obj: RequestView) -> bool:
+        nova_req = self.shared.request(None, spec_obj)
+        return bool(self.nova._filter_one(nova_req.host(host_state), nova_req.spec()))
+
+
+class _Probe:
+    """What nova's weight_multiplier reads: aggregates."""
+
+    __slots__ = ("aggregates", "host", "nodename")
+
+    def __init__(self, aggregates: Sequence[Any]) -> None:
+        self.aggregates = list(aggregates)
+        self.host = self.nodename = ""
+
+
+class NovaWeigher(BaseHostWeigher):
+    """One of nova's weigher classes as an engine weigher (see the module docstring)."""
+
+    def __init__(self, nova_weigher: Any, shared: Shared, config: SchedulerConfig | None = None
+                 ) -> None:
+        super().__init__(config)
+        self.nova = nova_weigher
+        self.shared = shared
+        self.minval = nova_weigher.minval
+        self.maxval = nova_weigher.maxval
+
+    @property
+    def name(self) -> str:
+        return type(self.nova).__name__
+
+    @property
+    def default_multiplier(self) -> float:
+        # nova reads its option on every call: the cache key of the per-group multipliers
+        return float(self.nova.weight_multiplier(_Probe(())))
+
+    def weight_multiplier(self, host_state: HasAggregates) -> float:
+        return float(self.nova.weight_multiplier(_Probe(host_state.aggregates)))
+
+    def vector_weights(self, index: HostIndex, spec_obj: RequestView, rows: Any) -> Any:
+        vw = vector.VECTOR_WEIGHERS.get(type(self.nova))
+        if vw is None or not vector.is_base_weigher(self.nova):
+            return None
+        nova_req = self.shared.request(index, spec_obj)
+        assert nova_req.table is not None
+        raw = vw(self.nova, nova_req.table, np.asarray(rows, dtype=np.int64), nova_req.spec())
+        return None if raw is None else np.asarray(raw, dtype=np.float64)
+
+    def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
+        nova_req = self.shared.request(None, weight_properties)
+        return float(self.nova._weigh_object(nova_req.host(host_state), nova_req.spec()))
+
+
+#: options nova's classes read that the engine's configuration holds too (same names, same
+#: meaning, [filter_scheduler] in both)
+SHARED_OPTIONS = ("ram_weight_multiplier", "cpu_weight_multiplier", "disk_weight_multiplier",
+                  "num_instances_weight_multiplier", "io_ops_weight_multiplier",
+                  "max_instances_per_host", "max_io_ops_per_host",
+                  "image_properties_default_architecture")
+
+
+def configure(config: SchedulerConfig) -> None:
+    """Have nova's classes read the engine's values of :data:`SHARED_OPTIONS` (nova reads its
+    options from its own, process-wide CONF on every call)."""
+    from nova import conf as nova_conf
+
+    for name in SHARED_OPTIONS:
+        nova_conf.CONF.set_override(name, getattr(config, name), group="filter_scheduler")
+
+
+def _load(names: Iterable[str], config: SchedulerConfig, nova_classes: Iterable[type],
+          wrap: Callable[[Any], _P], ours: Callable[[list[str], SchedulerConfig], list[_P]]
+          ) -> list[_P]:
+    configure(config)
+    by_name = {cls.__name__: cls for cls in nova_classes}
+    out: list[_P] = []
+    for name in names:
+        cls = by_name.get(name)
+        out.append(wrap(cls()) if cls is not None else ours([name], config)[0])
+    return out
+
+
+def load_filters(names: Iterable[str], config: SchedulerConfig, shared: Shared
+                 ) -> list[BaseHostFilter]:
+    """The engine's filters for ``names``: nova's class where nova has one, else ours.
+    nova's classes read ``config`` from then on (:func:`configure`)."""
+    return _load(names, config, nova_filters.all_filters(),
+                 lambda f: NovaFilter(f, shared, config), plugins.load_filters)
+
+
+def load_weighers(names: Iterable[str], config: SchedulerConfig, shared: Shared
+                  ) -> list[BaseHostWeigher]:
+    """The engine's weighers for ``names``: nova's class where nova has one, else ours.
+    nova's classes read ``config`` from then on (:func:`configure`)."""
+    return _load(names, config, nova_weights.all_weighers(),
+                 lambda w: NovaWeigher(w, shared, config), plugins.load_weighers)
+
+
+__all__ = ["SHARED_OPTIONS", "NovaFilter", "NovaWeigher", "Shared", "configure", "load_filters",
+           "load_weighers", "nova_spec"]

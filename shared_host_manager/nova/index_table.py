@@ -1,0 +1,279 @@
+"""The engine's host index as the vector core's host table: nova's classes over the index.
+
+Role
+----
+The vector forms of nova's filters and weighers (:mod:`.vector`) read a decision's
+hosts through :class:`~shared_host_manager.decision.host_table.HostTable`.  The
+drop-in feeds them its per-request rows; :class:`IndexTable` feeds them the
+engine's incremental :class:`~shared_host_manager.decision.index.HostIndex`
+instead, so nova's own classes can decide over the index without a host object
+per host per request (design §10, item 13).
+
+* Columns, names, instances and aggregate groups are the index's, kept between
+  decisions; the numbers are derived as the drop-in derives them
+  (``decision/host_table.py``), net of pending claims.
+* What only a new document version changes and nova's classes read from a host
+  object (capabilities, NUMA topology, metrics) comes from a *template*: the
+  document read back into nova's attributes by the drop-in's own
+  ``host_manager.build_template``, kept per source and version in
+  :class:`Templates` and built only when a form or a per-host class asks.
+* A host object (:meth:`IndexTable.host`) is one of the drop-in's
+  ``SharedHostState``\\ s, built on first use in a decision: for a filter or
+  weigher without a vector form, or a group's representative.
+
+Life cycle: one :class:`Templates` per index (it outlives decisions); one
+:class:`IndexTable` per decision, made after ``index.sync()`` under the lock the
+index's caller holds, and dropped with the decision.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+import numpy as np
+
+from protocol.receiver import SourceView, Status
+from shared_host_manager.decision.host_table import COLUMN
+from shared_host_manager.decision.hostview import Consumption
+from shared_host_manager.decision.index import AGGREGATE_GROUPS, AggregateStub, HostIndex
+from shared_host_manager.nova import host_manager, vector
+
+FloatArray = vector.FloatArray
+IntArray = vector.IntArray
+
+
+class Templates:
+    """Per source, the template of its latest document version seen (built on demand); and,
+    once :meth:`bind`-ed to an index, per-row values derived from the templates, kept
+    between decisions and derived again only for the rows whose source changed."""
+
+    def __init__(self, default_cell: str | None = None) -> None:
+        self.default_cell = default_cell
+        self._by_source: dict[str, Any] = {}
+        self._index: HostIndex | None = None
+        self._feed: Any = None
+        #: name -> (value per row, rows to derive again)
+        self._columns: dict[str, tuple[list[Any], set[int]]] = {}
+        #: name -> (value number per row, value -> number, rows to number again)
+        self._ids: dict[str, tuple[IntArray, dict[Any, int], set[int]]] = {}
+
+    def of(self, source: str, view: Any) -> Any:
+        tpl = self._by_source.get(source)
+        if tpl is None or tpl.version != view.version:
+            tpl = host_manager.build_template(source, view, self.default_cell, tpl)
+            self._by_source[source] = tpl
+        return tpl
+
+    def bind(self, index: HostIndex) -> None:
+        """Serve the decisions over ``index`` (one index per Templates): take in what changed
+        since the last decision, and forget the templates of sources long gone."""
+        if self._index is None:
+            self._index, self._feed = index, index.receiver.change_feed()
+        elif self._index is not index:
+            raise ValueError("a Templates serves the decisions over one index")
+        changed = self._feed.drain()
+        if changed and (self._columns or self._ids):
+            rows = {r for r in map(index.row_of.get, changed) if r is not None}
+            for *_, dirty in (*self._columns.values(), *self._ids.values()):
+                dirty |= rows
+        if len(self._by_source) > 2 * len(index) + 64:
+            for source in [s for s in self._by_source if s not in index.row_of]:
+                del self._by_source[source]
+
+    def column(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
+        """``fn(template)`` per row of the bound index (None for rows holding no host)."""
+        index = self._index
+        assert index is not None, "Templates.bind(index) first"
+        entry = self._columns.get(name)
+        if entry is None:
+            entry = self._columns[name] = ([None] * index.size, set(range(index.size)))
+        values, dirty = entry
+        if len(values) < index.size:
+            dirty.update(range(len(values), index.size))
+            values.extend([None] * (index.size - len(values)))
+        if dirty:
+            live, sources = index.live, index.sources
+            for row in dirty:
+                source = sources[row] if row < index.size else None
+                values[row] = fn(self.of(source, index.view(row))) \
+                    if source is not None and live[row] else None
+            dirty.clear()
+        return values
+
+    def column_ids(self, name: str, fn: Callable[[Any], Any]) -> IntArray:
+        """Per row of the bound index a number naming ``fn(template)``; numbered again only
+        for the rows whose source changed (the numbering restarts when it outgrows the
+        index, so a number stays small)."""
+        index = self._index
+        assert index is not None, "Templates.bind(index) first"
+        entry = self._ids.get(name)
+        if entry is None or len(entry[1]) > 2 * index.size + 64:
+            entry = self._ids[name] = (np.zeros(index.size, dtype=np.int64), {},
+                                       set(range(index.size)))
+        ids, numbers, dirty = entry
+        if len(ids) < index.size:
+            grown = np.zeros(max(index.size, 2 * len(ids)), dtype=np.int64)
+            grown[: len(ids)] = ids
+            dirty.update(range(len(ids), index.size))
+            entry = self._ids[name] = (grown, numbers, dirty)
+            ids = grown
+        if dirty:
+            values = self.column(name, fn)
+            for row in dirty:
+                if row < index.size:
+                    ids[row] = numbers.setdefault(values[row], len(numbers))
+            dirty.clear()
+        return ids
+
+
+def host_state(tpl: Any, view: SourceView, heard: float, aggregates: Sequence[Any],
+               consumed: Consumption | None = None) -> Any:
+    """A SharedHostState of ``view``'s host for one decision: the template's attributes, net
+    of the pending claims (ours and the live peers'), then of ``consumed`` (what earlier
+    instances of the request took, as nova's consume_from_request counts it); ``heard``
+    is the wall-clock time nova's servicegroup sees as its last report."""
+    pending = {**view.pending, **view.peer} if view.peer else view.pending
+    hs = host_manager.SharedHostState._make(tpl, vector.Snap(heard, pending), None, 0.0)
+    d = hs.__dict__
+    d["aggregates"] = list(aggregates)
+    if consumed is not None and consumed.claims:
+        res = consumed.resources
+        disk = res.get("disk_gb", 0) * 1024
+        d["free_ram_mb"] -= res.get("memory_mb", 0)
+        d["free_disk_mb"] -= disk
+        d["disk_mb_used"] += disk
+        d["vcpus_used"] += res.get("vcpus", 0)
+        d["num_instances"] += len(consumed.instances)
+        d["num_io_ops"] += consumed.claims
+        d["_extra_instances"] = tuple(consumed.instances) + d["_extra_instances"]
+    return hs
+
+
+class IndexTable:
+    """One decision's HostTable over a HostIndex (see the module docstring).
+
+    Liveness (ComputeFilter's "is the service up"): with ``now`` (the decision's time on the
+    receiver's clock), a host is up when it was heard from within nova's
+    ``service_down_time``, as nova's database servicegroup driver decides; without, the
+    receiver's own status decides (ACTIVE is up: the engine's servicegroup is the
+    receiver, design §4.2).  ``wall_clock`` gives the wall clock nova's checks compare with.
+    """
+
+    def __init__(self, index: HostIndex, templates: Templates, now: float | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.index = index
+        self.templates = templates
+        templates.bind(index)
+        self._wall_now = wall_clock()
+        self._by_status = now is None
+        self._wall_offset = self._wall_now - (now or 0.0)
+        self.touched: set[int] = set()
+        self._gids: IntArray | None = None
+        self._reps: list[int] = []
+        self._hosts: dict[int, Any] = {}
+
+    def rows(self) -> IntArray:
+        """The rows that hold a host, in source order (the engine's order of equal weights)."""
+        index = self.index
+        live = np.flatnonzero(index.live[: index.size])
+        return live[np.argsort(index.rank[live], kind="stable")]
+
+    # -- HostTable -----------------------------------------------------------------------
+
+    def col(self, name: str) -> FloatArray:
+        return self.index.numbers[: self.index.size, COLUMN[name]]
+
+    def group_ids(self) -> IntArray:
+        """The index's own aggregate group numbers (kept between decisions, see HostIndex)."""
+        gids = self._gids
+        if gids is None:
+            index = self.index
+            gids = self._gids = index.gid[AGGREGATE_GROUPS][: index.size].astype(np.int64)
+            live = np.flatnonzero(index.live[: index.size])
+            first = np.full(len(index.tables[AGGREGATE_GROUPS].stubs), -1, dtype=np.int64)
+            first[gids[live[::-1]]] = live[::-1]
+            self._reps = first.tolist()
+        return gids
+
+    def group_rep(self) -> list[int]:
+        self.group_ids()
+        return self._reps
+
+    def aggregates(self, row: int) -> tuple[Any, ...]:
+        index = self.index
+        stub = index.tables[AGGREGATE_GROUPS].stubs[int(index.gid[AGGREGATE_GROUPS][row])]
+        assert isinstance(stub, AggregateStub)
+        return stub.aggregates
+
+    def name(self, row: int) -> str:
+        return self.index.hosts[row]
+
+    def nodename(self, row: int) -> str:
+        return self.index.nodenames[row]
+
+    def cell_uuid(self, row: int) -> str | None:
+        return self.index.cells[row] or self.templates.default_cell
+
+    def instances_of(self, row: int) -> frozenset[str]:
+        return self.index.instances(row)
+
+    def rows_with_instances(self, uuids: Collection[str]) -> set[int]:
+        rows_of = self.index.rows_of_instance
+        return {row for uuid in uuids for row in rows_of(uuid)}
+
+    def seen_up(self, rows: IntArray) -> FloatArray:
+        if self._by_status:
+            return np.where(self.index.up[rows], self._wall_now, 0.0)
+        view = self.index.view
+        return self._wall_offset + np.fromiter((view(r).last_heard for r in rows.tolist()),
+                                               dtype=np.float64, count=len(rows))
+
+    def _heard(self, view: SourceView) -> float:
+        """The wall-clock time of the host's last report, as nova's servicegroup sees it."""
+        if self._by_status:
+            return self._wall_now if view.status is Status.ACTIVE else 0.0
+        return self._wall_offset + view.last_heard
+
+    def now(self) -> float:
+        return self._wall_now
+
+    def values(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
+        return self.templates.column(name, fn)
+
+    def value_ids(self, name: str, fn: Callable[[Any], Any]) -> IntArray:
+        return self.templates.column_ids(name, fn)
+
+    def per_request_attribute(self, name: str) -> bool:
+        live = np.flatnonzero(self.index.live[: self.index.size])
+        if not len(live):
+            return False
+        return name not in self._template(int(live[0])).attrs \
+            and hasattr(host_manager.SharedHostState, name)
+
+    def host(self, row: int) -> Any:
+        """The row's SharedHostState for this decision (built on first use)."""
+        hs = self._hosts.get(row)
+        if hs is None:
+            hs = self._hosts[row] = self.consumed_host(row, None)
+        return hs
+
+    def consumed_host(self, row: int, consumed: Consumption | None) -> Any:
+        """A new SharedHostState of the row, net of ``consumed`` too (see :func:`host_state`)."""
+        view = self.index.view(row)
+        hs = host_state(self._template(row), view, self._heard(view), self.aggregates(row),
+                        consumed)
+        hs.__dict__["_index_row"] = row
+        return hs
+
+    def row_of(self, host: Any) -> int:
+        return host.__dict__["_index_row"]  # type: ignore[no-any-return]
+
+    def _template(self, row: int) -> Any:
+        source = self.index.sources[row]
+        assert source is not None
+        return self.templates.of(source, self.index.view(row))
+
+
+__all__ = ["IndexTable", "Templates"]

@@ -1,0 +1,134 @@
+"""The engine deciding with nova's own classes through the vector core (nova/core_plugins.py).
+
+What the differential tests (test_own_core_vs_nova.py, test_nova_vector.py) do not
+pin down: what changes between decisions reaches nova's classes over the index
+(a delta, a host going down), where the engine's receiver stands in for nova's
+servicegroup, that the engine's options reach nova's classes, and the benchmark
+that measures the two cores side by side.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
+
+from protocol.document import SET  # noqa: E402
+from protocol.messages import Delta  # noqa: E402
+from shared_host_manager.conf.decision import SchedulerConfig  # noqa: E402
+from shared_host_manager.decision.engine import DecisionEngine  # noqa: E402
+from shared_host_manager.decision.request import Flavor, RequestSpec  # noqa: E402
+from shared_host_manager.nova import core_plugins  # noqa: E402
+from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from simulator import bench_decisions  # noqa: E402
+from simulator.synthetic_hosts import host_doc, load_receiver  # noqa: E402
+
+CONF = fx.setup_nova()
+
+FILTERS = ("ComputeFilter", "ResourceFitFilter", "ImagePropertiesFilter")
+WEIGHERS = ("RAMWeigher",)
+
+
+def _engine(docs: dict, path: str = "fast", **receiver: object) -> DecisionEngine:
+    config = SchedulerConfig(enabled_filters=FILTERS, weight_classes=WEIGHERS)
+    shared = core_plugins.Shared()
+    rec = load_receiver(docs, **receiver)  # type: ignore[arg-type]
+    return DecisionEngine(rec, lambda claim: None, config=config, path=path,
+                          filters=core_plugins.load_filters(FILTERS, config, shared),
+                          weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+
+
+def _hosts(engine: DecisionEngine, spec: RequestSpec) -> list[str]:
+    return [source for source, _ in engine.ordered_hosts(spec)]
+
+
+def test_names_nova_has_become_novas_classes_the_rest_stay_ours() -> None:
+    engine = _engine({"a": host_doc("a")})
+    kinds = {f.name: type(f).__name__ for f in engine.filters}
+    assert kinds == {"ComputeFilter": "NovaFilter", "ResourceFitFilter": "ResourceFitFilter",
+                     "ImagePropertiesFilter": "NovaFilter"}
+    assert [type(w).__name__ for w in engine.weighers] == ["NovaWeigher"]
+
+
+@pytest.mark.parametrize("path", ["fast", "slow"])
+def test_a_delta_reaches_novas_classes_at_the_next_decision(path: str) -> None:
+    """The per-row values nova's classes group by (here the supported instances) are kept
+    between decisions: a delta must renew them."""
+    engine = _engine({"a": host_doc("a"), "b": host_doc("b", supported_instances=[
+        ["aarch64", "qemu", "hvm"]])}, path)
+    arm = RequestSpec(flavor=Flavor(1, 512, 1), image_properties={"hw_architecture": "aarch64"},
+                      instance_uuids=("i1",))
+    assert _hosts(engine, arm) == ["b"]
+    engine.receiver.receive(Delta("a", 1, 1, [[SET, "compute", "supported_instances",
+                                               [["aarch64", "qemu", "hvm"]]]]), 1.0)
+    assert sorted(_hosts(engine, arm)) == ["a", "b"]
+    engine.receiver.receive(Delta("b", 1, 1, [[SET, "compute", "supported_instances",
+                                               [["x86_64", "qemu", "hvm"]]]]), 2.0)
+    assert _hosts(engine, arm) == ["a"]
+
+
+@pytest.mark.parametrize("path", ["fast", "slow"])
+def test_the_receiver_is_novas_servicegroup(path: str) -> None:
+    """A host the receiver no longer hears from (DOWN) fails nova's ComputeFilter; so does a
+    disabled one."""
+    engine = _engine({"a": host_doc("a"), "b": host_doc("b"), "c": host_doc("c", disabled=True)},
+                     path, down_interval=10.0)
+    spec = RequestSpec(flavor=Flavor(1, 512, 1), instance_uuids=("i1",))
+    assert sorted(_hosts(engine, spec)) == ["a", "b"]
+    for t in (4.0, 8.0, 12.0):  # a keeps reporting, b is silent past the down interval
+        engine.receiver.receive(Delta("a", 1, int(t), [[SET, "compute", "num_io_ops", 0]]), t)
+        engine.receiver.tick(t)
+    assert _hosts(engine, spec) == ["a"]
+
+
+def test_the_engines_options_reach_novas_classes() -> None:
+    """nova's weighers read the engine's multiplier: -1 prefers the fullest host."""
+    docs = {"a": host_doc("a", memory_mb_used=1024), "b": host_doc("b", memory_mb_used=65536)}
+    spec = RequestSpec(flavor=Flavor(1, 512, 1), instance_uuids=("i1",))
+    try:
+        for multiplier, best in ((1.0, "a"), (-1.0, "b")):
+            config = SchedulerConfig(enabled_filters=FILTERS, weight_classes=WEIGHERS,
+                                     ram_weight_multiplier=multiplier)
+            shared = core_plugins.Shared()
+            engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
+                                    filters=core_plugins.load_filters(FILTERS, config, shared),
+                                    weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+            assert CONF.filter_scheduler.ram_weight_multiplier == multiplier
+            assert _hosts(engine, spec)[0] == best
+    finally:
+        for name in core_plugins.SHARED_OPTIONS:
+            CONF.clear_override(name, group="filter_scheduler")
+
+
+def test_a_multi_create_consumes_on_novas_host_objects() -> None:
+    """The second instance sees what the first took (the request's scratch on nova's host
+    object): one host with room for one instance only, the other for two."""
+    docs = {"a": host_doc("a", memory_mb=4096), "b": host_doc("b", memory_mb=8192)}
+    config = SchedulerConfig(enabled_filters=("ComputeFilter", "ResourceFitFilter"),
+                             weight_classes=("RAMWeigher",), host_subset_size_max=1)
+    shared = core_plugins.Shared()
+    engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
+                            filters=core_plugins.load_filters(config.enabled_filters, config, shared),
+                            weighers=core_plugins.load_weighers(config.weight_classes, config,
+                                                                shared))
+    spec = RequestSpec(flavor=Flavor(1, 3072, 1), instance_uuids=("i1", "i2", "i3"))
+    took = [row[0].source for row in engine.select_destinations(spec, 0.0, dry_run=True)]
+    # RAMWeigher: b (8 GB free) first; then a (4 GB) against b's 5 GB left: b; then a
+    assert took == ["b", "b", "a"]
+
+
+def test_bench_decisions_measures_both_cores_side_by_side(tmp_path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    rc = bench_decisions.main(["--hosts", "40", "--runs", "2", "--decisions", "10",
+                               "--slow-decisions", "2", "--core", "both", "--json", str(out)])
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["core"] == "both"
+    nova = result["nova_core"]
+    assert nova["same_ranking"] is True
+    assert nova["fast"]["core"] == "nova" and len(nova["fast"]["runs"]) == 2
+    assert "NovaFilter" not in nova["fast"]["filters"]  # the names are nova's own
+    assert nova["fast"]["filters"] == result["fast"]["filters"]
+    assert "nova's classes / own" in capsys.readouterr().out
