@@ -1037,11 +1037,8 @@ class DecisionEngine:
             for wg, mult in mults:
                 if isinstance(mult, float) and mult == 0.0:
                     continue  # adds 0.0 * x: no change (skipped like a zero multiplier)
-                column = None
-                if wg.index_column is not None:
-                    column = ix.weigher_cols[wg.index_column][idx]
-                else:
-                    column = wg.vector_weights(ix, req, idx)
+                column = (ix.weigher_cols[wg.index_column][idx] if wg.index_column is not None
+                          else wg.vector_weights(ix, req, idx))
                 if column is None:
                     x = np.fromiter(
                         (wg._weigh_object(touched.get(r) or HostView(ix.view(r)), req)

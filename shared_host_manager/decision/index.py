@@ -193,9 +193,6 @@ class HostIndex:
     num_io_ops: IntArray
     #: per WEIGHER_COLUMNS name: the weigher's raw input
     weigher_cols: dict[str, FloatArray]
-    #: per row, nova's numbers of the host (decision/host_table.py COLUMNS), net of
-    #: pending claims: what nova's filters and weighers read through the vector core
-    numbers: npt.NDArray[np.float64]
     #: per group kind: the row's group id in that table
     gid: dict[str, GroupIdArray]
     #: the row's position in source id order (ties of equal weight)
@@ -236,6 +233,9 @@ class HostIndex:
         self._volume_sources: dict[str, set[str]] = {}
         self._foreign: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
         self._rank_dirty = False
+        # nova's numbers of every row (nova_numbers), kept once first asked for
+        self._numbers: npt.NDArray[np.float64] | None = None
+        self._numbers_stale: set[int] = set()
         self.stats = {"syncs": 0, "rows_refreshed": 0, "rows_added": 0, "rows_freed": 0,
                       "compactions": 0}
         self._grow(capacity)
@@ -266,10 +266,10 @@ class HostIndex:
         self.num_io_ops = grow(None if first else self.num_io_ops, np.int64)
         self.weigher_cols = {c: grow(None if first else self.weigher_cols[c], np.float64)
                              for c in WEIGHER_COLUMNS}
-        numbers = np.zeros((new, len(COLUMNS)))
-        if not first:
-            numbers[: self._cap] = self.numbers[: self._cap]
-        self.numbers = numbers
+        if self._numbers is not None:
+            numbers = np.zeros((new, len(COLUMNS)))
+            numbers[: self._cap] = self._numbers[: self._cap]
+            self._numbers = numbers
         self.gid = {k: grow(None if first else self.gid[k], np.int32) for k in self.tables}
         self.rank = grow(None if first else self.rank, np.int64)
         self._cap = new
@@ -400,9 +400,8 @@ class HostIndex:
             cols[name][row] = value
         self.num_instances[row] = numbers[3]
         self.num_io_ops[row] = numbers[4]
-        nova_numbers = self.numbers[row]
-        nova_numbers[:] = document_numbers(compute, service_of(doc), doc.get(PCI))
-        add_pending(nova_numbers, pending, claims, n_inst)
+        if self._numbers is not None:
+            self._numbers_stale.add(row)
         host = host_name(compute, source)
         if host != self.hosts[row]:
             self._set_host(row, host)
@@ -651,6 +650,28 @@ class HostIndex:
             if cache_key is not None:
                 self._vcache[key] = hit
         return hit[1], hit[2]
+
+    def nova_numbers(self) -> npt.NDArray[np.float64]:
+        """Per row, nova's numbers of the host (decision/host_table.py COLUMNS), net of
+        pending claims: what nova's filters and weighers read through the vector core.  Kept
+        from the first call on (rows refreshed since are derived again here), so an engine
+        that never decides with nova's classes never derives them."""
+        numbers = self._numbers
+        if numbers is None:
+            numbers = self._numbers = np.zeros((self._cap, len(COLUMNS)))
+            self._numbers_stale = set(np.flatnonzero(self.live[: self.size]).tolist())
+        stale, self._numbers_stale = self._numbers_stale, set()
+        for row in stale:
+            source = self.sources[row]
+            if source is None or not self.live[row]:
+                continue
+            view = self.receiver.sources[source]
+            doc = view.doc
+            assert doc is not None
+            claims, n_inst, _ = pending_counts(view)
+            numbers[row] = document_numbers(doc["compute"], service_of(doc), doc.get(PCI))
+            add_pending(numbers[row], held_usage(view), claims, n_inst)
+        return numbers
 
     def instances(self, row: int) -> frozenset[str]:
         """The instances on the row's host: reported, or pending with a claim (ours or a

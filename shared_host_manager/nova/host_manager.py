@@ -236,7 +236,7 @@ def _parts(doc: Any, previous: _Template | None) -> dict[str, Any]:
 
 
 def build_template(source: str, view: Any, default_cell: str | None,
-                    previous: _Template | None) -> _Template | None:
+                   previous: _Template | None) -> _Template | None:
     doc = view.doc
     c = doc.get(hostdoc.COMPUTE)
     if not c:

@@ -173,6 +173,7 @@ class IndexTable:
         self._gids: IntArray | None = None
         self._reps: list[int] = []
         self._hosts: dict[int, Any] = {}
+        self._numbers: FloatArray | None = None
 
     def rows(self) -> IntArray:
         """The rows that hold a host, in source order (the engine's order of equal weights)."""
@@ -183,7 +184,10 @@ class IndexTable:
     # -- HostTable -----------------------------------------------------------------------
 
     def col(self, name: str) -> FloatArray:
-        return self.index.numbers[: self.index.size, COLUMN[name]]
+        numbers = self._numbers
+        if numbers is None:
+            numbers = self._numbers = self.index.nova_numbers()
+        return numbers[: self.index.size, COLUMN[name]]
 
     def group_ids(self) -> IntArray:
         """The index's own aggregate group numbers (kept between decisions, see HostIndex)."""

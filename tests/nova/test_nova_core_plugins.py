@@ -83,6 +83,30 @@ def test_the_receiver_is_novas_servicegroup(path: str) -> None:
     assert _hosts(engine, spec) == ["a"]
 
 
+@pytest.mark.parametrize("path", ["fast", "slow"])
+def test_a_claim_reaches_novas_classes_at_the_next_decision(path: str) -> None:
+    """The numbers nova's classes read are kept between decisions too: a claim the engine
+    registered counts an instance on its host at the next decision (max_instances_per_host
+    1: one decision per host)."""
+    docs = {name: host_doc(name, num_instances=0) for name in ("a", "b", "c")}
+    config = SchedulerConfig(enabled_filters=("ComputeFilter", "NumInstancesFilter"),
+                             weight_classes=WEIGHERS, max_instances_per_host=1)
+    shared = core_plugins.Shared()
+    try:
+        engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
+                                path=path,
+                                filters=core_plugins.load_filters(config.enabled_filters, config,
+                                                                  shared),
+                                weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+        took = [engine.select_destinations(RequestSpec(flavor=Flavor(1, 512, 1),
+                                                       instance_uuids=(f"i{k}",)), 0.0)[0][0].source
+                for k in range(3)]
+        assert sorted(took) == ["a", "b", "c"]
+    finally:
+        for name in core_plugins.SHARED_OPTIONS:
+            CONF.clear_override(name, group="filter_scheduler")
+
+
 def test_the_engines_options_reach_novas_classes() -> None:
     """nova's weighers read the engine's multiplier: -1 prefers the fullest host."""
     docs = {"a": host_doc("a", memory_mb_used=1024), "b": host_doc("b", memory_mb_used=65536)}
