@@ -21,6 +21,12 @@ tests in tests/nova/test_nova_vector.py are the definition of "same"):
   nova's order; so does every filter and weigher on a host nova's manager has
   already touched (consumed in a multi-create).
 
+The forms read their hosts through
+:class:`~shared_host_manager.decision.host_table.HostTable` only (design §5.8):
+the drop-in's :class:`HostRows` below, or the engine's index
+(:mod:`.index_table`), so the same forms decide for nova-scheduler-shared and,
+when it loads nova's classes (:mod:`.core_plugins`), for the project's engine.
+
 Life cycle (one request)::
 
     get_host_states_by_uuids (under cache.lock)
