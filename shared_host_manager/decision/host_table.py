@@ -26,7 +26,7 @@ array of them (a holder may have rows that hold no host; they are never asked).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -119,6 +119,14 @@ class HostTable(Protocol):
 
     def group_rep(self) -> Sequence[int]:
         """One row of each aggregate group, by group number; -1 for a number no row has."""
+        ...
+
+    def group_answers(self, key: Hashable, answer: Callable[[Sequence[Any]], Any]
+                      ) -> FloatArray | None:
+        """Per aggregate group number, ``answer(the group's aggregates)``, kept across
+        decisions under ``key`` (which names everything ``answer`` reads besides the
+        aggregates); None where the holder keeps no answers (then the caller asks per group
+        of its rows)."""
         ...
 
     def aggregates(self, row: int) -> Sequence[Any]:

@@ -648,6 +648,8 @@ class HostIndex:
                                count=len(table.stubs))
             hit = (table.version, vals, bool(len(vals) == 0 or (vals == vals[0]).all()))
             if cache_key is not None:
+                if len(self._vcache) > 4096:
+                    self._vcache.clear()
                 self._vcache[key] = hit
         return hit[1], hit[2]
 

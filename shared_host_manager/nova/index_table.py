@@ -29,7 +29,7 @@ index's caller holds, and dropped with the decision.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -204,6 +204,13 @@ class IndexTable:
     def group_rep(self) -> list[int]:
         self.group_ids()
         return self._reps
+
+    def group_answers(self, key: Hashable, answer: Callable[[Sequence[Any]], Any]
+                      ) -> FloatArray:
+        """Kept by the index per group table version (HostIndex.group_values)."""
+        values, _ = self.index.group_values(AGGREGATE_GROUPS, ("nova", key),
+                                            lambda stub: answer(stub.aggregates))
+        return values
 
     def aggregates(self, row: int) -> tuple[Any, ...]:
         index = self.index

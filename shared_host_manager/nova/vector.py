@@ -364,6 +364,9 @@ class HostRows:
     def group_rep(self) -> list[int]:
         return self._group_rep
 
+    def group_answers(self, key: Any, answer: Callable[[Any], Any]) -> None:
+        return None  # per request: nothing to keep answers across
+
     def value_ids(self, name: str, fn: Callable[[Any], Any]) -> IntArray:
         """Per row a number naming ``fn(template)`` (equal values, equal numbers)."""
         ids: dict[Any, int] = {}
@@ -725,23 +728,56 @@ def _json(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None
     return None
 
 
-def _limit(column: str, getter: str) -> VectorFilter:
+def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any], Any],
+               dtype: Any = bool) -> npt.NDArray[Any]:
+    """``answer(host)`` for the rows of ``idx``, asked once per aggregate group on a probe
+    holding the group's aggregates; kept across decisions under ``key`` where the holder
+    keeps such answers (``key``: what ``answer`` reads besides the aggregates; None: not
+    known, asked again)."""
+    kept = None
+    if key is not None:
+        try:
+            kept = rows.group_answers(key, lambda aggregates: answer(_Probe(aggregates, "", "")))
+        except Exception:  # noqa: BLE001 - nova's code raised for some group: ask the groups
+            kept = None    # of these rows only, as nova's handler would (and raise if it does)
+    if kept is not None:
+        return kept[rows.group_ids()[idx]].astype(dtype, copy=False)
+    probe = _agg_probe(rows)
+    return _once_per_group(idx, rows.group_ids(), lambda row: answer(probe(row)), dtype=dtype)
+
+
+def _limit(column: str, getter: str, option: str) -> VectorFilter:
     """NumInstances/IoOps (and their aggregate forms): the limit per aggregate group, by nova."""
     def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
         if _rebuild_skips(f, spec):
             return _all(idx)
+        from nova import conf as nova_conf
+
         get_max = getattr(f, getter)
-        probe = _agg_probe(rows)
-        lim = _once_per_group(idx, rows.group_ids(), lambda row: get_max(probe(row), spec),
-                              dtype=np.float64)
+        # nova's getters read the option and the aggregates, not the request
+        key = (type(f), getattr(nova_conf.CONF.filter_scheduler, option))
+        lim = _per_group(rows, idx, key, lambda host: get_max(host, spec), dtype=np.float64)
         return rows.col(column)[idx] < lim
     return vf
 
 
+#: what nova's aggregate filters read of a request besides the hosts' aggregates: their
+#: per-group answers are kept across decisions under it (a class without an entry is asked
+#: every request)
+_REQUEST_KEYS: dict[type, Callable[[Any], Any]] = {
+    aggregate_instance_extra_specs.AggregateInstanceExtraSpecsFilter: lambda spec: tuple(
+        sorted(spec.flavor.extra_specs.items())) if "extra_specs" in spec.flavor else None,
+    aggregate_multitenancy_isolation.AggregateMultiTenancyIsolation: lambda spec: (
+        spec.project_id,),
+}
+
+
 def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
-    probe = _agg_probe(rows)
-    return _once_per_group(idx, rows.group_ids(),
-                           lambda row: bool(f._filter_one(probe(row), spec)))
+    request_key = _REQUEST_KEYS.get(type(f))
+    key = None
+    if request_key is not None and not _rebuild_skips(f, spec):
+        key = (type(f), request_key(spec))
+    return _per_group(rows, idx, key, lambda host: bool(f._filter_one(host, spec)))
 
 
 def _isolated(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
@@ -813,11 +849,13 @@ VECTOR_FILTERS: dict[type, VectorFilter] = {
     aggregate_image_properties_isolation.AggregateImagePropertiesIsolation: _by_aggregates,
     aggregate_multitenancy_isolation.AggregateMultiTenancyIsolation: _by_aggregates,
     type_filter.AggregateTypeAffinityFilter: _by_aggregates,
-    num_instances_filter.NumInstancesFilter: _limit("num_instances", "_get_max_instances_per_host"),
-    num_instances_filter.AggregateNumInstancesFilter: _limit("num_instances",
-                                                             "_get_max_instances_per_host"),
-    io_ops_filter.IoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host"),
-    io_ops_filter.AggregateIoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host"),
+    num_instances_filter.NumInstancesFilter: _limit("num_instances", "_get_max_instances_per_host",
+                                                    "max_instances_per_host"),
+    num_instances_filter.AggregateNumInstancesFilter: _limit(
+        "num_instances", "_get_max_instances_per_host", "max_instances_per_host"),
+    io_ops_filter.IoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host", "max_io_ops_per_host"),
+    io_ops_filter.AggregateIoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host",
+                                               "max_io_ops_per_host"),
     isolated_hosts_filter.IsolatedHostsFilter: _rebuild_wrapped(_isolated),
     json_filter.JsonFilter: _json,
     metrics_filter.MetricsFilter: _metrics,
@@ -1064,6 +1102,15 @@ def _multipliers(w: Any, rows: HostTable, idx: list[int], arr: IntArray,
         return np.fromiter((w.weight_multiplier(o) for o in hosts()), dtype=np.float64,
                            count=len(idx))
     gids = rows.group_ids()
+    # the multiplier nova reads from its options when no aggregate overrides it: with the
+    # class, all the answer depends on besides the aggregates
+    kept = rows.group_answers((type(w), w.weight_multiplier(_Probe([], "", ""))),
+                              lambda aggregates: w.weight_multiplier(_Probe(aggregates, "", "")))
+    if kept is not None:
+        out = kept[gids[arr]].astype(np.float64)
+        for j in touched:
+            out[j] = w.weight_multiplier(rows.host(idx[j]))
+        return out
     reps = rows.group_rep()
     per_group = np.zeros(len(reps))
     for g, row in enumerate(reps):

@@ -107,6 +107,32 @@ def test_a_claim_reaches_novas_classes_at_the_next_decision(path: str) -> None:
             CONF.clear_override(name, group="filter_scheduler")
 
 
+def test_per_group_answers_kept_across_decisions_follow_the_request_and_the_aggregates() -> None:
+    """nova's aggregate filters are asked once per aggregate group and the answers kept
+    between decisions, under what the request asks (here its project): another project,
+    or new aggregate metadata, is asked again."""
+    private = {"agg-p": {"name": "p", "metadata": {"filter_tenant_id": "p1"}}}
+    docs = {"a": host_doc("a", aggregates=private), "b": host_doc("b")}
+    names = ("ComputeFilter", "AggregateMultiTenancyIsolation")
+    config = SchedulerConfig(enabled_filters=names, weight_classes=WEIGHERS)
+    shared = core_plugins.Shared()
+    engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
+                            filters=core_plugins.load_filters(names, config, shared),
+                            weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+
+    def hosts(project: str) -> list[str]:
+        return sorted(_hosts(engine, RequestSpec(flavor=Flavor(1, 512, 1), project_id=project,
+                                                 instance_uuids=("i1",))))
+
+    assert hosts("p1") == ["a", "b"]
+    assert hosts("p2") == ["b"]
+    assert hosts("p1") == ["a", "b"]
+    engine.receiver.receive(Delta("a", 1, 1, [[SET, "aggregates", "agg-p", {
+        "name": "p", "metadata": {"filter_tenant_id": "p2"}}]]), 1.0)
+    assert hosts("p1") == ["b"]
+    assert hosts("p2") == ["a", "b"]
+
+
 def test_the_engines_options_reach_novas_classes() -> None:
     """nova's weighers read the engine's multiplier: -1 prefers the fullest host."""
     docs = {"a": host_doc("a", memory_mb_used=1024), "b": host_doc("b", memory_mb_used=65536)}
