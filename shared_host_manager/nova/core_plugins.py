@@ -58,6 +58,7 @@ class Shared:
 
     def __init__(self, default_cell: str | None = None) -> None:
         self.templates = Templates(default_cell)
+        self.objects = _Objects()
 
     def request(self, index: HostIndex | None, req: RequestView) -> _NovaRequest:
         """The request's nova face (made once per request, see the module docstring)."""
@@ -74,7 +75,7 @@ class _NovaRequest:
         self.shared = shared
         self.req = req
         self.table: IndexTable | None = None
-        self._spec = nova_spec(req)
+        self._spec = nova_spec(req, shared.objects)
         self._for: tuple[int, int] | None = None
 
     def spec(self) -> Any:
@@ -111,10 +112,45 @@ class _NovaRequest:
         return host_state(tpl, view, heard, hv.aggregates, hv.overlay)
 
 
-def nova_spec(req: RequestView) -> Any:
-    """nova's RequestSpec of an engine request, as nova's conductor would hand it over."""
+class _Objects:
+    """nova's Flavor and ImageMeta objects of the requests seen lately, made once each:
+    nova's filters and weighers only read them, and making them is most of the cost of a
+    RequestSpec."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._flavors: dict[Any, Any] = {}
+        self._images: dict[Any, Any] = {}
+
+    def flavor(self, f: Any) -> Any:
+        key = (f.vcpus, f.memory_mb, f.root_gb, f.ephemeral_gb, f.swap,
+               tuple(sorted(f.extra_specs.items())))
+        hit = self._flavors.get(key)
+        if hit is None:
+            if len(self._flavors) >= self.size:
+                self._flavors.clear()
+            hit = self._flavors[key] = objects.Flavor(
+                flavorid="shm", name="shm", memory_mb=f.memory_mb, vcpus=f.vcpus,
+                root_gb=f.root_gb, ephemeral_gb=f.ephemeral_gb, swap=f.swap,
+                extra_specs=dict(f.extra_specs))
+        return hit
+
+    def image(self, properties: Any) -> Any:
+        key = tuple(sorted((k, repr(v)) for k, v in properties.items()))
+        hit = self._images.get(key)
+        if hit is None:
+            if len(self._images) >= self.size:
+                self._images.clear()
+            hit = self._images[key] = objects.ImageMeta.from_dict(
+                {"properties": dict(properties)})
+        return hit
+
+
+def nova_spec(req: RequestView, made: _Objects | None = None) -> Any:
+    """nova's RequestSpec of an engine request, as nova's conductor would hand it over
+    (``made``: where to find the Flavor and ImageMeta objects made for earlier requests)."""
+    made = made or _Objects(0)
     spec = req.spec
-    f = spec.flavor
     group = None
     g = req.instance_group
     if g is not None:
@@ -130,10 +166,7 @@ def nova_spec(req: RequestView) -> Any:
         user_id=spec.user_id or None, num_instances=max(1, len(spec.instance_uuids) or
                                                           spec.num_instances),
         is_bfv=spec.is_bfv,
-        flavor=objects.Flavor(flavorid="shm", name="shm", memory_mb=f.memory_mb, vcpus=f.vcpus,
-                              root_gb=f.root_gb, ephemeral_gb=f.ephemeral_gb, swap=f.swap,
-                              extra_specs=dict(f.extra_specs)),
-        image=objects.ImageMeta.from_dict({"properties": dict(spec.image_properties)}),
+        flavor=made.flavor(spec.flavor), image=made.image(spec.image_properties),
         numa_topology=None, pci_requests=objects.InstancePCIRequests(requests=[]),
         instance_group=group, scheduler_hints=hints, ignore_hosts=list(spec.ignore_hosts),
         force_hosts=list(spec.force_hosts), force_nodes=list(spec.force_nodes),
