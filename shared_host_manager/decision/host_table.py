@@ -106,6 +106,8 @@ class HostTable(Protocol):
     #: rows whose host object nova's manager has used (its numbers may differ from the
     #: columns now): the forms leave these to nova's classes, one by one
     touched: Collection[int]
+    #: whether :meth:`group_answers` keeps answers (else it is not worth making a key)
+    keeps_group_answers: bool
 
     def col(self, name: str) -> FloatArray:
         """One of :data:`COLUMNS` for every row, net of pending claims."""

@@ -205,6 +205,8 @@ class IndexTable:
         self.group_ids()
         return self._reps
 
+    keeps_group_answers = True
+
     def group_answers(self, key: Hashable, answer: Callable[[Sequence[Any]], Any]
                       ) -> FloatArray:
         """Kept by the index per group table version (HostIndex.group_values)."""

@@ -364,8 +364,11 @@ class HostRows:
     def group_rep(self) -> list[int]:
         return self._group_rep
 
+    #: per request: no answers kept across requests
+    keeps_group_answers = False
+
     def group_answers(self, key: Any, answer: Callable[[Any], Any]) -> None:
-        return None  # per request: nothing to keep answers across
+        return None
 
     def value_ids(self, name: str, fn: Callable[[Any], Any]) -> IntArray:
         """Per row a number naming ``fn(template)`` (equal values, equal numbers)."""
@@ -735,7 +738,7 @@ def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any],
     keeps such answers (``key``: what ``answer`` reads besides the aggregates; None: not
     known, asked again)."""
     kept = None
-    if key is not None:
+    if key is not None and rows.keeps_group_answers:
         try:
             kept = rows.group_answers(key, lambda aggregates: answer(_Probe(aggregates, "", "")))
         except Exception:  # noqa: BLE001 - nova's code raised for some group: ask the groups
@@ -1105,7 +1108,8 @@ def _multipliers(w: Any, rows: HostTable, idx: list[int], arr: IntArray,
     # the multiplier nova reads from its options when no aggregate overrides it: with the
     # class, all the answer depends on besides the aggregates
     kept = rows.group_answers((type(w), w.weight_multiplier(_Probe([], "", ""))),
-                              lambda aggregates: w.weight_multiplier(_Probe(aggregates, "", "")))
+                              lambda aggregates: w.weight_multiplier(_Probe(aggregates, "", ""))) \
+        if rows.keeps_group_answers else None
     if kept is not None:
         out = kept[gids[arr]].astype(np.float64)
         for j in touched:
