@@ -45,9 +45,6 @@ COLUMNS = ("free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used", "num_ins
            "hypervisor_version", "pci_free", "down")
 COLUMN = {name: i for i, name in enumerate(COLUMNS)}
 
-_FREE_RAM, _FREE_DISK, _DISK_USED, _VCPUS_USED, _INSTANCES, _IO_OPS = range(6)
-
-
 def allocation_ratio(compute: Mapping[str, Any], key: str) -> float:
     """An allocation ratio as the host state holds it: the reported one if positive, else 1.0."""
     value: Any = compute.get(key)
@@ -83,21 +80,25 @@ def document_numbers(compute: Mapping[str, Any], service: Mapping[str, Any],
             1.0 if service_down(service) else 0.0)
 
 
+def pending_changes(resources: Mapping[str, int], claims: int, instances: int
+                    ) -> tuple[tuple[str, int], ...]:
+    """(number, change) of pending claims, as nova's consume_from_request counts a selected
+    instance: their resources as used, each claim an I/O op, each claimed instance an
+    instance (design §5.2).  Applied to a row of numbers (:func:`add_pending`) and to a
+    host object's attributes alike."""
+    if not claims:
+        return ()
+    disk = resources.get("disk_gb", 0) * 1024
+    return (("free_ram_mb", -resources.get("memory_mb", 0)), ("free_disk_mb", -disk),
+            ("disk_mb_used", disk), ("vcpus_used", resources.get("vcpus", 0)),
+            ("num_instances", instances), ("num_io_ops", claims))
+
+
 def add_pending(numbers: FloatArray, resources: Mapping[str, int], claims: int,
                 instances: int) -> None:
-    """Count pending claims into one row of numbers, in place, as nova's consume_from_request
-    counts a selected instance: their resources as used, each claim an I/O op, each claimed
-    instance an instance (design §5.2)."""
-    if not claims:
-        return
-    vcpus, mem, disk = resources.get("vcpus", 0), resources.get("memory_mb", 0), \
-        resources.get("disk_gb", 0)
-    numbers[_FREE_RAM] -= mem
-    numbers[_FREE_DISK] -= disk * 1024
-    numbers[_DISK_USED] += disk * 1024
-    numbers[_VCPUS_USED] += vcpus
-    numbers[_INSTANCES] += instances
-    numbers[_IO_OPS] += claims
+    """Count pending claims into one row of numbers, in place (:func:`pending_changes`)."""
+    for name, change in pending_changes(resources, claims, instances):
+        numbers[COLUMN[name]] += change
 
 
 class HostTable(Protocol):
@@ -150,8 +151,9 @@ class HostTable(Protocol):
         """The instance uuids on the row's host, pending ones included."""
         ...
 
-    def rows_with_instances(self, uuids: Collection[str]) -> Collection[int]:
-        """The rows holding any of ``uuids`` (as :meth:`instances_of` has them)."""
+    def rows_with_instances(self, uuids: Collection[str], among: IntArray) -> Collection[int]:
+        """The rows holding any of ``uuids`` (as :meth:`instances_of` has them); at least
+        those of ``among``, the rows the caller asks about."""
         ...
 
     def seen_up(self, rows: IntArray) -> FloatArray:
@@ -188,4 +190,4 @@ class HostTable(Protocol):
 
 
 __all__ = ["COLUMN", "COLUMNS", "HostTable", "add_pending", "allocation_ratio",
-           "document_numbers", "service_down"]
+           "document_numbers", "pending_changes", "service_down"]

@@ -31,7 +31,7 @@ decisions), one ``_NovaRequest`` per request.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -39,7 +39,6 @@ from nova import objects
 from nova.scheduler import filters as nova_filters
 from nova.scheduler import weights as nova_weights
 
-from protocol.receiver import Status
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision import plugins
 from shared_host_manager.decision.filters import BaseHostFilter
@@ -48,7 +47,12 @@ from shared_host_manager.decision.index import HostIndex, VectorResult
 from shared_host_manager.decision.request import RequestView
 from shared_host_manager.decision.weights import BaseHostWeigher
 from shared_host_manager.nova import vector
-from shared_host_manager.nova.index_table import IndexTable, Templates, host_state
+from shared_host_manager.nova.index_table import (
+    IndexTable,
+    Templates,
+    heard_by_status,
+    host_state,
+)
 
 _P = TypeVar("_P")
 
@@ -108,8 +112,8 @@ class _NovaRequest:
                 return self.table.consumed_host(row, hv.overlay)
         view = hv.view
         tpl = self.shared.templates.of(hv.uuid, view)
-        heard = time.time() if view.status is Status.ACTIVE else 0.0
-        return host_state(tpl, view, heard, hv.aggregates, hv.overlay)
+        return host_state(tpl, view, heard_by_status(view, time.time()), hv.aggregates,
+                          hv.overlay)
 
 
 class _Objects:
@@ -214,16 +218,6 @@ class NovaFilter(BaseHostFilter):
         return bool(self.nova._filter_one(nova_req.host(host_state), nova_req.spec()))
 
 
-class _Probe:
-    """What nova's weight_multiplier reads: aggregates."""
-
-    __slots__ = ("aggregates", "host", "nodename")
-
-    def __init__(self, aggregates: Sequence[Any]) -> None:
-        self.aggregates = list(aggregates)
-        self.host = self.nodename = ""
-
-
 class NovaWeigher(BaseHostWeigher):
     """One of nova's weigher classes as an engine weigher (see the module docstring)."""
 
@@ -242,10 +236,11 @@ class NovaWeigher(BaseHostWeigher):
     @property
     def default_multiplier(self) -> float:
         # nova reads its option on every call: the cache key of the per-group multipliers
-        return float(self.nova.weight_multiplier(_Probe(())))
+        return float(self.nova.weight_multiplier(vector.Probe([], "", "")))
 
     def weight_multiplier(self, host_state: HasAggregates) -> float:
-        return float(self.nova.weight_multiplier(_Probe(host_state.aggregates)))
+        return float(self.nova.weight_multiplier(vector.Probe(list(host_state.aggregates), "",
+                                                              "")))
 
     def vector_weights(self, index: HostIndex, spec_obj: RequestView, rows: Any) -> Any:
         vw = vector.VECTOR_WEIGHERS.get(type(self.nova))

@@ -100,7 +100,11 @@ from nova.scheduler import host_manager as nova_host_manager
 from protocol import hostdoc
 from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
-from shared_host_manager.decision.host_table import allocation_ratio, document_numbers
+from shared_host_manager.decision.host_table import (
+    allocation_ratio,
+    document_numbers,
+    pending_changes,
+)
 from shared_host_manager.decision.subset import PeerOwnership
 from shared_host_manager.nova import decision_log, vector
 from shared_host_manager.nova import document as ndoc
@@ -455,15 +459,8 @@ class SharedHostState(nova_host_manager.HostState):
                 d["numa_topology"], d["pci_stats"] = _apply_numa_pci(
                     d.get("numa_topology"), d.get("pci_stats"), usages)
             if claims:
-                vcpus = resources.get("vcpus", 0)
-                mem = resources.get("memory_mb", 0)
-                disk = resources.get("disk_gb", 0)
-                d["free_ram_mb"] -= mem
-                d["free_disk_mb"] -= disk * 1024
-                d["disk_mb_used"] += disk * 1024
-                d["vcpus_used"] += vcpus
-                d["num_instances"] += len(insts)
-                d["num_io_ops"] += claims
+                for name, change in pending_changes(resources, claims, len(insts)):
+                    d[name] += change
                 d["_extra_instances"] = tuple(insts) + d["_extra_instances"]
         return self
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from protocol.receiver import SourceView, Status
-from shared_host_manager.decision.host_table import COLUMN
+from shared_host_manager.decision.host_table import COLUMN, pending_changes
 from shared_host_manager.decision.hostview import Consumption
 from shared_host_manager.decision.index import AGGREGATE_GROUPS, AggregateStub, HostIndex
 from shared_host_manager.nova import host_manager, vector
@@ -139,16 +139,17 @@ def host_state(tpl: Any, view: SourceView, heard: float, aggregates: Sequence[An
     d = hs.__dict__
     d["aggregates"] = list(aggregates)
     if consumed is not None and consumed.claims:
-        res = consumed.resources
-        disk = res.get("disk_gb", 0) * 1024
-        d["free_ram_mb"] -= res.get("memory_mb", 0)
-        d["free_disk_mb"] -= disk
-        d["disk_mb_used"] += disk
-        d["vcpus_used"] += res.get("vcpus", 0)
-        d["num_instances"] += len(consumed.instances)
-        d["num_io_ops"] += consumed.claims
+        for name, change in pending_changes(consumed.resources, consumed.claims,
+                                            len(consumed.instances)):
+            d[name] += change
         d["_extra_instances"] = tuple(consumed.instances) + d["_extra_instances"]
     return hs
+
+
+def heard_by_status(view: SourceView, wall_now: float) -> float:
+    """When nova's servicegroup sees the host's last report if the receiver decides liveness:
+    now while the receiver holds it ACTIVE, else never (the epoch)."""
+    return wall_now if view.status is Status.ACTIVE else 0.0
 
 
 class IndexTable:
@@ -232,8 +233,8 @@ class IndexTable:
     def instances_of(self, row: int) -> frozenset[str]:
         return self.index.instances(row)
 
-    def rows_with_instances(self, uuids: Collection[str]) -> set[int]:
-        rows_of = self.index.rows_of_instance
+    def rows_with_instances(self, uuids: Collection[str], among: IntArray) -> set[int]:
+        rows_of = self.index.rows_of_instance  # an inverted map: no row is scanned
         return {row for uuid in uuids for row in rows_of(uuid)}
 
     def seen_up(self, rows: IntArray) -> FloatArray:
@@ -246,7 +247,7 @@ class IndexTable:
     def _heard(self, view: SourceView) -> float:
         """The wall-clock time of the host's last report, as nova's servicegroup sees it."""
         if self._by_status:
-            return self._wall_now if view.status is Status.ACTIVE else 0.0
+            return heard_by_status(view, self._wall_now)
         return self._wall_offset + view.last_heard
 
     def now(self) -> float:
@@ -289,4 +290,4 @@ class IndexTable:
         return self.templates.of(source, self.index.view(row))
 
 
-__all__ = ["IndexTable", "Templates"]
+__all__ = ["IndexTable", "Templates", "heard_by_status", "host_state"]

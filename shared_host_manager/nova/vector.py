@@ -408,10 +408,10 @@ class HostRows:
             keys.update(p[1][2])
         return keys
 
-    def rows_with_instances(self, uuids: Collection[str]) -> set[int]:
-        """The rows holding any of ``uuids`` (a scan: the rows have no inverted map)."""
+    def rows_with_instances(self, uuids: Collection[str], among: IntArray) -> set[int]:
+        """Those of ``among`` holding any of ``uuids`` (a scan: the rows have no inverted map)."""
         wanted = uuids if isinstance(uuids, (set, frozenset)) else set(uuids)
-        return {r for r in range(len(self.tpls)) if not wanted.isdisjoint(self.instances_of(r))}
+        return {r for r in among.tolist() if not wanted.isdisjoint(self.instances_of(r))}
 
     def name(self, row: int) -> str:
         return self.tpls[row].host
@@ -461,7 +461,7 @@ def candidates(rows: HostRows, uuid: str) -> Any:
     return copy.deepcopy(rows.alloc_reqs[uuid]) if rows.alloc_reqs is not None else None
 
 
-class _Probe:
+class Probe:
     """What a group-wise filter or multiplier reads (aggregates), for nova's own code."""
 
     __slots__ = ("aggregates", "host", "nodename")
@@ -475,7 +475,7 @@ class _Probe:
         return f"({self.host}, {self.nodename})"
 
 
-class _MetricsProbe(_Probe):
+class MetricsProbe(Probe):
     __slots__ = ("metrics",)
 
     def __init__(self, aggregates: list[Any], host: str, nodename: str, metrics: Any) -> None:
@@ -568,10 +568,9 @@ def _all(idx: IntArray) -> BoolArray:
     return np.ones(len(idx), dtype=bool)
 
 
-def _grouped(f: Any, rows: HostTable, idx: IntArray, spec: Any, ids: IntArray,
-             probe: Callable[[int], Any]) -> BoolArray:
-    """nova's own ``f._filter_one`` once per distinct key, on one host of the group."""
-    return _once_per_group(idx, ids, lambda row: f._filter_one(probe(row), spec))
+def _grouped(f: Any, rows: HostTable, idx: IntArray, spec: Any, ids: IntArray) -> BoolArray:
+    """nova's own ``f._filter_one`` once per distinct ``ids``, on one host of the group."""
+    return _once_per_group(idx, ids, lambda row: f._filter_one(rows.host(row), spec))
 
 
 def _once_per_group(idx: IntArray, gids: IntArray, decide: Callable[[int], Any],
@@ -591,11 +590,7 @@ def _once_per_group(idx: IntArray, gids: IntArray, decide: Callable[[int], Any],
 
 
 def _agg_probe(rows: HostTable) -> Callable[[int], Any]:
-    return lambda row: _Probe(rows.aggregates(row), rows.name(row), rows.nodename(row))
-
-
-def _shell(rows: HostTable) -> Callable[[int], Any]:
-    return rows.host
+    return lambda row: Probe(rows.aggregates(row), rows.name(row), rows.nodename(row))
 
 
 def _rebuild_skips(f: Any, spec: Any) -> bool:
@@ -640,7 +635,7 @@ def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArra
             return None
     ids = rows.value_ids("cap:" + ",".join(names), lambda t: repr(tuple(
         (t.attrs.get(n), t.attrs["stats"].get(n)) for n in names)))
-    return _grouped(f, rows, idx, spec, ids, _shell(rows))
+    return _grouped(f, rows, idx, spec, ids)
 
 
 def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
@@ -656,7 +651,7 @@ def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray
     ids = rows.value_ids("image", lambda t: repr((t.attrs["supported_instances"],
                                                   t.attrs["hypervisor_version"],
                                                   t.attrs["cpu_info"])))
-    return _grouped(f, rows, idx, spec, ids, _shell(rows))
+    return _grouped(f, rows, idx, spec, ids)
 
 
 def _anti_affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
@@ -684,7 +679,7 @@ def _anti_affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArr
 
 def _holding(rows: HostTable, idx: IntArray, uuids: Collection[str]) -> BoolArray:
     """Per row of ``idx``: does it hold any of ``uuids``."""
-    holders = rows.rows_with_instances(uuids)
+    holders = rows.rows_with_instances(uuids, idx)
     if not holders:
         return np.zeros(len(idx), dtype=bool)
     return np.isin(idx, np.fromiter(holders, dtype=np.int64, count=len(holders)))
@@ -740,7 +735,7 @@ def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any],
     kept = None
     if key is not None and rows.keeps_group_answers:
         try:
-            kept = rows.group_answers(key, lambda aggregates: answer(_Probe(aggregates, "", "")))
+            kept = rows.group_answers(key, lambda aggregates: answer(Probe(aggregates, "", "")))
         except Exception:  # noqa: BLE001 - nova's code raised for some group: ask the groups
             kept = None    # of these rows only, as nova's handler would (and raise if it does)
     if kept is not None:
@@ -805,7 +800,7 @@ def _metrics(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | N
         return _all(idx)
     ids = rows.value_ids("metric_names",
                          lambda t: tuple(sorted(m.name for m in t.attrs["metrics"])))
-    return _grouped(f, rows, idx, spec, ids, _shell(rows))
+    return _grouped(f, rows, idx, spec, ids)
 
 
 def _numa(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
@@ -998,7 +993,7 @@ def _metrics_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatA
     metrics = rows.values("metrics", lambda t: t.attrs["metrics"])
     out = np.empty(len(idx), dtype=np.float64)
     for j, row in enumerate(idx.tolist()):
-        out[j] = w._weigh_object(_MetricsProbe(rows.aggregates(row), rows.name(row),
+        out[j] = w._weigh_object(MetricsProbe(rows.aggregates(row), rows.name(row),
                                                rows.nodename(row), metrics[row]), spec)
     return out
 
@@ -1107,8 +1102,8 @@ def _multipliers(w: Any, rows: HostTable, idx: list[int], arr: IntArray,
     gids = rows.group_ids()
     # the multiplier nova reads from its options when no aggregate overrides it: with the
     # class, all the answer depends on besides the aggregates
-    kept = rows.group_answers((type(w), w.weight_multiplier(_Probe([], "", ""))),
-                              lambda aggregates: w.weight_multiplier(_Probe(aggregates, "", ""))) \
+    kept = rows.group_answers((type(w), w.weight_multiplier(Probe([], "", ""))),
+                              lambda aggregates: w.weight_multiplier(Probe(aggregates, "", ""))) \
         if rows.keeps_group_answers else None
     if kept is not None:
         out = kept[gids[arr]].astype(np.float64)
@@ -1119,7 +1114,7 @@ def _multipliers(w: Any, rows: HostTable, idx: list[int], arr: IntArray,
     per_group = np.zeros(len(reps))
     for g, row in enumerate(reps):
         if row >= 0:
-            per_group[g] = w.weight_multiplier(_Probe(rows.aggregates(row), rows.name(row),
+            per_group[g] = w.weight_multiplier(Probe(rows.aggregates(row), rows.name(row),
                                                       rows.nodename(row)))
     out = per_group[gids[arr]]
     for j in touched:
