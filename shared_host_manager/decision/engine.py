@@ -968,10 +968,13 @@ class DecisionEngine:
                 touched[row] = HostView(ix.receiver.sources[source], over)
         used = self._used_filters(req)
         deferred: list[BaseHostFilter] = []
+        req.candidate_rows = None
         for f in used:
             before = mask.copy() if counts is not None else mask
             req.candidates = mask
             res = f.vector(ix, req)
+            if counts is not None or (res is not None and res is not PASS_ALL):
+                req.candidate_rows = None  # the candidates may narrow: their rows are found again
             if counts is not None:
                 if res is None:
                     for row in np.flatnonzero(mask).tolist():
@@ -985,7 +988,7 @@ class DecisionEngine:
                 deferred.append(f)
             else:
                 mask = apply_vector(mask, res)
-        req.candidates = None
+        req.candidates = req.candidate_rows = None
         if counts is None:
             for row, hv in touched.items():
                 mask[row] = self._name_ok(hv, spec) and all(f.host_passes(hv, req) for f in used)

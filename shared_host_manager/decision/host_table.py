@@ -175,6 +175,12 @@ class HostTable(Protocol):
         what the rows are grouped by, so that nova's code runs once per group."""
         ...
 
+    def value_answers(self, name: str, key: Hashable) -> dict[int, Any] | None:
+        """nova's answers per :meth:`value_ids` number of ``name``, kept across decisions
+        under ``key`` (which names everything the answer reads besides the value); the
+        caller fills it in.  None where the holder keeps no answers."""
+        ...
+
     def per_request_attribute(self, name: str) -> bool:
         """Whether nova's host object computes ``name`` per request rather than holding it
         from the document (then an extra spec naming it is checked per host)."""

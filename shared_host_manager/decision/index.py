@@ -101,6 +101,8 @@ class _PassAll(enum.Enum):
 
 
 PASS_ALL: Final = _PassAll.PASS_ALL
+#: the type of :data:`PASS_ALL`
+PassAll: TypeAlias = Literal[_PassAll.PASS_ALL]
 
 
 @final
@@ -689,5 +691,5 @@ class HostIndex:
         return len(self.row_of)
 
 
-__all__ = ["HostIndex", "Only", "Exclude", "PASS_ALL", "VectorResult", "WEIGHER_COLUMNS",
+__all__ = ["HostIndex", "Only", "Exclude", "PASS_ALL", "PassAll", "VectorResult", "WEIGHER_COLUMNS",
            "AGGREGATE_GROUPS", "CAPABILITY_GROUPS", "AggregateStub", "CapabilityStub"]

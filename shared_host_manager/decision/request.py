@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+
 from shared_host_manager.decision.hostview import Consumption
 
 _T = TypeVar("_T")
@@ -140,7 +142,7 @@ class RequestView:
     """Per-request scratch and nova-compatible spec face; see the module docstring."""
 
     __slots__ = ("spec", "world", "instance_group", "instance_uuid", "index", "consumed",
-                 "chosen", "_memo", "resources", "candidates")
+                 "chosen", "_memo", "resources", "candidates", "candidate_rows")
 
     def __init__(self, spec: RequestSpec, world: World, uuids: Sequence[str] = ()) -> None:
         self.spec = spec
@@ -170,6 +172,9 @@ class RequestView:
         #: filters before it left (a bool per row); a form may answer for these alone, as
         #: nova's handler asks each filter about the survivors only
         self.candidates: Any = None
+        #: the row numbers of ``candidates`` once a form asked for them (None: not yet, or
+        #: a filter narrowed the candidates since); see :meth:`candidate_row_numbers`
+        self.candidate_rows: Any = None
 
     # -- nova spec_obj face --------------------------------------------------------
     @property
@@ -211,6 +216,14 @@ class RequestView:
         group = self.instance_group
         if group is not None and host not in group.hosts:
             group.hosts.append(host)
+
+    def candidate_row_numbers(self, size: int) -> Any:
+        """The row numbers of :attr:`candidates` below ``size``, found once per narrowing
+        (the engine clears :attr:`candidate_rows` when a filter removes rows)."""
+        rows = self.candidate_rows
+        if rows is None:
+            rows = self.candidate_rows = np.flatnonzero(self.candidates[:size])
+        return rows
 
     def memo(self, key: str, compute: Callable[[], _T]) -> _T:
         """Per-request cache for data a filter derives once (e.g. hosts near a volume)."""

@@ -43,7 +43,7 @@ from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision import plugins
 from shared_host_manager.decision.filters import BaseHostFilter
 from shared_host_manager.decision.hostview import HasAggregates, HostView
-from shared_host_manager.decision.index import HostIndex, VectorResult
+from shared_host_manager.decision.index import PASS_ALL, HostIndex, VectorResult
 from shared_host_manager.decision.request import RequestView
 from shared_host_manager.decision.weights import BaseHostWeigher
 from shared_host_manager.nova import vector
@@ -79,7 +79,7 @@ class _NovaRequest:
         self.shared = shared
         self.req = req
         self.table: IndexTable | None = None
-        self._spec = nova_spec(req, shared.objects)
+        self._spec = shared.objects.request_spec(req)
         self._for: tuple[int, int] | None = None
 
     def spec(self) -> Any:
@@ -87,20 +87,24 @@ class _NovaRequest:
         req = self.req
         group = req.instance_group
         key = (req.index, len(group.hosts) if group is not None else 0)
-        if key != self._for:
+        made = self.shared.objects
+        if key != self._for or made.set_for.get(id(self._spec)) is not self:
+            # the spec is shared with earlier requests alike: set what is this instance's
             self._spec.instance_uuid = req.instance_uuid
             if group is not None:
                 self._spec.instance_group.hosts = list(group.hosts)
                 self._spec.instance_group.members = list(group.members)
             self._for = key
+            made.set_for[id(self._spec)] = self
         return self._spec
 
     def rows(self) -> Any:
         """The rows a filter's vector form is asked about: those the filters before it left."""
         assert self.table is not None
         index = self.table.index
-        among = self.req.candidates
-        return np.flatnonzero(index.live[: index.size] if among is None else among[: index.size])
+        if self.req.candidates is None:
+            return np.flatnonzero(index.live[: index.size])
+        return self.req.candidate_row_numbers(index.size)
 
     def host(self, hv: HostView) -> Any:
         """nova's host object of ``hv``: its pending claims and the request's scratch counted."""
@@ -117,18 +121,40 @@ class _NovaRequest:
 
 
 class _Objects:
-    """nova's Flavor and ImageMeta objects of the requests seen lately, made once each:
-    nova's filters and weighers only read them, and making them is most of the cost of a
-    RequestSpec."""
+    """nova's RequestSpec, Flavor and ImageMeta objects of the requests seen lately, made once
+    each: nova's filters and weighers only read them, and making them costs more than a
+    decision.  A RequestSpec serves every request alike but for its instances
+    (:meth:`request_spec`); :attr:`set_for` says which request last set its instance."""
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
         self._flavors: dict[Any, Any] = {}
         self._images: dict[Any, Any] = {}
+        self._specs: dict[Any, Any] = {}
+        #: id of a RequestSpec made here -> the _NovaRequest that set its instance last
+        self.set_for: dict[int, Any] = {}
+
+    def request_spec(self, req: RequestView) -> Any:
+        """nova's RequestSpec of ``req`` (see :func:`nova_spec`), shared with the earlier
+        requests that differ from it in their instances only."""
+        spec = req.spec
+        g = req.instance_group
+        key = (_flavor_key(spec.flavor), _image_key(spec.image_properties), spec.project_id,
+               spec.user_id, max(1, len(spec.instance_uuids) or spec.num_instances),
+               spec.is_bfv, None if g is None else (g.policy, g.uuid, repr(sorted(
+                   g.rules.items()))), repr(sorted(spec.scheduler_hints.items())),
+               tuple(spec.ignore_hosts), tuple(spec.force_hosts), tuple(spec.force_nodes),
+               spec.availability_zone)
+        hit = self._specs.get(key)
+        if hit is None:
+            if len(self._specs) >= self.size:
+                self._specs.clear()
+                self.set_for.clear()
+            hit = self._specs[key] = nova_spec(req, self)
+        return hit
 
     def flavor(self, f: Any) -> Any:
-        key = (f.vcpus, f.memory_mb, f.root_gb, f.ephemeral_gb, f.swap,
-               tuple(sorted(f.extra_specs.items())))
+        key = _flavor_key(f)
         hit = self._flavors.get(key)
         if hit is None:
             if len(self._flavors) >= self.size:
@@ -140,7 +166,7 @@ class _Objects:
         return hit
 
     def image(self, properties: Any) -> Any:
-        key = tuple(sorted((k, repr(v)) for k, v in properties.items()))
+        key = _image_key(properties)
         hit = self._images.get(key)
         if hit is None:
             if len(self._images) >= self.size:
@@ -148,6 +174,15 @@ class _Objects:
             hit = self._images[key] = objects.ImageMeta.from_dict(
                 {"properties": dict(properties)})
         return hit
+
+
+def _flavor_key(f: Any) -> Any:
+    return (f.vcpus, f.memory_mb, f.root_gb, f.ephemeral_gb, f.swap,
+            tuple(sorted(f.extra_specs.items())))
+
+
+def _image_key(properties: Any) -> Any:
+    return tuple(sorted((k, repr(v)) for k, v in properties.items()))
 
 
 def nova_spec(req: RequestView, made: _Objects | None = None) -> Any:
@@ -207,8 +242,10 @@ class NovaFilter(BaseHostFilter):
         assert nova_req.table is not None
         rows = nova_req.rows()
         mask = vf(self.nova, nova_req.table, rows, nova_req.spec())
-        if mask is None:
-            return None
+        if mask is None or mask is PASS_ALL:
+            return mask
+        if mask.all():
+            return PASS_ALL  # the engine keeps its candidates (and their row numbers)
         out = np.zeros(index.size, dtype=bool)
         out[rows] = mask
         return out
@@ -235,8 +272,7 @@ class NovaWeigher(BaseHostWeigher):
 
     @property
     def default_multiplier(self) -> float:
-        # nova reads its option on every call: the cache key of the per-group multipliers
-        return float(self.nova.weight_multiplier(vector.Probe([], "", "")))
+        return vector.default_multiplier(self.nova)  # the per-group multipliers' key
 
     def weight_multiplier(self, host_state: HasAggregates) -> float:
         return float(self.nova.weight_multiplier(vector.Probe(list(host_state.aggregates), "",

@@ -54,10 +54,12 @@ class Templates:
         self._by_source: dict[str, Any] = {}
         self._index: HostIndex | None = None
         self._feed: Any = None
-        #: name -> (value per row, rows to derive again)
-        self._columns: dict[str, tuple[list[Any], set[int]]] = {}
+        #: name -> (value per row, the template it came from per row, rows to look at again)
+        self._columns: dict[str, tuple[list[Any], list[Any], set[int]]] = {}
         #: name -> (value number per row, value -> number, rows to number again)
         self._ids: dict[str, tuple[IntArray, dict[Any, int], set[int]]] = {}
+        #: (name, key) -> nova's answer per value number (dropped with the numbering)
+        self._answers: dict[tuple[str, Hashable], dict[int, Any]] = {}
 
     def of(self, source: str, view: Any) -> Any:
         tpl = self._by_source.get(source)
@@ -88,17 +90,23 @@ class Templates:
         assert index is not None, "Templates.bind(index) first"
         entry = self._columns.get(name)
         if entry is None:
-            entry = self._columns[name] = ([None] * index.size, set(range(index.size)))
-        values, dirty = entry
+            entry = self._columns[name] = ([None] * index.size, [None] * index.size,
+                                           set(range(index.size)))
+        values, made_from, dirty = entry
         if len(values) < index.size:
             dirty.update(range(len(values), index.size))
             values.extend([None] * (index.size - len(values)))
+            made_from.extend([None] * (index.size - len(made_from)))
         if dirty:
             live, sources = index.live, index.sources
             for row in dirty:
                 source = sources[row] if row < index.size else None
-                values[row] = fn(self.of(source, index.view(row))) \
-                    if source is not None and live[row] else None
+                if source is None or not live[row]:
+                    values[row] = made_from[row] = None
+                    continue
+                tpl = self.of(source, index.view(row))
+                if tpl is not made_from[row]:  # a claim changes no template: most rows stay
+                    values[row], made_from[row] = fn(tpl), tpl
             dirty.clear()
         return values
 
@@ -112,6 +120,8 @@ class Templates:
         if entry is None or len(entry[1]) > 2 * index.size + 64:
             entry = self._ids[name] = (np.zeros(index.size, dtype=np.int64), {},
                                        set(range(index.size)))
+            for kept in [k for k in self._answers if k[0] == name]:
+                del self._answers[kept]  # the numbers they were kept by mean nothing now
         ids, numbers, dirty = entry
         if len(ids) < index.size:
             grown = np.zeros(max(index.size, 2 * len(ids)), dtype=np.int64)
@@ -126,6 +136,17 @@ class Templates:
                     ids[row] = numbers.setdefault(values[row], len(numbers))
             dirty.clear()
         return ids
+
+
+    def value_answers(self, name: str, key: Hashable) -> dict[int, Any]:
+        """Answers by :meth:`column_ids` number of ``name`` under ``key``, kept while that
+        numbering lasts (the caller fills them in)."""
+        kept = self._answers.get((name, key))
+        if kept is None:
+            if len(self._answers) > 4096:
+                self._answers.clear()
+            kept = self._answers[(name, key)] = {}
+        return kept
 
 
 def host_state(tpl: Any, view: SourceView, heard: float, aggregates: Sequence[Any],
@@ -258,6 +279,9 @@ class IndexTable:
 
     def value_ids(self, name: str, fn: Callable[[Any], Any]) -> IntArray:
         return self.templates.column_ids(name, fn)
+
+    def value_answers(self, name: str, key: Hashable) -> dict[int, Any]:
+        return self.templates.value_answers(name, key)
 
     def per_request_attribute(self, name: str) -> bool:
         live = np.flatnonzero(self.index.live[: self.index.size])

@@ -60,7 +60,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -130,6 +130,7 @@ from shared_host_manager.decision.host_table import (
     add_pending,
     service_down,
 )
+from shared_host_manager.decision.index import PASS_ALL, PassAll
 
 LOG = logging.getLogger(__name__)
 
@@ -376,6 +377,9 @@ class HostRows:
         return np.fromiter((ids.setdefault(v, len(ids)) for v in self.values(name, fn)),
                            dtype=np.int64, count=len(self.tpls))
 
+    def value_answers(self, name: str, key: Any) -> None:
+        return None  # rows of one request: nothing outlives it
+
     def values(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
         """fn(template) of every row, memoised per template (for what only a new version changes)."""
         key = "v:" + name
@@ -559,24 +563,29 @@ def pre_filter(rows: HostTable, idx: list[int], spec_obj: Any) -> tuple[list[int
 
 # -- filters ---------------------------------------------------------------------------------
 
-#: a vector filter: (filter, rows, row numbers (lazy rows only), spec) -> pass mask, or None
-#: when this request needs nova's per-host class (then the filter runs per host)
-VectorFilter = Callable[[Any, HostTable, IntArray, Any], "BoolArray | None"]
+#: a vector filter: (filter, rows, row numbers (lazy rows only), spec) -> pass mask, PASS_ALL
+#: when the request does not engage the filter (no row is removed, none is looked at), or
+#: None when this request needs nova's per-host class (then the filter runs per host)
+FilterAnswer = BoolArray | PassAll | None
+VectorFilter = Callable[[Any, HostTable, IntArray, Any], FilterAnswer]
 
 
-def _all(idx: IntArray) -> BoolArray:
-    return np.ones(len(idx), dtype=bool)
-
-
-def _grouped(f: Any, rows: HostTable, idx: IntArray, spec: Any, ids: IntArray) -> BoolArray:
-    """nova's own ``f._filter_one`` once per distinct ``ids``, on one host of the group."""
-    return _once_per_group(idx, ids, lambda row: f._filter_one(rows.host(row), spec))
+def _grouped(f: Any, rows: HostTable, idx: IntArray, spec: Any, name: str,
+             value: Callable[[Any], Any], key: Hashable) -> BoolArray:
+    """nova's own ``f._filter_one`` once per distinct ``value`` of the rows' templates, on
+    one host of the group; kept across decisions under ``key`` (what ``f`` reads of the
+    request) where the holder keeps such answers."""
+    return _once_per_group(idx, rows.value_ids(name, value),
+                           lambda row: f._filter_one(rows.host(row), spec),
+                           kept=rows.value_answers(name, (type(f), key)))
 
 
 def _once_per_group(idx: IntArray, gids: IntArray, decide: Callable[[int], Any],
-                    dtype: Any = bool) -> npt.NDArray[Any]:
+                    dtype: Any = bool, kept: dict[int, Any] | None = None
+                    ) -> npt.NDArray[Any]:
     """``decide(row)`` for one row per distinct ``gids[row]`` (small numbers), spread to the
-    rows sharing it (no sort: the groups are few, the rows many)."""
+    rows sharing it (no sort: the groups are few, the rows many); with ``kept``, the
+    answers of earlier decisions by group number, taken from and added to it."""
     if not len(idx):
         return np.empty(0, dtype=dtype)
     g = gids[idx]
@@ -584,8 +593,15 @@ def _once_per_group(idx: IntArray, gids: IntArray, decide: Callable[[int], Any],
     first[g[::-1]] = idx[::-1]  # the last write wins: each group's first row in idx
     present = np.flatnonzero(first >= 0)
     answers = np.zeros(len(first), dtype=dtype)
-    answers[present] = np.fromiter((decide(row) for row in first[present].tolist()), dtype=dtype,
-                                   count=len(present))
+    if kept is None:
+        answers[present] = np.fromiter((decide(row) for row in first[present].tolist()),
+                                       dtype=dtype, count=len(present))
+    else:
+        for gid, row in zip(present.tolist(), first[present].tolist(), strict=True):
+            answer = kept.get(gid, kept)
+            if answer is kept:
+                answer = kept[gid] = decide(row)
+            answers[gid] = answer
     return answers[g]
 
 
@@ -597,7 +613,7 @@ def _rebuild_skips(f: Any, spec: Any) -> bool:
     return not f.RUN_ON_REBUILD and nova_utils.request_is_rebuild(spec)
 
 
-def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if type(f.servicegroup_api._driver).__name__ != "DbDriver":
         return None  # another servicegroup driver: nova's class asks it per host
     from nova import conf as nova_conf
@@ -609,10 +625,10 @@ def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolAr
     return (rows.col("down")[idx] == 0.0) & (elapsed <= down_time)
 
 
-def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     flavor = spec.flavor
     if "extra_specs" not in flavor:
-        return _all(idx)
+        return PASS_ALL
     tops: list[str] = []
     for key in flavor.extra_specs:
         if key == "hw:maxphysaddr_bits":
@@ -624,7 +640,7 @@ def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArra
         elif scope[0] == "capabilities" and len(scope) > 1:
             tops.append(scope[1])
     if not tops:
-        return _all(idx)
+        return PASS_ALL
     names = tuple(sorted(set(tops)))
     for name in names:
         # a number this scheduler's claims change, or a per-request attribute: per host
@@ -633,12 +649,13 @@ def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArra
         if name in ("limits", "allocation_candidates", "instances", "aggregates", "service",
                     "updated", "stats", "metrics", "numa_topology", "pci_stats", "host_ip"):
             return None
-    ids = rows.value_ids("cap:" + ",".join(names), lambda t: repr(tuple(
-        (t.attrs.get(n), t.attrs["stats"].get(n)) for n in names)))
-    return _grouped(f, rows, idx, spec, ids)
+    # nova's class reads the flavor's extra specs of the request, nothing else
+    return _grouped(f, rows, idx, spec, "cap:" + ",".join(names), lambda t: repr(tuple(
+        (t.attrs.get(n), t.attrs["stats"].get(n)) for n in names)),
+        tuple(sorted(flavor.extra_specs.items())))
 
 
-def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     from nova.objects import fields
 
     props = spec.image.properties if spec.image else {}
@@ -647,20 +664,22 @@ def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray
                fields.HVType.canonicalize(props.get("img_hv_type")),
                fields.VMMode.canonicalize(props.get("hw_vm_mode")))
     if not any(checked):
-        return _all(idx)
-    ids = rows.value_ids("image", lambda t: repr((t.attrs["supported_instances"],
-                                                  t.attrs["hypervisor_version"],
-                                                  t.attrs["cpu_info"])))
-    return _grouped(f, rows, idx, spec, ids)
+        return PASS_ALL
+    # what nova's class reads of the request: the checked properties (the default
+    # architecture counted in), the requested hypervisor version, the address bits
+    key = (checked, props.get("img_hv_requested_version"), props.get("hw_maxphysaddr_bits"))
+    return _grouped(f, rows, idx, spec, "image", lambda t: repr((
+        t.attrs["supported_instances"], t.attrs["hypervisor_version"], t.attrs["cpu_info"])),
+        key)
 
 
-def _anti_affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _anti_affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if _rebuild_skips(f, spec):
-        return _all(idx)
+        return PASS_ALL
     group = spec.instance_group
     policy = group.policy if group else None
     if f.policy_name != policy:
-        return _all(idx)
+        return PASS_ALL
     members = set(group.members)
     rules = group.rules
     limit = rules["max_server_per_host"] if rules and "max_server_per_host" in rules else 1
@@ -685,53 +704,53 @@ def _holding(rows: HostTable, idx: IntArray, uuids: Collection[str]) -> BoolArra
     return np.isin(idx, np.fromiter(holders, dtype=np.int64, count=len(holders)))
 
 
-def _affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if _rebuild_skips(f, spec):
-        return _all(idx)
+        return PASS_ALL
     group = spec.instance_group
     policies = group.policies if group else []
     if f.policy_name not in policies:
-        return _all(idx)
+        return PASS_ALL
     group_hosts = group.hosts if group else []
     if not group_hosts:
-        return _all(idx)
+        return PASS_ALL
     return np.fromiter((rows.name(r) in group_hosts for r in idx.tolist()), dtype=bool,
                        count=len(idx))
 
 
 def _overlap(hint: str, same: bool) -> VectorFilter:
-    def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+    def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
         if _rebuild_skips(f, spec):
-            return _all(idx)
+            return PASS_ALL
         uuids = spec.get_scheduler_hint(hint)
         if not uuids:
-            return _all(idx)
+            return PASS_ALL
         wanted = {uuids} if isinstance(uuids, str) else set(uuids)
         hit = _holding(rows, idx, wanted)
         return hit if same else ~hit
     return vf
 
 
-def _cidr(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _cidr(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if _rebuild_skips(f, spec):
-        return _all(idx)
+        return PASS_ALL
     if not spec.get_scheduler_hint("build_near_host_ip"):
-        return _all(idx)
+        return PASS_ALL
     return None  # rare: nova's class per host
 
 
-def _json(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _json(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if _rebuild_skips(f, spec) or not spec.get_scheduler_hint("query"):
-        return _all(idx)
+        return PASS_ALL
     return None
 
 
 def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any], Any],
-               dtype: Any = bool) -> npt.NDArray[Any]:
+               dtype: Any = bool) -> npt.NDArray[Any] | PassAll:
     """``answer(host)`` for the rows of ``idx``, asked once per aggregate group on a probe
     holding the group's aggregates; kept across decisions under ``key`` where the holder
     keeps such answers (``key``: what ``answer`` reads besides the aggregates; None: not
-    known, asked again)."""
+    known, asked again).  PASS_ALL: every kept bool answer is True."""
     kept = None
     if key is not None and rows.keeps_group_answers:
         try:
@@ -739,6 +758,8 @@ def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any],
         except Exception:  # noqa: BLE001 - nova's code raised for some group: ask the groups
             kept = None    # of these rows only, as nova's handler would (and raise if it does)
     if kept is not None:
+        if dtype is bool and kept.all():
+            return PASS_ALL
         return kept[rows.group_ids()[idx]].astype(dtype, copy=False)
     probe = _agg_probe(rows)
     return _once_per_group(idx, rows.group_ids(), lambda row: answer(probe(row)), dtype=dtype)
@@ -746,15 +767,16 @@ def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any],
 
 def _limit(column: str, getter: str, option: str) -> VectorFilter:
     """NumInstances/IoOps (and their aggregate forms): the limit per aggregate group, by nova."""
-    def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+    def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
         if _rebuild_skips(f, spec):
-            return _all(idx)
+            return PASS_ALL
         from nova import conf as nova_conf
 
         get_max = getattr(f, getter)
         # nova's getters read the option and the aggregates, not the request
         key = (type(f), getattr(nova_conf.CONF.filter_scheduler, option))
         lim = _per_group(rows, idx, key, lambda host: get_max(host, spec), dtype=np.float64)
+        assert lim is not PASS_ALL  # numbers, not answers
         return rows.col(column)[idx] < lim
     return vf
 
@@ -770,7 +792,7 @@ _REQUEST_KEYS: dict[type, Callable[[Any], Any]] = {
 }
 
 
-def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     request_key = _REQUEST_KEYS.get(type(f))
     key = None
     if request_key is not None and not _rebuild_skips(f, spec):
@@ -778,7 +800,7 @@ def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArr
     return _per_group(rows, idx, key, lambda host: bool(f._filter_one(host, spec)))
 
 
-def _isolated(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _isolated(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     from nova import conf as nova_conf
 
     c = nova_conf.CONF.filter_scheduler
@@ -787,25 +809,26 @@ def _isolated(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | 
     host_isolated = np.fromiter((rows.name(r) in isolated_hosts for r in idx.tolist()), dtype=bool,
                                 count=len(idx))
     if not c.isolated_images:
-        return ~host_isolated if restrict else _all(idx)
+        return ~host_isolated if restrict else PASS_ALL
     image_ref = spec.image.id if spec.image and "id" in spec.image else None
     image_isolated = image_ref in c.isolated_images
     if restrict:
         return host_isolated == image_isolated
-    return host_isolated if image_isolated else _all(idx)
+    return host_isolated if image_isolated else PASS_ALL
 
 
-def _metrics(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _metrics(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if _rebuild_skips(f, spec):
-        return _all(idx)
-    ids = rows.value_ids("metric_names",
-                         lambda t: tuple(sorted(m.name for m in t.attrs["metrics"])))
-    return _grouped(f, rows, idx, spec, ids)
+        return PASS_ALL
+    # nova's class reads the metric names it parsed from its option, not the request
+    return _grouped(f, rows, idx, spec, "metric_names",
+                    lambda t: tuple(sorted(m.name for m in t.attrs["metrics"])),
+                    tuple(sorted(f.keys)))
 
 
-def _numa(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _numa(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if _rebuild_skips(f, spec):
-        return _all(idx)
+        return PASS_ALL
     if spec.numa_topology:
         return None  # a NUMA fit per host and candidate: nova's class
     extra_specs = spec.flavor.extra_specs
@@ -816,19 +839,19 @@ def _numa(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None
         rows.host(row), extra_specs, image_props))
 
 
-def _pci(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+def _pci(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if _rebuild_skips(f, spec):
-        return _all(idx)
+        return PASS_ALL
     pci_requests = spec.pci_requests
     if not pci_requests or not pci_requests.requests:
-        return _all(idx)
+        return PASS_ALL
     return None
 
 
 def _rebuild_wrapped(vf: VectorFilter) -> VectorFilter:
-    def wrapped(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> BoolArray | None:
+    def wrapped(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
         if _rebuild_skips(f, spec):
-            return _all(idx)
+            return PASS_ALL
         return vf(f, rows, idx, spec)
     return wrapped
 
@@ -857,39 +880,50 @@ VECTOR_FILTERS: dict[type, VectorFilter] = {
     isolated_hosts_filter.IsolatedHostsFilter: _rebuild_wrapped(_isolated),
     json_filter.JsonFilter: _json,
     metrics_filter.MetricsFilter: _metrics,
-    all_hosts_filter.AllHostsFilter: lambda f, rows, idx, spec: _all(idx),
+    all_hosts_filter.AllHostsFilter: lambda f, rows, idx, spec: PASS_ALL,
     numa_topology_filter.NUMATopologyFilter: _numa,
     pci_passthrough_filter.PciPassthroughFilter: _pci,
 }
 
 
-def _own_methods(cls: type) -> dict[str, Any]:
-    """The functions a class defines or inherits, as nova shipped them (captured at import)."""
-    # getattr_static: the stored function or descriptor itself (getattr would build a new
-    # bound method of a classmethod on every access, never identical)
-    return {name: inspect.getattr_static(cls, name) for name in dir(cls)
-            if not name.startswith("__") and callable(getattr(cls, name, None))}
+_Shipped = list[tuple[Any, str, Any, tuple[Any, ...]]]
+
+
+def _shipped(cls: type) -> _Shipped:
+    """The functions a class defines or inherits, as nova shipped them (captured at import):
+    per function, the class dict it is found in, its name, the function itself, and the
+    dicts before that one along the MRO (where nothing may shadow it)."""
+    dicts = [klass.__dict__ for klass in cls.__mro__]
+    out = []
+    for name in dir(cls):
+        if name.startswith("__") or not callable(getattr(cls, name, None)):
+            continue
+        # the stored function or descriptor itself, as inspect.getattr_static finds it
+        # (getattr would build a new bound method of a classmethod every time)
+        k = next(i for i, d in enumerate(dicts) if name in d)
+        out.append((dicts[k], name, dicts[k][name], tuple(dicts[:k])))
+    return out
 
 
 #: nova's methods of every class with a vector form: a vector form stands for *these*. A class
 #: whose method was replaced since (a test's mock.patch, a deployment's monkey patch) runs as
 #: itself, per host, like a filter without a vector form
-_SHIPPED: dict[type, dict[str, Any]] = {cls: _own_methods(cls) for cls in VECTOR_FILTERS}
-
-
-def _stored(cls: type, name: str) -> Any:
-    """What ``inspect.getattr_static(cls, name)`` finds on a plain class: the first entry of
-    the name along the MRO (a few dict lookups; it runs for every class on every request)."""
-    for klass in cls.__mro__:
-        found = klass.__dict__.get(name, _stored)
-        if found is not _stored:
-            return found
-    return None
+_SHIPPED: dict[type, _Shipped] = {cls: _shipped(cls) for cls in VECTOR_FILTERS}
 
 
 def _unchanged(cls: type) -> bool:
+    """``cls`` holds nova's methods as shipped (a few dict lookups per class, no call: it
+    runs for every class on every request)."""
     shipped = _SHIPPED.get(cls)
-    return shipped is not None and all(_stored(cls, name) is fn for name, fn in shipped.items())
+    if shipped is None:
+        return False
+    for where, name, fn, before in shipped:
+        if where.get(name) is not fn:
+            return False
+        for d in before:
+            if name in d:
+                return False
+    return True
 
 
 def is_base_filter_all(f: Any) -> bool:
@@ -911,7 +945,7 @@ def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec:
             touched = rows.touched
             if not touched:
                 mask = vf(f, rows, idx, spec)
-                if mask is not None:
+                if mask is not None and mask is not PASS_ALL:
                     idx = idx[mask]
             else:  # hosts the manager has touched go through nova's class, one by one
                 is_touched = np.fromiter((i in touched for i in idx.tolist()), dtype=bool,
@@ -919,7 +953,7 @@ def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec:
                 mask = vf(f, rows, idx[~is_touched], spec)
                 if mask is not None:
                     keep = np.empty(len(idx), dtype=bool)
-                    keep[~is_touched] = mask
+                    keep[~is_touched] = True if mask is PASS_ALL else mask
                     for j in np.flatnonzero(is_touched).tolist():
                         keep[j] = bool(f._filter_one(host(int(idx[j])), spec))
                     idx = idx[keep]
@@ -1015,7 +1049,48 @@ VECTOR_WEIGHERS: dict[type, VectorWeigher] = {
 }
 
 
-_SHIPPED.update({cls: _own_methods(cls) for cls in VECTOR_WEIGHERS})
+_SHIPPED.update({cls: _shipped(cls) for cls in VECTOR_WEIGHERS})
+
+#: the option each of nova's weighers reads for its multiplier, (group, name): all its
+#: answer depends on besides the host's aggregates
+_MULTIPLIER_OPTIONS: dict[type, tuple[str, str]] = {
+    w_ram.RAMWeigher: ("filter_scheduler", "ram_weight_multiplier"),
+    w_disk.DiskWeigher: ("filter_scheduler", "disk_weight_multiplier"),
+    w_cpu.CPUWeigher: ("filter_scheduler", "cpu_weight_multiplier"),
+    w_io_ops.IoOpsWeigher: ("filter_scheduler", "io_ops_weight_multiplier"),
+    w_num_instances.NumInstancesWeigher: ("filter_scheduler", "num_instances_weight_multiplier"),
+    w_compute.BuildFailureWeigher: ("filter_scheduler", "build_failure_weight_multiplier"),
+    w_hv.HypervisorVersionWeigher: ("filter_scheduler", "hypervisor_version_weight_multiplier"),
+    w_pci.PCIWeigher: ("filter_scheduler", "pci_weight_multiplier"),
+    w_cross_cell.CrossCellWeigher: ("filter_scheduler", "cross_cell_move_weight_multiplier"),
+    w_affinity.ServerGroupSoftAffinityWeigher: ("filter_scheduler",
+                                                "soft_affinity_weight_multiplier"),
+    w_affinity.ServerGroupSoftAntiAffinityWeigher: ("filter_scheduler",
+                                                    "soft_anti_affinity_weight_multiplier"),
+    w_image_props.ImagePropertiesWeigher: ("filter_scheduler", "image_props_weight_multiplier"),
+    w_metrics.MetricsWeigher: ("metrics", "weight_multiplier"),
+}
+#: (class, option value) -> nova's multiplier for a host in no aggregate
+_DEFAULTS: dict[tuple[type, Any], float] = {}
+
+
+def default_multiplier(w: Any) -> float:
+    """nova's multiplier of ``w`` for a host in no aggregate: the key its per-group answers
+    are kept under.  nova's class is asked again only when the option it reads changed (it
+    reads the option on every call, which costs more than the rest of a weigher)."""
+    option = _MULTIPLIER_OPTIONS.get(type(w))
+    if option is None or not is_base_weigher(w):
+        return float(w.weight_multiplier(Probe([], "", "")))
+    from nova import conf as nova_conf
+
+    group, name = option
+    key = (type(w), getattr(getattr(nova_conf.CONF, group), name))
+    value = _DEFAULTS.get(key)
+    if value is None:
+        if len(_DEFAULTS) > 1024:
+            _DEFAULTS.clear()
+        value = _DEFAULTS[key] = float(w.weight_multiplier(Probe([], "", "")))
+    return value
 
 
 def is_base_weigher(w: Any) -> bool:
@@ -1102,7 +1177,7 @@ def _multipliers(w: Any, rows: HostTable, idx: list[int], arr: IntArray,
     gids = rows.group_ids()
     # the multiplier nova reads from its options when no aggregate overrides it: with the
     # class, all the answer depends on besides the aggregates
-    kept = rows.group_answers((type(w), w.weight_multiplier(Probe([], "", ""))),
+    kept = rows.group_answers((type(w), default_multiplier(w)),
                               lambda aggregates: w.weight_multiplier(Probe(aggregates, "", ""))) \
         if rows.keeps_group_answers else None
     if kept is not None:

@@ -19,7 +19,11 @@ from protocol.document import SET  # noqa: E402
 from protocol.messages import Delta  # noqa: E402
 from shared_host_manager.conf.decision import SchedulerConfig  # noqa: E402
 from shared_host_manager.decision.engine import DecisionEngine  # noqa: E402
-from shared_host_manager.decision.request import Flavor, RequestSpec  # noqa: E402
+from shared_host_manager.decision.request import (  # noqa: E402
+    Flavor,
+    InstanceGroup,
+    RequestSpec,
+)
 from shared_host_manager.nova import core_plugins  # noqa: E402
 from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from simulator import bench_decisions  # noqa: E402
@@ -167,6 +171,83 @@ def test_a_multi_create_consumes_on_novas_host_objects() -> None:
     took = [row[0].source for row in engine.select_destinations(spec, 0.0, dry_run=True)]
     # RAMWeigher: b (8 GB free) first; then a (4 GB) against b's 5 GB left: b; then a
     assert took == ["b", "b", "a"]
+
+
+def test_kept_image_answers_follow_the_request_and_novas_default_architecture() -> None:
+    """ImagePropertiesFilter's answers are kept per supported-instances group across
+    decisions, under what nova's class reads of the request: the image's architecture, or
+    nova's default architecture when the image names none."""
+    docs = {"a": host_doc("a"), "b": host_doc("b", supported_instances=[
+        ["aarch64", "qemu", "hvm"]])}
+    engine = _engine(docs)
+
+    def hosts(**props: str) -> list[str]:
+        return sorted(_hosts(engine, RequestSpec(flavor=Flavor(1, 512, 1),
+                                                 image_properties=props,
+                                                 instance_uuids=("i1",))))
+
+    try:
+        assert hosts() == ["a", "b"]
+        assert hosts(hw_architecture="aarch64") == ["b"]
+        CONF.set_override("image_properties_default_architecture", "aarch64",
+                          group="filter_scheduler")
+        assert hosts() == ["b"]
+        assert hosts(hw_architecture="x86_64") == ["a"]
+        CONF.set_override("image_properties_default_architecture", "x86_64",
+                          group="filter_scheduler")
+        assert hosts() == ["a"]
+        assert hosts(hw_architecture="aarch64") == ["b"]
+    finally:
+        CONF.clear_override("image_properties_default_architecture", group="filter_scheduler")
+
+
+def test_alike_requests_share_one_request_spec_each_placing_its_own_instances() -> None:
+    """nova's RequestSpec is made once for requests alike but for their instances; each
+    request's instance (and its group's members and hosts) is set on it again whenever
+    another request used it in between."""
+    engine = _engine({"a": host_doc("a")})
+    shared = core_plugins.Shared()
+
+    def view(uuid: str, member: str) -> object:
+        group = InstanceGroup("anti-affinity", members=[member])
+        return engine.request_view(RequestSpec(flavor=Flavor(1, 512, 1), instance_group=group,
+                                               instance_uuids=(uuid,)))
+
+    first, second = view("i1", "m1"), view("i2", "m2")
+    one, two = shared.request(None, first), shared.request(None, second)  # type: ignore[arg-type]
+    assert one.spec() is two.spec()
+    for request, uuid, member in ((one, "i1", "m1"), (two, "i2", "m2"), (one, "i1", "m1")):
+        spec = request.spec()
+        assert spec.instance_uuid == uuid
+        assert member in spec.instance_group.members
+        assert (member == "m1") != ("m2" in spec.instance_group.members)
+    other = shared.request(None, view("i3", "m3"))  # type: ignore[arg-type]
+    assert other.spec() is one.spec()
+    project = engine.request_view(RequestSpec(flavor=Flavor(1, 512, 1), project_id="p2",
+                                              instance_uuids=("i4",)))
+    assert shared.request(None, project).spec() is not one.spec()
+
+
+def test_the_multipliers_key_follows_novas_option_and_patched_classes_are_asked() -> None:
+    """The multiplier a weigher's per-group answers are kept under is nova's, asked again
+    when its option changes; a replaced ``weight_multiplier`` is asked every time."""
+    from unittest import mock
+
+    from nova.scheduler.weights import ram
+
+    weigher = core_plugins.NovaWeigher(ram.RAMWeigher(), core_plugins.Shared())
+    try:
+        assert weigher.default_multiplier == 1.0
+        CONF.set_override("ram_weight_multiplier", 2.5, group="filter_scheduler")
+        assert weigher.default_multiplier == 2.5
+        with mock.patch.object(ram.RAMWeigher, "weight_multiplier",
+                               side_effect=[7.0, 8.0]):
+            assert weigher.default_multiplier == 7.0
+            assert weigher.default_multiplier == 8.0
+        assert weigher.default_multiplier == 2.5
+    finally:
+        CONF.clear_override("ram_weight_multiplier", group="filter_scheduler")
+    assert weigher.default_multiplier == 1.0
 
 
 def test_bench_decisions_measures_both_cores_side_by_side(tmp_path, capsys) -> None:
