@@ -121,6 +121,10 @@ class Exclude:
     rows: Iterable[int]
 
 
+#: what pending claims hold beyond their resources, taken off one row of nova's numbers in
+#: place: (source, its view, the row) -> None (HostIndex.hold_numbers)
+HeldNumbers: TypeAlias = Callable[[str, SourceView, npt.NDArray[np.float64]], None]
+
 #: a vector filter's answer: a bool per row (the first ``index.size`` rows), rows, or PASS_ALL
 VectorResult: TypeAlias = BoolArray | Only | Exclude | _PassAll
 
@@ -238,6 +242,7 @@ class HostIndex:
         # nova's numbers of every row (nova_numbers), kept once first asked for
         self._numbers: npt.NDArray[np.float64] | None = None
         self._numbers_stale: set[int] = set()
+        self._numbers_held: HeldNumbers | None = None
         self.stats = {"syncs": 0, "rows_refreshed": 0, "rows_added": 0, "rows_freed": 0,
                       "compactions": 0}
         self._grow(capacity)
@@ -655,6 +660,13 @@ class HostIndex:
                 self._vcache[key] = hit
         return hit[1], hit[2]
 
+    def hold_numbers(self, held: HeldNumbers) -> None:
+        """Take ``held(source, view, numbers)`` off each row's :meth:`nova_numbers` too,
+        after the pending claims' resources: what pending claims hold that only the caller
+        can count (the nova package: the PCI devices of nova's claims)."""
+        if held is not self._numbers_held:
+            self._numbers_held, self._numbers = held, None
+
     def nova_numbers(self) -> npt.NDArray[np.float64]:
         """Per row, nova's numbers of the host (decision/host_table.py COLUMNS), net of
         pending claims: what nova's filters and weighers read through the vector core.  Kept
@@ -675,6 +687,8 @@ class HostIndex:
             claims, n_inst, _ = pending_counts(view)
             numbers[row] = document_numbers(doc["compute"], service_of(doc), doc.get(PCI))
             add_pending(numbers[row], held_usage(view), claims, n_inst)
+            if claims and self._numbers_held is not None:
+                self._numbers_held(source, view, numbers[row])
         return numbers
 
     def instances(self, row: int) -> frozenset[str]:

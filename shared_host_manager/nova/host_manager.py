@@ -303,7 +303,7 @@ def build_template(source: str, view: Any, default_cell: str | None,
     return tpl
 
 
-def _pending_effect(view: Any, doc_instances: Any
+def pending_effect(view: Any, doc_instances: Any
                     ) -> tuple[dict[str, int], int, list[str], list[dict[str, Any]]]:
     """(resources, claims, instance uuids, NUMA/PCI usages) of the pending claims the
     document does not include yet."""
@@ -320,14 +320,14 @@ def _pending_effect(view: Any, doc_instances: Any
             insts.append(claim.instance)
         for resource, amount in claim.resources.items():
             resources[resource] = resources.get(resource, 0) + amount
-        usage = claim.request.get(_USAGE_KEY)
+        usage = claim.request.get(USAGE_KEY)
         if usage:
             usages.append(usage)
     return resources, claims, insts, usages
 
 
 #: where a pending claim keeps the NUMA and PCI consumption nova's arithmetic made
-_USAGE_KEY = "numa_pci_usage"
+USAGE_KEY = "numa_pci_usage"
 
 
 def _numa_pci_usage(numa_before: Any, numa_after: Any, pci_before: dict[str, int] | None,
@@ -453,7 +453,7 @@ class SharedHostState(nova_host_manager.HostState):
         svc.data = service
         d["service"] = svc
         if view.pending:
-            resources, claims, insts, usages = _pending_effect(view, tpl.doc_instances)
+            resources, claims, insts, usages = pending_effect(view, tpl.doc_instances)
             if usages:
                 # pinned CPUs, NUMA memory and PCI devices held by our pending claims (design §5.5)
                 d["numa_topology"], d["pci_stats"] = _apply_numa_pci(
@@ -706,7 +706,7 @@ class SharedHostManager(nova_host_manager.HostManager):
             wall_offset = self.wall_clock() - now
             api = self._api_state(sources)
             out = vector.HostRows(self, self._vector_store, wall_offset, LazyHostState,
-                                  _pending_effect)
+                                  pending_effect)
             kept = self._entries
             kept.begin(cache.receiver, (api, self._agg_gen, self.default_cell_uuid),
                        self._inst_hints)
@@ -812,7 +812,7 @@ class SharedHostManager(nova_host_manager.HostManager):
                      epoch=epoch, seq=seq,
                      resources={"vcpus": spec_obj.vcpus, "memory_mb": spec_obj.memory_mb,
                                 "disk_gb": spec_obj.root_gb + spec_obj.ephemeral_gb},
-                     instance=instance, request={_USAGE_KEY: usage} if usage else {})
+                     instance=instance, request={USAGE_KEY: usage} if usage else {})
 
     def _weighed(self, hosts: Any, spec_obj: Any) -> Any:
         weighed = self._weighed_as_nova(hosts, spec_obj)

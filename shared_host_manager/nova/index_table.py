@@ -60,6 +60,7 @@ class Templates:
         self._ids: dict[str, tuple[IntArray, dict[Any, int], set[int]]] = {}
         #: (name, key) -> nova's answer per value number (dropped with the numbering)
         self._answers: dict[tuple[str, Hashable], dict[int, Any]] = {}
+        self._held = self._pci_held  # one bound method: the index keeps it (hold_numbers)
 
     def of(self, source: str, view: Any) -> Any:
         tpl = self._by_source.get(source)
@@ -73,6 +74,7 @@ class Templates:
         since the last decision, and forget the templates of sources long gone."""
         if self._index is None:
             self._index, self._feed = index, index.receiver.change_feed()
+            index.hold_numbers(self._held)
         elif self._index is not index:
             raise ValueError("a Templates serves the decisions over one index")
         changed = self._feed.drain()
@@ -83,6 +85,18 @@ class Templates:
         if len(self._by_source) > 2 * len(index) + 64:
             for source in [s for s in self._by_source if s not in index.row_of]:
                 del self._by_source[source]
+
+    def _pci_held(self, source: str, view: SourceView, numbers: FloatArray) -> None:
+        """Take the PCI devices the host's pending claims hold off its numbers, as the
+        drop-in's host objects take them (their NUMA/PCI usage, host_manager.pending_effect;
+        vector.pci_taken)."""
+        ledger = {**view.pending, **view.peer} if view.peer else view.pending
+        if not any(host_manager.USAGE_KEY in p.claim.request for p in ledger.values()):
+            return  # the engine's own claims hold no devices: no template needed
+        tpl = self.of(source, view)
+        usages = host_manager.pending_effect(vector.Snap(view.last_heard, ledger),
+                                             tpl.doc_instances)[3]
+        numbers[COLUMN["pci_free"]] -= vector.pci_taken(tpl, usages)
 
     def column(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
         """``fn(template)`` per row of the bound index (None for rows holding no host)."""

@@ -157,7 +157,7 @@ def pool_counts(pools: Any) -> dict[str, int]:
     return counts
 
 
-def _pci_taken(tpl: Any, usages: list[dict[str, Any]]) -> int:
+def pci_taken(tpl: Any, usages: list[dict[str, Any]]) -> int:
     """How many of the host's free devices the pending usages take: per pool identity, what
     they ask for, at most what is there (host_manager._apply_numa_pci takes them the same way)."""
     asked: dict[str, int] = {}
@@ -173,7 +173,7 @@ def _pci_taken(tpl: Any, usages: list[dict[str, Any]]) -> int:
 
 # -- the per-request rows ---------------------------------------------------------------
 
-#: host_manager._pending_effect: (resources, claims, instances, NUMA/PCI usages) of the
+#: host_manager.pending_effect: (resources, claims, instances, NUMA/PCI usages) of the
 #: pending claims; the usages reach nova's classes through SharedHostState._make only
 PendingEffect = tuple[dict[str, int], int, list[str], list[dict[str, Any]]]
 
@@ -341,7 +341,7 @@ class HostRows:
             -1, len(COLUMNS))
         for row, (_, (res, claims, insts, usages)) in self.pending.items():
             if claims and usages:
-                table[row, COLUMN["pci_free"]] -= _pci_taken(self.tpls[row], usages)
+                table[row, COLUMN["pci_free"]] -= pci_taken(self.tpls[row], usages)
             add_pending(table[row], res, claims, len(insts))
         for row, (api_service, _) in self.overrides.items():
             if api_service is not None:  # the API side owns service state (ComputeFilter's column)

@@ -418,13 +418,13 @@ def test_the_vector_core_over_the_engines_index_decides_as_novas_handlers(
     """The same comparison with the engine's HostIndex in place of the drop-in's request rows
     (design §10, item 13, step 1): the same compute-hook documents and pending builds, held
     in the receiver the index reads; the filtered hosts in order and the weights, bit for
-    bit.  Left out of the drawn worlds: pending builds on a host with PCI devices (the index
-    does not count PCI devices held by pending claims; the drop-in's rows do, see
-    vector._pci_taken), and a request for a NUMA topology or PCI devices (nova's
+    bit.  Left out of the drawn worlds: a request for a NUMA topology or PCI devices (nova's
     NUMATopologyFilter and PciPassthroughFilter then keep the allocation candidates that
     fit, and the engine has no placement to give any: its requests carry neither)."""
-    params = [dict(p, pending=0) if p["pci"] else p for p in params]
-    req = dict(req, numa=None, pci=0)
+    _decides_as_nova_over_the_index(params, config, dict(req, numa=None, pci=0))
+
+
+def _decides_as_nova_over_the_index(params: Any, config: Any, req: Any) -> None:
     world = _World(params)
     with _conf(config):
         nova_side = _NovaSide()
@@ -468,8 +468,10 @@ def test_held_pci_devices_weigh_as_in_novas_host_state() -> None:
                "disabled": False, "forced_down": False, "aggregates": [], "instances": [],
                "pending": 1 if i == 0 else 0} for i in range(3)]
     req = {**_BASE_REQUEST, "me": fx.uuid_for("req", 2)}
-    _decides_as_nova(params, {"filter_scheduler.enabled_filters": ["ComputeFilter"],
-                              "filter_scheduler.pci_weight_multiplier": 1.0}, req)
+    config = {"filter_scheduler.enabled_filters": ["ComputeFilter"],
+              "filter_scheduler.pci_weight_multiplier": 1.0}
+    _decides_as_nova(params, config, req)
+    _decides_as_nova_over_the_index(params, config, req)  # the index counts them too
 
 
 _BASE_REQUEST = {"extra": {}, "image": {}, "group": None, "members": [], "group_hosts": [],
