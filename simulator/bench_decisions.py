@@ -37,6 +37,7 @@ import random
 import statistics
 import sys
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ FLAVORS = (Flavor(1, 512, 10), Flavor(2, 4096, 20), Flavor(4, 8192, 40), Flavor(
 
 def request_mix(count: int, seed: int) -> list[RequestSpec]:
     rng = random.Random(seed)
+    ids = random.Random(-seed)  # instance uuids: the flavors drawn stay those of earlier runs
     specs = []
     for i in range(count):
         flavor = FLAVORS[4] if i % 10 == 9 else FLAVORS[rng.randrange(4)]
@@ -62,7 +64,8 @@ def request_mix(count: int, seed: int) -> list[RequestSpec]:
             image_properties={"hw_architecture": "x86_64"} if i % 3 == 0 else {},
             availability_zone="az1" if i % 5 == 0 else None,
             instance_group=InstanceGroup("anti-affinity", members=[f"m{i}"]) if i % 20 == 0 else None,
-            project_id="p1", instance_uuids=[f"bench-{seed}-{i}"], request_id=f"r{i}"))
+            project_id="p1", instance_uuids=[str(uuid.UUID(int=ids.getrandbits(128), version=4))],
+            request_id=f"r{i}"))
     return specs
 
 

@@ -36,6 +36,7 @@ from protocol.hostdoc import free_disk_gb, free_ram_mb
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 #: nova HostState's numbers the vector forms read, in a table's column order; ``pci_free``
 #: is the free devices of every PCI pool, ``down`` is 1.0 when the service is disabled or
@@ -101,6 +102,15 @@ def add_pending(numbers: FloatArray, resources: Mapping[str, int], claims: int,
         numbers[COLUMN[name]] += change
 
 
+def pending_numbers(numbers: Sequence[float], resources: Mapping[str, int], claims: int,
+                    instances: int) -> list[float]:
+    """:func:`add_pending` on a row of numbers not in an array yet (a new list)."""
+    out = list(numbers)
+    for name, change in pending_changes(resources, claims, instances):
+        out[COLUMN[name]] += change
+    return out
+
+
 class HostTable(Protocol):
     """What the vector forms read of a decision's hosts (see the module docstring)."""
 
@@ -156,12 +166,10 @@ class HostTable(Protocol):
         those of ``among``, the rows the caller asks about."""
         ...
 
-    def seen_up(self, rows: IntArray) -> FloatArray:
-        """When each of ``rows`` was last heard from, on :meth:`now`'s clock (seconds)."""
-        ...
-
-    def now(self) -> float:
-        """The decision's time, on the clock of :meth:`seen_up`."""
+    def heard_within(self, rows: IntArray, seconds: float) -> BoolArray:
+        """Per row of ``rows``: was it heard from within ``seconds`` of the decision's time,
+        as nova's database servicegroup driver decides (``abs(now - last_seen_up) <=
+        seconds``, ``last_seen_up`` the wall-clock time of the host's last message)."""
         ...
 
     def values(self, name: str, fn: Callable[[Any], Any]) -> Sequence[Any]:

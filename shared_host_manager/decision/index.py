@@ -69,7 +69,7 @@ from protocol.hostdoc import (
 )
 from protocol.receiver import ReceiverMachine, SourceView, Status
 from protocol.resources import STANDARD_RESOURCES
-from shared_host_manager.decision.host_table import COLUMNS, add_pending, document_numbers
+from shared_host_manager.decision.host_table import COLUMNS, document_numbers, pending_numbers
 from shared_host_manager.decision.hostview import (
     fit_inputs,
     groups_of,
@@ -239,6 +239,9 @@ class HostIndex:
         self._volume_sources: dict[str, set[str]] = {}
         self._foreign: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
         self._rank_dirty = False
+        #: counts the changes of which rows hold a host and of which group a row is in: a
+        #: caller's numbering derived from ``gid`` and ``live`` holds while it is unchanged
+        self.layout = 0
         # nova's numbers of every row (nova_numbers), kept once first asked for
         self._numbers: npt.NDArray[np.float64] | None = None
         self._numbers_stale: set[int] = set()
@@ -301,6 +304,7 @@ class HostIndex:
         self.row_of[source] = row
         self._rank_dirty = True
         self.stats["rows_added"] += 1
+        self.layout += 1
         return row
 
     def _free_row(self, row: int) -> None:
@@ -322,6 +326,7 @@ class HostIndex:
         self._caps_src[row] = None
         self._free_rows.append(row)
         self.stats["rows_freed"] += 1
+        self.layout += 1
 
     # -- maintenance -------------------------------------------------------------------
 
@@ -374,6 +379,7 @@ class HostIndex:
         col[: self.size] = remap[col[: self.size]]
         self.tables[kind] = fresh
         self.stats["compactions"] += 1
+        self.layout += 1
 
     def _refresh(self, source: str) -> None:
         self.stats["rows_refreshed"] += 1
@@ -451,6 +457,8 @@ class HostIndex:
             table.refs[int(col[row])] -= 1
         gid = table.intern(key, make_stub)
         table.refs[gid] += 1
+        if not had or col[row] != gid:
+            self.layout += 1
         col[row] = gid
 
     def _set_host(self, row: int, host: str) -> None:
@@ -685,8 +693,10 @@ class HostIndex:
             doc = view.doc
             assert doc is not None
             claims, n_inst, _ = pending_counts(view)
-            numbers[row] = document_numbers(doc["compute"], service_of(doc), doc.get(PCI))
-            add_pending(numbers[row], held_usage(view), claims, n_inst)
+            values = document_numbers(doc["compute"], service_of(doc), doc.get(PCI))
+            if claims:
+                values = pending_numbers(values, held_usage(view), claims, n_inst)
+            numbers[row] = values
             if claims and self._numbers_held is not None:
                 self._numbers_held(source, view, numbers[row])
         return numbers

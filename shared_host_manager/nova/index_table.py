@@ -40,6 +40,7 @@ from shared_host_manager.decision.hostview import Consumption
 from shared_host_manager.decision.index import AGGREGATE_GROUPS, AggregateStub, HostIndex
 from shared_host_manager.nova import host_manager, vector
 
+BoolArray = vector.BoolArray
 FloatArray = vector.FloatArray
 IntArray = vector.IntArray
 
@@ -61,6 +62,8 @@ class Templates:
         #: (name, key) -> nova's answer per value number (dropped with the numbering)
         self._answers: dict[tuple[str, Hashable], dict[int, Any]] = {}
         self._held = self._pci_held  # one bound method: the index keeps it (hold_numbers)
+        #: (index layout, aggregate group number per row, one row per group): group_ids
+        self._groups: tuple[int, IntArray, list[int]] | None = None
 
     def of(self, source: str, view: Any) -> Any:
         tpl = self._by_source.get(source)
@@ -85,6 +88,20 @@ class Templates:
         if len(self._by_source) > 2 * len(index) + 64:
             for source in [s for s in self._by_source if s not in index.row_of]:
                 del self._by_source[source]
+
+    def aggregate_groups(self) -> tuple[IntArray, list[int]]:
+        """The bound index's aggregate group number per row, and one live row per group
+        number (-1: none), kept while the index's layout stays (HostIndex.layout)."""
+        index = self._index
+        assert index is not None, "Templates.bind(index) first"
+        kept = self._groups
+        if kept is None or kept[0] != index.layout or len(kept[1]) != index.size:
+            gids = index.gid[AGGREGATE_GROUPS][: index.size].astype(np.int64)
+            live = np.flatnonzero(index.live[: index.size])
+            first = np.full(len(index.tables[AGGREGATE_GROUPS].stubs), -1, dtype=np.int64)
+            first[gids[live[::-1]]] = live[::-1]
+            kept = self._groups = (index.layout, gids, first.tolist())
+        return kept[1], kept[2]
 
     def _pci_held(self, source: str, view: SourceView, numbers: FloatArray) -> None:
         """Take the PCI devices the host's pending claims hold off its numbers, as the
@@ -206,8 +223,6 @@ class IndexTable:
         self._by_status = now is None
         self._wall_offset = self._wall_now - (now or 0.0)
         self.touched: set[int] = set()
-        self._gids: IntArray | None = None
-        self._reps: list[int] = []
         self._hosts: dict[int, Any] = {}
         self._numbers: FloatArray | None = None
 
@@ -227,19 +242,10 @@ class IndexTable:
 
     def group_ids(self) -> IntArray:
         """The index's own aggregate group numbers (kept between decisions, see HostIndex)."""
-        gids = self._gids
-        if gids is None:
-            index = self.index
-            gids = self._gids = index.gid[AGGREGATE_GROUPS][: index.size].astype(np.int64)
-            live = np.flatnonzero(index.live[: index.size])
-            first = np.full(len(index.tables[AGGREGATE_GROUPS].stubs), -1, dtype=np.int64)
-            first[gids[live[::-1]]] = live[::-1]
-            self._reps = first.tolist()
-        return gids
+        return self.templates.aggregate_groups()[0]
 
     def group_rep(self) -> list[int]:
-        self.group_ids()
-        return self._reps
+        return self.templates.aggregate_groups()[1]
 
     keeps_group_answers = True
 
@@ -272,21 +278,23 @@ class IndexTable:
         rows_of = self.index.rows_of_instance  # an inverted map: no row is scanned
         return {row for uuid in uuids for row in rows_of(uuid)}
 
-    def seen_up(self, rows: IntArray) -> FloatArray:
+    def heard_within(self, rows: IntArray, seconds: float) -> BoolArray:
+        now = self._wall_now
         if self._by_status:
-            return np.where(self.index.up[rows], self._wall_now, 0.0)
-        view = self.index.view
-        return self._wall_offset + np.fromiter((view(r).last_heard for r in rows.tolist()),
-                                               dtype=np.float64, count=len(rows))
+            if 0.0 <= seconds < now:  # heard now (ACTIVE), or at the epoch
+                return self.index.up[rows]
+            seen_up = np.where(self.index.up[rows], now, 0.0)
+        else:
+            view = self.index.view
+            seen_up = self._wall_offset + np.fromiter(
+                (view(r).last_heard for r in rows.tolist()), dtype=np.float64, count=len(rows))
+        return np.abs(now - seen_up) <= seconds
 
     def _heard(self, view: SourceView) -> float:
         """The wall-clock time of the host's last report, as nova's servicegroup sees it."""
         if self._by_status:
             return heard_by_status(view, self._wall_now)
         return self._wall_offset + view.last_heard
-
-    def now(self) -> float:
-        return self._wall_now
 
     def values(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
         return self.templates.column(name, fn)

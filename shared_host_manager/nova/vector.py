@@ -429,12 +429,10 @@ class HostRows:
     def aggregates(self, row: int) -> list[Any]:
         return self.aggs[row]
 
-    def seen_up(self, rows: IntArray) -> FloatArray:
-        """Wall-clock seconds of each row's last message (nova's ``last_seen_up``)."""
-        return self.wall_offset + np.asarray(self.last_heard, dtype=np.float64)[rows]
-
-    def now(self) -> float:
-        return float(self.manager.wall_clock())
+    def heard_within(self, rows: IntArray, seconds: float) -> BoolArray:
+        # last_seen_up: the wall-clock time of each row's last message
+        seen_up = self.wall_offset + np.asarray(self.last_heard, dtype=np.float64)[rows]
+        return np.abs(float(self.manager.wall_clock()) - seen_up) <= seconds
 
     def per_request_attribute(self, name: str) -> bool:
         return bool(self.tpls) and name not in self.tpls[0].attrs and hasattr(self.shell_cls, name)
@@ -618,11 +616,10 @@ def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> Filter
         return None  # another servicegroup driver: nova's class asks it per host
     from nova import conf as nova_conf
 
-    down_time = nova_conf.CONF.service_down_time
     # nova: abs(utcnow - last_seen_up) <= service_down_time, with last_seen_up = wall clock of
     # the last message (host_manager._make); microsecond rounding aside, the same comparison
-    elapsed = np.abs(rows.now() - rows.seen_up(idx))
-    return (rows.col("down")[idx] == 0.0) & (elapsed <= down_time)
+    up = rows.heard_within(idx, nova_conf.CONF.service_down_time)
+    return (rows.col("down")[idx] == 0.0) & up
 
 
 def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
