@@ -43,7 +43,7 @@ Rules:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias, TypeVar, final, overload
 
@@ -693,7 +693,8 @@ class HostIndex:
             doc = view.doc
             assert doc is not None
             claims, n_inst, _ = pending_counts(view)
-            values = document_numbers(doc["compute"], service_of(doc), doc.get(PCI))
+            values: Sequence[float] = document_numbers(doc["compute"], service_of(doc),
+                                                       doc.get(PCI))
             if claims:
                 values = pending_numbers(values, held_usage(view), claims, n_inst)
             numbers[row] = values
