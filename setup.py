@@ -94,6 +94,10 @@ setup(
             "shm.updatelog = shared_host_manager.conf.updatelog:list_opts",
             "shm.nova = shared_host_manager.nova.conf:list_opts",
         ],
+        # whose classes an engine loads ([filter_scheduler] decision_core; "own" is built in)
+        "shm.scheduler.cores": [
+            "nova = shared_host_manager.nova.core_plugins:load_core",
+        ],
         # one class per filter / weigher, by nova's names (see shared_host_manager.decision.plugins)
         "shm.scheduler.filters": [
             "ComputeFilter = shared_host_manager.decision.filters.compute_filter:ComputeFilter",

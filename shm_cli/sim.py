@@ -98,6 +98,11 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p.add_argument("--nvh-oracle-share", type=float, default=d.nvh_oracle_share, metavar="F",
                    help="the share of a core those checks may take, 0 < F <= 1 (default: "
                         "%(default)s; raise it with --nvh-checks to check more of a short run)")
+    p.add_argument("--core", choices=["own", "nova"], default=d.core,
+                   help="whose filter and weigher classes the shared, legacy and caching modes "
+                        "decide with: the engine's own (default) or nova 34's, through the "
+                        "drop-in's vector core ([filter_scheduler] decision_core; needs the "
+                        "nova extra). --scheduler nova runs nova's whole scheduler instead")
     p.add_argument("--record", metavar="DIR",
                    help="write an update log of every party into DIR/<host manager>/ "
                         "(replay with: shm replay DIR/shared)")
@@ -147,13 +152,6 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     """``--scheduler nova``: nova's own SchedulerManager on its whole path (simulator.nova_sim)."""
     from shared_host_manager.nova import simulation as nova_simulation
 
-    name = nova_simulation.missing()
-    if name is not None:
-        print(f"{parser.prog} --scheduler nova: {name} is not installed; "
-              f"pip install 'shared-host-manager[{nova_simulation.EXTRA}]'", file=sys.stderr)
-        return 2
-    from simulator import nova_sim
-
     unsupported = [flag for flag, given in (
         ("--processes", args.processes is not None), ("--record", bool(args.record)),
         ("--transport", args.transport != "fake"), ("--plot", bool(args.plot)),
@@ -162,9 +160,17 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         ("--no-scarce-coordinator", not args.scarce_coordinator),
         ("--nvh-catch-up", args.nvh_catch_up is not None),
         ("--no-hand-to-owner", not args.hand_to_owner),
+        ("--core", args.core != SimConfig.core),
         ("--nvh-oracle-share", args.nvh_oracle_share != SimConfig.nvh_oracle_share)) if given]
     if unsupported:
         parser.error(f"{', '.join(unsupported)} not supported with --scheduler nova")
+    name = nova_simulation.missing()
+    if name is not None:
+        print(f"{parser.prog} --scheduler nova: {name} is not installed; "
+              f"pip install 'shared-host-manager[{nova_simulation.EXTRA}]'", file=sys.stderr)
+        return 2
+    from simulator import nova_sim
+
     cfg = nova_sim.NovaSimConfig(
         host_manager=args.host_manager, nodes=args.nodes, schedulers=args.schedulers,
         clients=args.clients, duration=0.0 if args.requests is not None else args.duration,

@@ -84,16 +84,8 @@ def _run(engine: DecisionEngine, specs: list[RequestSpec], now: float) -> tuple[
 def _engine(path: str, hosts: int, seed: int, core: str) -> DecisionEngine:
     receiver = load_receiver(cloud(hosts, seed), name=f"bench-{path}", down_interval=1e12,
                              claim_deadline=1.0)
-    config = SchedulerConfig()
-    filters = weighers = None
-    if core == "nova":
-        from shared_host_manager.nova import core_plugins
-
-        shared = core_plugins.Shared()
-        filters = core_plugins.load_filters(config.enabled_filters, config, shared)
-        weighers = core_plugins.load_weighers(config.weight_classes, config, shared)
-    return DecisionEngine(receiver, lambda claim: None, config=config, path=path,
-                          rng=random.Random(seed), filters=filters, weighers=weighers)
+    return DecisionEngine(receiver, lambda claim: None, config=SchedulerConfig(decision_core=core),
+                          path=path, rng=random.Random(seed))
 
 
 def measure(path: str, hosts: int, decisions: int, runs: int, seed: int,

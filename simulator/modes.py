@@ -40,7 +40,7 @@ from protocol.receiver import ReceiverMachine
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost, Selection
 from shared_host_manager.decision.manager import RequestResult, SchedulerManager
-from shared_host_manager.decision.plugins import load_filters, load_weighers
+from shared_host_manager.decision.plugins import load_core
 from shared_host_manager.decision.request import RequestSpec
 from shared_host_manager.service import SchedulerService
 from simulator.database import HostDatabase
@@ -126,8 +126,9 @@ class DatabaseScheduler:
         self.lock = threading.RLock()
         self._rng = random.Random(f"{s.seed}-{s.name}")
 
-        self._filters = load_filters(s.config.enabled_filters, s.config)
-        self._weighers = load_weighers(s.config.weight_classes, s.config)
+        # the own classes hold nothing of an engine: loaded once; a core whose classes hold
+        # an engine's state (nova's: per-host templates of one index) loads with each engine
+        self._plugins = load_core(s.config) if s.config.decision_core == "own" else None
         self._outbox: list[Claim] = []
         self.receiver = ReceiverMachine(s.name, down_interval=3600.0, claim_deadline=1e9)
         self.engine = self._new_engine(self.receiver, self._outbox)
@@ -139,8 +140,9 @@ class DatabaseScheduler:
 
     def _new_engine(self, receiver: ReceiverMachine, outbox: list[Claim]) -> DecisionEngine:
         # claims are collected, then cast once the decision is complete
+        filters, weighers = self._plugins or (None, None)
         return DecisionEngine(receiver, outbox.append, config=self._settings.config,
-                              rng=self._rng, filters=self._filters, weighers=self._weighers,
+                              rng=self._rng, filters=filters, weighers=weighers,
                               live_schedulers=self._settings.live_schedulers)
 
     # -- life cycle -------------------------------------------------------------

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import random
 import statistics
@@ -100,6 +101,9 @@ class SimConfig(RunShape):
     #: shared mode: seconds a scheduler lets the hosts' latest changes reach it before a
     #: NoValidHost ([filter_scheduler] no_valid_host_catch_up; None: the coalescing window)
     nvh_catch_up: float | None = None
+    #: whose filter and weigher classes the engine loads: "own" or "nova" (nova 34's, through
+    #: the vector core: [filter_scheduler] decision_core)
+    core: str = "own"
     #: directory for update logs of every party (shm replay reads them)
     record: str | None = None
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
@@ -117,6 +121,10 @@ def check_config(cfg: SimConfig) -> None:
         raise ValueError("--nvh-oracle-share must be above 0 and at most 1 (a share of one core)")
     if cfg.nvh_catch_up is not None and cfg.nvh_catch_up < 0:
         raise ValueError("--nvh-catch-up must be 0 (off) or more seconds")
+    if cfg.core not in ("own", "nova"):
+        raise ValueError(f"--core must be own or nova, not {cfg.core!r}")
+    if cfg.core == "nova" and importlib.util.find_spec("nova") is None:
+        raise ValueError("--core nova needs nova 34: pip install 'shared-host-manager[nova]'")
     if cfg.record and cfg.processes is not None:
         raise ValueError("--record records in-process runs; drop --processes (or record each "
                          "scheduler process with [update_log] in its own configuration)")
@@ -354,6 +362,7 @@ class Simulation:
             "host_subset_choice": self.cfg.host_subset_choice,
             "scarce_coordinator": self.cfg.scarce_coordinator,
             "hand_to_owner": self.cfg.hand_to_owner,
+            "decision_core": self.cfg.core,
             "no_valid_host_catch_up": self.cfg.coalesce_window if catch_up is None else catch_up}
         if self.cfg.host_subset_size is not None:
             changes["host_subset_size_min"] = changes["host_subset_size_max"] = self.cfg.host_subset_size

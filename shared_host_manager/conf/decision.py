@@ -186,6 +186,19 @@ Availability zone of hosts in no aggregate with ``availability_zone``
 metadata (nova: [DEFAULT] default_availability_zone), used by
 AvailabilityZoneFilter.
 """),
+    cfg.StrOpt("decision_core", default="own", choices=[
+        ("own", "the engine's own filter and weigher classes (ports of nova's)"),
+        ("nova", "nova 34's own classes, through the vector core (needs the nova extra)")],
+        help="""
+Whose filter and weigher classes the engine (``shm sim``'s shared, legacy and
+caching modes, ``shm replay --decisions``, ``shm bench decisions``) loads for
+the names in enabled_filters and weight_classes. ``nova``: nova 34's own
+class for every name nova has one for, deciding through the same vector core
+as the drop-in (docs/design.md §5.8); the names nova has no class for
+(ResourceFitFilter, AvailabilityZoneFilter, VolumeLocalityFilter) stay the
+engine's own. Loaded through the ``shm.scheduler.cores`` entry point group.
+Needs ``pip install 'shared-host-manager[nova]'``.
+"""),
     cfg.StrOpt("image_properties_default_architecture", help="""
 Architecture assumed by ImagePropertiesFilter when the image has no
 ``hw_architecture`` property (nova option of the same name). Unset: no
@@ -218,6 +231,7 @@ class SchedulerConfig:
     claim_rejection_ewma_alpha: float = 0.05
     default_availability_zone: str = "nova"
     image_properties_default_architecture: str | None = None
+    decision_core: str = "own"
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts) -> SchedulerConfig:

@@ -81,7 +81,7 @@ from shared_host_manager.decision.index import (
     Only,
     VectorResult,
 )
-from shared_host_manager.decision.plugins import load_filters, load_weighers
+from shared_host_manager.decision.plugins import load_core
 from shared_host_manager.decision.request import RequestSpec, RequestView
 from shared_host_manager.decision.subset import AdaptiveSubset, PeerOwnership, RendezvousChoice
 from shared_host_manager.decision.weights import BaseHostWeigher, weigh_hosts
@@ -295,10 +295,12 @@ class DecisionEngine:
         self.config = config or SchedulerConfig()
         self.index = index if index is not None else HostIndex(receiver)
         self.rng = rng or random.Random()
-        self.filters = list(filters) if filters is not None else load_filters(
-            self.config.enabled_filters, self.config)
-        self.weighers = list(weighers) if weighers is not None else load_weighers(
-            self.config.weight_classes, self.config)
+        if filters is None or weighers is None:
+            loaded = load_core(self.config)  # [filter_scheduler] decision_core
+            filters = loaded[0] if filters is None else filters
+            weighers = loaded[1] if weighers is None else weighers
+        self.filters = list(filters)
+        self.weighers = list(weighers)
         self.path = path
         self.live_schedulers = live_schedulers
         self.subset = AdaptiveSubset(self.config.host_subset_size_min, self.config.host_subset_size_max,

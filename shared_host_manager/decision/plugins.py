@@ -11,6 +11,14 @@ Entry point groups (setup.py ``entry_points``)::
 
     shm.scheduler.filters   = <Name> = <module>:<class>
     shm.scheduler.weighers  = <Name> = <module>:<class>
+    shm.scheduler.cores     = <name> = <module>:<function>
+
+A *core* loads the filters and weighers of a whole configuration at once
+(``[filter_scheduler] decision_core``): ``own`` is this module's tables; any
+other name is an entry point only, such as ``nova``
+(``shared_host_manager.nova.core_plugins:load_core``, a layer above this one:
+reached by name, never imported), whose classes share state between the
+filters and weighers of one engine.
 
 Life cycle: called once when an engine is built; nothing is cached here
 (stevedore keeps its own entry point cache).
@@ -20,7 +28,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from shared_host_manager.conf.decision import SchedulerConfig
@@ -31,6 +39,10 @@ LOG = logging.getLogger(__name__)
 
 FILTER_NAMESPACE = "shm.scheduler.filters"
 WEIGHER_NAMESPACE = "shm.scheduler.weighers"
+CORE_NAMESPACE = "shm.scheduler.cores"
+
+#: a core: config -> (filters, weighers) for its enabled_filters and weight_classes
+Core = Callable[[SchedulerConfig], tuple[list[BaseHostFilter], list[BaseHostWeigher]]]
 
 
 def _import(target: str) -> Any:
@@ -88,5 +100,22 @@ def entry_point_lines() -> dict[str, list[str]]:
     return {FILTER_NAMESPACE: lines(BUILTIN_FILTERS), WEIGHER_NAMESPACE: lines(BUILTIN_WEIGHERS)}
 
 
-__all__ = ["FILTER_NAMESPACE", "WEIGHER_NAMESPACE", "entry_point_lines", "load_classes",
-           "load_filters", "load_weighers"]
+
+
+def load_core(config: SchedulerConfig) -> tuple[list[BaseHostFilter], list[BaseHostWeigher]]:
+    """The filters and weighers of ``config``, as its ``decision_core`` loads them (a fresh
+    set per call: one engine's)."""
+    name = config.decision_core
+    if name == "own":
+        return (load_filters(config.enabled_filters, config),
+                load_weighers(config.weight_classes, config))
+    core: Core | None = _from_entry_points(CORE_NAMESPACE, [name]).get(name)
+    if core is None:  # not declared, or its module does not import (logged by the scan)
+        raise ValueError(f"decision_core = {name} cannot be loaded (no {CORE_NAMESPACE} entry "
+                         "point of that name loads); for nova: pip install "
+                         "'shared-host-manager[nova]'")
+    return core(config)
+
+
+__all__ = ["CORE_NAMESPACE", "FILTER_NAMESPACE", "WEIGHER_NAMESPACE",
+           "entry_point_lines", "load_classes", "load_core", "load_filters", "load_weighers"]

@@ -337,5 +337,18 @@ def load_weighers(names: Iterable[str], config: SchedulerConfig, shared: Shared
                  lambda w: NovaWeigher(w, shared, config), plugins.load_weighers)
 
 
-__all__ = ["SHARED_OPTIONS", "NovaFilter", "NovaWeigher", "Shared", "configure", "load_filters",
-           "load_weighers", "nova_spec"]
+def load_core(config: SchedulerConfig) -> tuple[list[BaseHostFilter], list[BaseHostWeigher]]:
+    """The ``nova`` decision core (``[filter_scheduler] decision_core = nova``, entry point
+    ``shm.scheduler.cores``): one engine's filters and weighers, nova's classes sharing one
+    :class:`Shared`.  Outside a nova service, nova's objects and an empty nova
+    configuration are set up first (once per process)."""
+    from shared_host_manager.nova import fixtures
+
+    fixtures.setup_nova()
+    shared = Shared()
+    return (load_filters(config.enabled_filters, config, shared),
+            load_weighers(config.weight_classes, config, shared))
+
+
+__all__ = ["SHARED_OPTIONS", "NovaFilter", "NovaWeigher", "Shared", "configure", "load_core",
+           "load_filters", "load_weighers", "nova_spec"]

@@ -457,8 +457,8 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         config.pop("__type__", None)
         self._engine = {
             "config": config,
-            "filters": [type(f).__name__ for f in engine.filters],
-            "weighers": [type(w).__name__ for w in engine.weighers],
+            "filters": [f.name for f in engine.filters],
+            "weighers": [w.name for w in engine.weighers],
             # nova's clamp and normalisation bounds, so a replay weighs as this engine did
             "weigher_bounds": [[w.minval, w.maxval] for w in engine.weighers],
             "path": engine.path, "live": engine.live_schedulers,

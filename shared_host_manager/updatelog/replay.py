@@ -812,8 +812,7 @@ class Replayer:
             self.engine = None
             self.result.decisions_note = f"decision path not usable: {type(exc).__name__}: {exc}"
             return
-        got = ([type(f).__name__ for f in self.engine.filters],
-               [type(w).__name__ for w in self.engine.weighers])
+        got = ([f.name for f in self.engine.filters], [w.name for w in self.engine.weighers])
         want = (spec.get("filters"), spec.get("weighers"))
         if got[1] == want[1]:
             # logs written before the weighers took nova's minval/maxval weighed without bounds

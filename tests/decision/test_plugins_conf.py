@@ -60,6 +60,24 @@ def test_entry_point_lines_match_the_tables():
         lines["shm.scheduler.weighers"]
 
 
+def test_the_decision_core_loads_one_engines_filters_and_weighers():
+    """``decision_core``: "own" loads the built-in tables; another name is loaded through
+    the ``shm.scheduler.cores`` entry point group only; one that cannot load says what to
+    do, in one line."""
+    config = SchedulerConfig(enabled_filters=("ComputeFilter",), weight_classes=("RAMWeigher",))
+    filters, weighers = plugins.load_core(config)
+    assert [type(f) for f in filters] == [ComputeFilter]
+    assert [w.name for w in weighers] == ["RAMWeigher"]
+    with pytest.raises(ValueError, match="decision_core = ours cannot be loaded"):
+        plugins.load_core(SchedulerConfig(decision_core="ours"))
+    # as without nova: neither nova nor the core that imports it can be imported
+    blocked = {"nova": None, "shared_host_manager.nova.core_plugins": None}
+    with mock.patch.dict("sys.modules", blocked), \
+            pytest.raises(ValueError, match=r"decision_core = nova cannot be loaded .*"
+                                            r"pip install 'shared-host-manager\[nova\]'"):
+        plugins.load_core(SchedulerConfig(decision_core="nova"))
+
+
 def test_options_register_and_map_to_the_engine_config():
     conf = cfg.ConfigOpts()
     conf_decision.register_opts(conf)

@@ -74,6 +74,18 @@ def test_a_changed_option_changes_decisions_and_is_reported(mini_run):
     assert not result.mismatches and not result.effect_mismatches
 
 
+def test_novas_classes_re_run_the_recorded_decisions_the_same(mini_run):
+    """``--decision-option decision_core=nova``: the decisions recorded with the engine's own
+    classes, re-run with nova 34's own through the vector core, come out the same."""
+    pytest.importorskip("nova.scheduler")
+    run, _ = _recorded_run(mini_run)
+    result = replay(resolve_log(run.log("s0")), decisions=True,
+                    decision_options={"decision_core": "nova"})
+    assert result.decisions_checked == 13 and not result.decisions_note
+    assert result.decision_diffs == []
+    assert result.ok
+
+
 def test_replay_without_decisions_only_counts_them(mini_run):
     run, _ = _recorded_run(mini_run)
     result = replay(resolve_log(run.log("s0")))
