@@ -234,14 +234,21 @@ class NovaFilter(BaseHostFilter):
     def name(self) -> str:
         return type(self.nova).__name__
 
+    def _vectorised(self) -> bool:
+        return type(self.nova) in vector.VECTOR_FILTERS and vector.is_base_filter_all(self.nova)
+
+    def active(self, spec_obj: RequestView) -> bool:
+        # a request that does not engage nova's class: it would pass every host
+        return not self._vectorised() or vector.engaged(
+            self.nova, self.shared.request(None, spec_obj).spec())
+
     def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
-        vf = vector.VECTOR_FILTERS.get(type(self.nova))
-        if vf is None or not vector.is_base_filter_all(self.nova):
+        if not self._vectorised():
             return None
         nova_req = self.shared.request(index, spec_obj)
         assert nova_req.table is not None
         rows = nova_req.rows()
-        mask = vf(self.nova, nova_req.table, rows, nova_req.spec())
+        mask = vector.filter_answer(self.nova, nova_req.table, rows, nova_req.spec())
         if mask is None or mask is PASS_ALL:
             return mask
         if mask.all():
@@ -344,7 +351,7 @@ def load_core(config: SchedulerConfig) -> tuple[list[BaseHostFilter], list[BaseH
     configuration are set up first (once per process)."""
     from shared_host_manager.nova import fixtures
 
-    fixtures.setup_nova()
+    fixtures.setup_nova_objects()
     shared = Shared()
     return (load_filters(config.enabled_filters, config, shared),
             load_weighers(config.weight_classes, config, shared))

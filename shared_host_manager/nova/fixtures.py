@@ -23,6 +23,24 @@ NOW = timeutils.utcnow(with_timezone=True)
 
 _setup_lock = threading.Lock()
 _done = False
+_objects_done = False
+
+
+def setup_nova_objects() -> Any:
+    """Register nova's objects and parse an empty nova configuration (once per process): all
+    nova's filter and weigher classes need, without the RPC layer (whose import brings
+    eventlet in).  Returns nova's CONF."""
+    global _objects_done
+    import nova.conf
+    from nova import objects
+
+    conf = nova.conf.CONF
+    with _setup_lock:
+        if not _objects_done:
+            objects.register_all()
+            conf([], project="nova", default_config_files=[], default_config_dirs=[])
+            _objects_done = True
+    return conf
 
 
 def setup_nova(**overrides: Any) -> Any:
@@ -33,19 +51,16 @@ def setup_nova(**overrides: Any) -> Any:
     nova's CONF.  ``overrides``: ``{"group.option": value}`` set each call.
     """
     global _done
-    import nova.conf
-    from nova import objects, rpc
+    from nova import rpc
 
-    conf = nova.conf.CONF
+    conf = setup_nova_objects()
     with _setup_lock:
         if not _done:
-            objects.register_all()
             from oslo_messaging import transport as om_transport
             from oslo_messaging.notify import notifier as om_notifier
 
             conf.register_opts(om_transport._transport_opts)
             conf.register_opts(om_notifier._notifier_opts, group="oslo_messaging_notifications")
-            conf([], project="nova", default_config_files=[], default_config_dirs=[])
             conf.set_override("transport_url", "fake:/")
             conf.set_override("driver", ["noop"], group="oslo_messaging_notifications")
             rpc.init(conf)

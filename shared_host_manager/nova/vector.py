@@ -622,10 +622,11 @@ def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> Filter
     return (rows.col("down")[idx] == 0.0) & up
 
 
-def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+def _capability_names(spec: Any) -> tuple[str, ...]:
+    """The host attributes the flavor's extra specs ask ComputeCapabilitiesFilter about."""
     flavor = spec.flavor
     if "extra_specs" not in flavor:
-        return PASS_ALL
+        return ()
     tops: list[str] = []
     for key in flavor.extra_specs:
         if key == "hw:maxphysaddr_bits":
@@ -636,9 +637,12 @@ def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAn
             tops.append(key)
         elif scope[0] == "capabilities" and len(scope) > 1:
             tops.append(scope[1])
-    if not tops:
-        return PASS_ALL
-    names = tuple(sorted(set(tops)))
+    return tuple(sorted(set(tops)))
+
+
+def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+    flavor = spec.flavor
+    names = _capability_names(spec)
     for name in names:
         # a number this scheduler's claims change, or a per-request attribute: per host
         if name in _ADJUSTED or rows.per_request_attribute(name):
@@ -652,16 +656,20 @@ def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAn
         tuple(sorted(flavor.extra_specs.items())))
 
 
-def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+def _checked_image(f: Any, spec: Any) -> tuple[Any, tuple[Any, Any, Any]]:
+    """The image properties, and the three ImagePropertiesFilter checks (nova's default
+    architecture counted in): none set, the filter passes every host."""
     from nova.objects import fields
 
     props = spec.image.properties if spec.image else {}
-    checked = (fields.Architecture.canonicalize(props.get("hw_architecture",
-                                                          f._get_default_architecture())),
-               fields.HVType.canonicalize(props.get("img_hv_type")),
-               fields.VMMode.canonicalize(props.get("hw_vm_mode")))
-    if not any(checked):
-        return PASS_ALL
+    return props, (fields.Architecture.canonicalize(props.get(
+        "hw_architecture", f._get_default_architecture())),
+        fields.HVType.canonicalize(props.get("img_hv_type")),
+        fields.VMMode.canonicalize(props.get("hw_vm_mode")))
+
+
+def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+    props, checked = _checked_image(f, spec)
     # what nova's class reads of the request: the checked properties (the default
     # architecture counted in), the requested hypervisor version, the address bits
     key = (checked, props.get("img_hv_requested_version"), props.get("hw_maxphysaddr_bits"))
@@ -671,12 +679,7 @@ def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAns
 
 
 def _anti_affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if _rebuild_skips(f, spec):
-        return PASS_ALL
     group = spec.instance_group
-    policy = group.policy if group else None
-    if f.policy_name != policy:
-        return PASS_ALL
     members = set(group.members)
     rules = group.rules
     limit = rules["max_server_per_host"] if rules and "max_server_per_host" in rules else 1
@@ -702,44 +705,22 @@ def _holding(rows: HostTable, idx: IntArray, uuids: Collection[str]) -> BoolArra
 
 
 def _affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if _rebuild_skips(f, spec):
-        return PASS_ALL
-    group = spec.instance_group
-    policies = group.policies if group else []
-    if f.policy_name not in policies:
-        return PASS_ALL
-    group_hosts = group.hosts if group else []
-    if not group_hosts:
-        return PASS_ALL
+    group_hosts = spec.instance_group.hosts
     return np.fromiter((rows.name(r) in group_hosts for r in idx.tolist()), dtype=bool,
                        count=len(idx))
 
 
 def _overlap(hint: str, same: bool) -> VectorFilter:
     def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-        if _rebuild_skips(f, spec):
-            return PASS_ALL
         uuids = spec.get_scheduler_hint(hint)
-        if not uuids:
-            return PASS_ALL
         wanted = {uuids} if isinstance(uuids, str) else set(uuids)
         hit = _holding(rows, idx, wanted)
         return hit if same else ~hit
     return vf
 
 
-def _cidr(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if _rebuild_skips(f, spec):
-        return PASS_ALL
-    if not spec.get_scheduler_hint("build_near_host_ip"):
-        return PASS_ALL
-    return None  # rare: nova's class per host
-
-
-def _json(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if _rebuild_skips(f, spec) or not spec.get_scheduler_hint("query"):
-        return PASS_ALL
-    return None
+def _per_host(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+    return None  # rare (a CIDR or JSON query hint): nova's class per host
 
 
 def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any], Any],
@@ -765,8 +746,6 @@ def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any],
 def _limit(column: str, getter: str, option: str) -> VectorFilter:
     """NumInstances/IoOps (and their aggregate forms): the limit per aggregate group, by nova."""
     def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-        if _rebuild_skips(f, spec):
-            return PASS_ALL
         from nova import conf as nova_conf
 
         get_max = getattr(f, getter)
@@ -815,8 +794,6 @@ def _isolated(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer
 
 
 def _metrics(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if _rebuild_skips(f, spec):
-        return PASS_ALL
     # nova's class reads the metric names it parsed from its option, not the request
     return _grouped(f, rows, idx, spec, "metric_names",
                     lambda t: tuple(sorted(m.name for m in t.attrs["metrics"])),
@@ -824,8 +801,6 @@ def _metrics(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
 
 
 def _numa(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if _rebuild_skips(f, spec):
-        return PASS_ALL
     if spec.numa_topology:
         return None  # a NUMA fit per host and candidate: nova's class
     extra_specs = spec.flavor.extra_specs
@@ -837,32 +812,20 @@ def _numa(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
 
 
 def _pci(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if _rebuild_skips(f, spec):
-        return PASS_ALL
-    pci_requests = spec.pci_requests
-    if not pci_requests or not pci_requests.requests:
-        return PASS_ALL
-    return None
+    return None  # PCI devices asked for: nova's class per host, on its candidates
 
 
-def _rebuild_wrapped(vf: VectorFilter) -> VectorFilter:
-    def wrapped(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-        if _rebuild_skips(f, spec):
-            return PASS_ALL
-        return vf(f, rows, idx, spec)
-    return wrapped
-
-
-#: nova filter class -> its vector form (exact class only: subclasses run as themselves)
+#: nova filter class -> its vector form (exact class only: subclasses run as themselves), for
+#: a request that engages the filter (:func:`engaged`; :func:`filter_answer` asks both)
 VECTOR_FILTERS: dict[type, VectorFilter] = {
-    compute_filter.ComputeFilter: _rebuild_wrapped(_compute_filter),
-    compute_capabilities_filter.ComputeCapabilitiesFilter: _rebuild_wrapped(_capabilities),
-    image_props_filter.ImagePropertiesFilter: _rebuild_wrapped(_image_props),
+    compute_filter.ComputeFilter: _compute_filter,
+    compute_capabilities_filter.ComputeCapabilitiesFilter: _capabilities,
+    image_props_filter.ImagePropertiesFilter: _image_props,
     affinity_filter.ServerGroupAntiAffinityFilter: _anti_affinity,
     affinity_filter.ServerGroupAffinityFilter: _affinity,
     affinity_filter.SameHostFilter: _overlap("same_host", True),
     affinity_filter.DifferentHostFilter: _overlap("different_host", False),
-    affinity_filter.SimpleCIDRAffinityFilter: _cidr,
+    affinity_filter.SimpleCIDRAffinityFilter: _per_host,
     aggregate_instance_extra_specs.AggregateInstanceExtraSpecsFilter: _by_aggregates,
     aggregate_image_properties_isolation.AggregateImagePropertiesIsolation: _by_aggregates,
     aggregate_multitenancy_isolation.AggregateMultiTenancyIsolation: _by_aggregates,
@@ -874,13 +837,72 @@ VECTOR_FILTERS: dict[type, VectorFilter] = {
     io_ops_filter.IoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host", "max_io_ops_per_host"),
     io_ops_filter.AggregateIoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host",
                                                "max_io_ops_per_host"),
-    isolated_hosts_filter.IsolatedHostsFilter: _rebuild_wrapped(_isolated),
-    json_filter.JsonFilter: _json,
+    isolated_hosts_filter.IsolatedHostsFilter: _isolated,
+    json_filter.JsonFilter: _per_host,
     metrics_filter.MetricsFilter: _metrics,
     all_hosts_filter.AllHostsFilter: lambda f, rows, idx, spec: PASS_ALL,
     numa_topology_filter.NUMATopologyFilter: _numa,
     pci_passthrough_filter.PciPassthroughFilter: _pci,
 }
+
+
+
+
+def _runs(f: Any, spec: Any) -> bool:
+    """nova's class runs for this request (a rebuild skips the classes not RUN_ON_REBUILD)."""
+    return not _rebuild_skips(f, spec)
+
+
+def _group_policy(f: Any, spec: Any) -> bool:
+    group = spec.instance_group
+    return _runs(f, spec) and group is not None and f.policy_name == group.policy
+
+
+def _hint(name: str) -> Callable[[Any, Any], bool]:
+    return lambda f, spec: _runs(f, spec) and bool(spec.get_scheduler_hint(name))
+
+
+#: per nova filter class, whether a request engages it: when not, nova's class passes every
+#: host whatever the hosts hold (the request alone decides), and its vector form is not asked
+#: (a class without an entry is always engaged)
+_ENGAGED: dict[type, Callable[[Any, Any], bool]] = {
+    compute_filter.ComputeFilter: _runs,
+    compute_capabilities_filter.ComputeCapabilitiesFilter: lambda f, spec: _runs(f, spec)
+    and bool(_capability_names(spec)),
+    image_props_filter.ImagePropertiesFilter: lambda f, spec: _runs(f, spec)
+    and any(_checked_image(f, spec)[1]),
+    affinity_filter.ServerGroupAntiAffinityFilter: _group_policy,
+    affinity_filter.ServerGroupAffinityFilter: lambda f, spec: _runs(f, spec)
+    and spec.instance_group is not None and f.policy_name in spec.instance_group.policies
+    and bool(spec.instance_group.hosts),
+    affinity_filter.SameHostFilter: _hint("same_host"),
+    affinity_filter.DifferentHostFilter: _hint("different_host"),
+    affinity_filter.SimpleCIDRAffinityFilter: _hint("build_near_host_ip"),
+    json_filter.JsonFilter: _hint("query"),
+    num_instances_filter.NumInstancesFilter: _runs,
+    num_instances_filter.AggregateNumInstancesFilter: _runs,
+    io_ops_filter.IoOpsFilter: _runs,
+    io_ops_filter.AggregateIoOpsFilter: _runs,
+    isolated_hosts_filter.IsolatedHostsFilter: _runs,
+    metrics_filter.MetricsFilter: _runs,
+    numa_topology_filter.NUMATopologyFilter: _runs,
+    pci_passthrough_filter.PciPassthroughFilter: lambda f, spec: _runs(f, spec)
+    and bool(spec.pci_requests) and bool(spec.pci_requests.requests),
+    all_hosts_filter.AllHostsFilter: lambda f, spec: False,
+}
+
+
+def engaged(f: Any, spec: Any) -> bool:
+    """Whether the request engages nova's filter ``f`` (a class with a vector form): when
+    not, nova's class would pass every host, so a caller may leave it out altogether."""
+    decide = _ENGAGED.get(type(f))
+    return True if decide is None else decide(f, spec)
+
+
+def filter_answer(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+    """The vector form's answer of ``f`` (a class with one) for the rows ``idx``: PASS_ALL
+    when the request does not engage it."""
+    return VECTOR_FILTERS[type(f)](f, rows, idx, spec) if engaged(f, spec) else PASS_ALL
 
 
 _Shipped = list[tuple[Any, str, Any, tuple[Any, ...]]]
@@ -941,13 +963,13 @@ def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec:
         if vf is not None and is_base_filter_all(f):
             touched = rows.touched
             if not touched:
-                mask = vf(f, rows, idx, spec)
+                mask = filter_answer(f, rows, idx, spec)
                 if mask is not None and mask is not PASS_ALL:
                     idx = idx[mask]
             else:  # hosts the manager has touched go through nova's class, one by one
                 is_touched = np.fromiter((i in touched for i in idx.tolist()), dtype=bool,
                                          count=len(idx))
-                mask = vf(f, rows, idx[~is_touched], spec)
+                mask = filter_answer(f, rows, idx[~is_touched], spec)
                 if mask is not None:
                     keep = np.empty(len(idx), dtype=bool)
                     keep[~is_touched] = True if mask is PASS_ALL else mask

@@ -490,6 +490,7 @@ def test_the_generated_worlds_exercise_the_vector_forms() -> None:
                "aggregates": [0] if i == 0 else [3] if i == 3 else [],
                "instances": [INSTANCES[0]] if i == 4 else []} for i in range(6)]
     world = _World(params)
+    others = {f"host{i}" for i in range(6)} - {"host4"}  # host4 holds INSTANCES[0]
     cases = {
         "ComputeFilter": ({}, {"host2"}),
         "ComputeCapabilitiesFilter": ({"extra": {"capabilities:hypervisor_version": ">= 8000000"}},
@@ -506,6 +507,9 @@ def test_the_generated_worlds_exercise_the_vector_forms() -> None:
                                           {"host4"}),
         "DifferentHostFilter": ({"hints": {"different_host": None}, "same": [INSTANCES[0]]},
                                 {"host4"}),
+        "SameHostFilter": ({"hints": {"same_host": None}, "same": [INSTANCES[0]]}, others),
+        "ServerGroupAffinityFilter": ({"group": "affinity", "members": [INSTANCES[0]],
+                                       "group_hosts": ["host4"]}, others),
     }
     base = _BASE_REQUEST
     everyone = {cn.host for cn in world.nodes}
