@@ -10,7 +10,9 @@ tests in tests/nova/test_nova_vector.py are the definition of "same"):
 
 * a filter or weigher of nova's own, of exactly that class, with a *vector
   form* (:data:`VECTOR_FILTERS`, :data:`VECTOR_WEIGHERS`) decides for all
-  hosts at once, from numpy columns of the request's hosts;
+  hosts at once, from numpy columns of the request's hosts; a filter the
+  request does not engage (:func:`engaged`: no group policy, hint or image
+  property for it to check) passes every host without a look at them;
 * what depends only on what few hosts differ in (aggregate metadata,
   capabilities, supported instances, metrics names) runs nova's own code once
   per *distinct* input, on one host of each group, and the answer is spread to
