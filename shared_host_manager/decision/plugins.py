@@ -100,8 +100,6 @@ def entry_point_lines() -> dict[str, list[str]]:
     return {FILTER_NAMESPACE: lines(BUILTIN_FILTERS), WEIGHER_NAMESPACE: lines(BUILTIN_WEIGHERS)}
 
 
-
-
 def load_core(config: SchedulerConfig) -> tuple[list[BaseHostFilter], list[BaseHostWeigher]]:
     """The filters and weighers of ``config``, as its ``decision_core`` loads them (a fresh
     set per call: one engine's)."""

@@ -20,8 +20,11 @@ classes in both roles (design §10, item 13):
   stays the engine's own filter.
 
 The engine's request (``decision/request.py``) becomes nova's RequestSpec once
-per request (:class:`_NovaRequest`, in the request's memo), updated per
-instance as nova's ``_consume_selected_host`` updates it.  Liveness: the
+per request (:class:`_NovaRequest`, in the request's memo; requests alike but
+for their instances share one), updated per instance as nova's
+``_consume_selected_host`` updates it.  A class the request does not engage
+(``vector.engaged``) is left out, as the engine's own ports leave themselves
+out (``active``).  Liveness: the
 engine's receiver is the servicegroup (``IndexTable`` without ``now``).
 
 Life cycle: one :class:`Shared` per loaded set (the templates outlive
@@ -347,8 +350,9 @@ def load_weighers(names: Iterable[str], config: SchedulerConfig, shared: Shared
 def load_core(config: SchedulerConfig) -> tuple[list[BaseHostFilter], list[BaseHostWeigher]]:
     """The ``nova`` decision core (``[filter_scheduler] decision_core = nova``, entry point
     ``shm.scheduler.cores``): one engine's filters and weighers, nova's classes sharing one
-    :class:`Shared`.  Outside a nova service, nova's objects and an empty nova
-    configuration are set up first (once per process)."""
+    :class:`Shared`.  For the processes that run the engine (the simulator, replay, the
+    benchmarks; never a nova service): nova's objects registered and an empty nova
+    configuration parsed first, once per process."""
     from shared_host_manager.nova import fixtures
 
     fixtures.setup_nova_objects()

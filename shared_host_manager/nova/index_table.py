@@ -168,7 +168,6 @@ class Templates:
             dirty.clear()
         return ids
 
-
     def value_answers(self, name: str, key: Hashable) -> dict[int, Any]:
         """Answers by :meth:`column_ids` number of ``name`` under ``key``, kept while that
         numbering lasts (the caller fills them in)."""
