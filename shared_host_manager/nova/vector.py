@@ -563,9 +563,10 @@ def pre_filter(rows: HostTable, idx: list[int], spec_obj: Any) -> tuple[list[int
 
 # -- filters ---------------------------------------------------------------------------------
 
-#: a vector filter: (filter, rows, row numbers (lazy rows only), spec) -> pass mask, PASS_ALL
-#: when the request does not engage the filter (no row is removed, none is looked at), or
-#: None when this request needs nova's per-host class (then the filter runs per host)
+#: a vector filter, asked only for a request that engages its filter (:func:`engaged`):
+#: (filter, rows, row numbers (lazy rows only), spec) -> pass mask, PASS_ALL when it knows
+#: that no row is removed (every kept group answer passes), or None when this request needs
+#: nova's per-host class (then the filter runs per host)
 FilterAnswer = BoolArray | PassAll | None
 VectorFilter = Callable[[Any, HostTable, IntArray, Any], FilterAnswer]
 
