@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from unittest import mock
 
 import pytest
 
@@ -15,12 +16,13 @@ from shared_host_manager.updatelog.reader import LogReader, resolve_log
 from shared_host_manager.updatelog.replay import Replayer, replay
 
 
-def _recorded_run(mini_run, *, unbounded_weighers=False):
+def _recorded_run(mini_run, *, unbounded_weighers=False, core="own"):
     run = mini_run(checkpoint_interval=0.2)
     run.run(5)
     cache = run.caches["s0"]
     engine = DecisionEngine(cache.receiver, lambda claim: run._to_reporter("r0", claim),
-                            config=SchedulerConfig(host_subset_size_min=3), rng=random.Random(7))
+                            config=SchedulerConfig(host_subset_size_min=3, decision_core=core),
+                            rng=random.Random(7))
     if unbounded_weighers:  # as engines weighed before the weighers took nova's minval
         for w in engine.weighers:
             w.minval = w.maxval = None
@@ -84,6 +86,24 @@ def test_novas_classes_re_run_the_recorded_decisions_the_same(mini_run):
     assert result.decisions_checked == 13 and not result.decisions_note
     assert result.decision_diffs == []
     assert result.ok
+
+
+def test_decisions_recorded_with_novas_classes_replay_with_them(mini_run):
+    """An engine that decided with nova's classes records its core with its options: the
+    replay re-runs its decisions with nova's classes too, and they come out the same."""
+    pytest.importorskip("nova.scheduler")
+    run, placed = _recorded_run(mini_run, core="nova")
+    engine_records = [r for r in LogReader(resolve_log(run.log("s0"))) if r.kind == ENGINE]
+    assert engine_records[0].fields[0]["config"]["decision_core"] == "nova"
+    assert engine_records[0].fields[0]["filters"][0] == "ComputeFilter"
+    from shared_host_manager.nova import core_plugins
+
+    with mock.patch.object(core_plugins, "load_core", wraps=core_plugins.load_core) as loaded:
+        result = replay(resolve_log(run.log("s0")), decisions=True)
+    assert loaded.call_count == 1  # the replay's engine loaded nova's classes
+    assert result.ok, result.decision_diffs
+    assert result.decisions_checked == 13 and not result.decisions_note
+    assert len({s[0][0].source for s in placed}) > 1
 
 
 def test_replay_without_decisions_only_counts_them(mini_run):
