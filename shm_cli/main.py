@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("shm_cli.sim:main",
@@ -46,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         print("\n'shm <command> --help' describes a command.")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
+    # nova's imports reach libraries (futurist, oslo.service) that import eventlet when it
+    # is installed (nova needs it), and eventlet warns that it is deprecated; nothing here
+    # runs it unless asked ([DEFAULT] concurrency_backend = eventlet, which logs its own
+    # warning), so eventlet's would only mislead
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
     if name not in SUBCOMMANDS:
         print(f"shm: unknown command {name!r}; try 'shm --help'", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ Nothing here is used on the decision path itself.
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -102,9 +103,10 @@ def cloud(n: int, seed: int = 0, *, instances_per_host: int = 8) -> dict[str, di
         if i % 50 == 0:
             member["agg-tenant"] = aggs["agg-tenant"]
         k = rng.randrange(instances_per_host + 1)
-        insts = {f"{name}-vm{j}": {"claim": "", "resources": {"vcpus": 2, "memory_mb": 4096,
-                                                              "disk_gb": 20}}
-                 for j in range(k)}
+        # instance ids are UUIDs, as nova's are (nova's objects warn about any other)
+        insts = {str(uuid.uuid5(uuid.NAMESPACE_URL, f"{name}-vm{j}")): {
+            "claim": "", "resources": {"vcpus": 2, "memory_mb": 4096, "disk_gb": 20}}
+            for j in range(k)}
         docs[f"cn-{i:05d}"] = host_doc(
             name, vcpus=vcpus, vcpus_used=2 * k, memory_mb=memory, memory_mb_used=4096 * k,
             disk_gb=rng.choice((1000, 2000, 4000)), disk_gb_used=20 * k,

@@ -10,6 +10,9 @@ that measures the two cores side by side.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -263,3 +266,18 @@ def test_bench_decisions_measures_both_cores_side_by_side(tmp_path, capsys) -> N
     assert "NovaFilter" not in nova["fast"]["filters"]  # the names are nova's own
     assert nova["fast"]["filters"] == result["fast"]["filters"]
     assert "nova's classes / own" in capsys.readouterr().out
+
+
+def test_the_bench_with_novas_classes_warns_of_nothing() -> None:
+    """nova's imports bring eventlet's deprecation warning in (nothing here runs eventlet),
+    and nova's objects warn about any instance id that is no UUID: a user of ``shm bench
+    decisions --core nova`` (or ``shm sim --core nova``) sees neither."""
+    code = ("from shm_cli.main import main\n"
+            "raise SystemExit(main(['bench', 'decisions', '--hosts', '30', '--runs', '1',"
+            " '--decisions', '5', '--slow-decisions', '1', '--core', 'nova']))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                                os.path.abspath(__file__)))))
+    assert result.returncode == 0, result.stderr
+    assert "fast path (nova)" in result.stdout
+    assert "Warning" not in result.stderr, result.stderr[:2000]
