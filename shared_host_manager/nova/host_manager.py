@@ -1009,7 +1009,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         return tpl
 
     def _aggregates_for(self, host: str, doc: Any) -> list[Any]:
-        """The host's aggregates: its document's, overridden by the RPC fanout seen since start."""
+        """The host's aggregates: the API side's catalogue where it has the aggregate, else
+        the RPC fanout seen since start, else the host's document (design §2)."""
         overlay = self._agg_overlay
         deleted = self._agg_deleted
         catalogue = self._api.catalogue
@@ -1019,15 +1020,18 @@ class SharedHostManager(nova_host_manager.HostManager):
                     or type(entry) is not dict:
                 continue
             out[agg_uuid] = _aggregate(agg_uuid, entry, [host])
-        # the API side's catalogue (design §2) is newer than the compute's periodic re-read
+        # the API side's catalogue is newer than the compute's periodic re-read, and ordered
+        # (a versioned source): nova's fanout casts are not, one cast of a create, a metadata
+        # change and an add_host may arrive after the next, so it counts only for the
+        # aggregates the catalogue does not have (no API-side source, or one not heard yet)
         for agg_uuid, entry in catalogue.items():
-            if agg_uuid in overlay or agg_uuid in deleted or entry.get("deleted"):
+            if agg_uuid in deleted or entry.get("deleted"):
                 continue
             hosts = entry.get("hosts") or []
             if host in hosts:
                 out[agg_uuid] = _aggregate(agg_uuid, entry, list(hosts))
         for agg_uuid, agg in overlay.items():
-            if host in (agg.hosts or ()):
+            if agg_uuid not in catalogue and host in (agg.hosts or ()):
                 out[agg_uuid] = agg
         return [out[u] for u in sorted(out)]
 

@@ -222,3 +222,29 @@ def test_two_saves_of_one_service_at_once_keep_both_fields():
         forced, saved=forced.obj_what_changed())), saved={"disabled"})
     entry = api.document(api.source)["services"]["host0"]
     assert (entry["disabled"], entry["forced_down"]) == (True, True)
+
+
+def test_a_late_aggregate_fanout_does_not_undo_the_api_sides_newer_catalogue():
+    """nova casts update_aggregates after each aggregate call (create, metadata, add_host);
+    casts may arrive out of order, after the API side's source published the aggregate's
+    latest state.  The catalogue (a versioned source) decides for the aggregates it has:
+    nova's functional test_aggregate_multitenancy_isolation_filter failed about one run in
+    two on this (the add_host cast arriving after the metadata one)."""
+    nodes, cache, manager = _world()
+    api = api_source.ApiStateSource("nova-api-1")
+    agg = objects.Aggregate(id=9, uuid=fx.uuid_for("agg", 9), name="private",
+                            metadata={"filter_tenant_id": "p1"}, hosts=["host2"])
+    api.aggregate_changed(agg)
+    _publish(cache, api, 0)
+    # an older state's cast, arriving last: before host2 was added and host1 removed
+    late = objects.Aggregate(id=9, uuid=agg.uuid, name="private", metadata={},
+                             hosts=["host1"])
+    manager.update_aggregates([late])
+    hosts = _hosts(manager)
+    assert [a.metadata for a in hosts["host2"].aggregates] == [{"filter_tenant_id": "p1"}]
+    assert hosts["host1"].aggregates == []
+    # an aggregate the catalogue does not have: the fanout decides
+    other = objects.Aggregate(id=10, uuid=fx.uuid_for("agg", 10), name="other",
+                              metadata={"x": "1"}, hosts=["host1"])
+    manager.update_aggregates([other])
+    assert [a.metadata for a in _hosts(manager)["host1"].aggregates] == [{"x": "1"}]
