@@ -148,34 +148,27 @@ class _Objects:
                    g.rules.items()))), repr(sorted(spec.scheduler_hints.items())),
                tuple(spec.ignore_hosts), tuple(spec.force_hosts), tuple(spec.force_nodes),
                spec.availability_zone)
-        hit = self._specs.get(key)
-        if hit is None:
-            if len(self._specs) >= self.size:
-                self._specs.clear()
-                self.set_for.clear()
-            hit = self._specs[key] = nova_spec(req, self)
-        return hit
+        if len(self.set_for) > self.size:
+            self.set_for.clear()  # bounded: a request then sets its instance again, no more
+        return self._made(self._specs, key, lambda: nova_spec(req, self))
 
     def flavor(self, f: Any) -> Any:
-        key = _flavor_key(f)
-        hit = self._flavors.get(key)
-        if hit is None:
-            if len(self._flavors) >= self.size:
-                self._flavors.clear()
-            hit = self._flavors[key] = objects.Flavor(
-                flavorid="shm", name="shm", memory_mb=f.memory_mb, vcpus=f.vcpus,
-                root_gb=f.root_gb, ephemeral_gb=f.ephemeral_gb, swap=f.swap,
-                extra_specs=dict(f.extra_specs))
-        return hit
+        return self._made(self._flavors, _flavor_key(f), lambda: objects.Flavor(
+            flavorid="shm", name="shm", memory_mb=f.memory_mb, vcpus=f.vcpus,
+            root_gb=f.root_gb, ephemeral_gb=f.ephemeral_gb, swap=f.swap,
+            extra_specs=dict(f.extra_specs)))
 
     def image(self, properties: Any) -> Any:
-        key = _image_key(properties)
-        hit = self._images.get(key)
+        return self._made(self._images, _image_key(properties),
+                          lambda: objects.ImageMeta.from_dict({"properties": dict(properties)}))
+
+    def _made(self, table: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+        """``table[key]``, made on a miss; a full table starts again (at most ``size``)."""
+        hit = table.get(key)
         if hit is None:
-            if len(self._images) >= self.size:
-                self._images.clear()
-            hit = self._images[key] = objects.ImageMeta.from_dict(
-                {"properties": dict(properties)})
+            if len(table) >= self.size:
+                table.clear()
+            hit = table[key] = make()
         return hit
 
 
