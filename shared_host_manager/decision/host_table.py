@@ -27,12 +27,14 @@ array of them (a holder may have rows that hold no host; they are never asked).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from protocol.hostdoc import free_disk_gb, free_ram_mb
+
+_T = TypeVar("_T")
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -140,6 +142,12 @@ class HostTable(Protocol):
         decisions under ``key`` (which names everything ``answer`` reads besides the
         aggregates); None where the holder keeps no answers (then the caller asks per group
         of its rows)."""
+        ...
+
+    def derived(self, key: Hashable, derive: Callable[[], _T]) -> _T:
+        """What a form derives from the request alone (from nothing set per instance):
+        ``derive()``, kept for the requests alike where the holder knows them; ``key``
+        names the form and whatever else ``derive`` reads (an option's value, say)."""
         ...
 
     def aggregates(self, row: int) -> Sequence[Any]:

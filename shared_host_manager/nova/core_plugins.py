@@ -34,7 +34,7 @@ decisions), one ``_NovaRequest`` per request.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -66,12 +66,16 @@ class Shared:
     def __init__(self, default_cell: str | None = None) -> None:
         self.templates = Templates(default_cell)
         self.objects = _Objects()
+        self._last: tuple[RequestView | None, Any] = (None, None)
 
     def request(self, index: HostIndex | None, req: RequestView) -> _NovaRequest:
         """The request's nova face (made once per request, see the module docstring)."""
-        nova_req: _NovaRequest = req.memo("nova-core", lambda: _NovaRequest(self, req))
+        last_req, nova_req = self._last
+        if last_req is not req:  # every filter and weigher asks, one request at a time
+            nova_req = req.memo("nova-core", lambda: _NovaRequest(self, req))
+            self._last = (req, nova_req)
         if index is not None and nova_req.table is None:
-            nova_req.table = IndexTable(index, self.templates)
+            nova_req.table = IndexTable(index, self.templates, alike=nova_req.alike)
         return nova_req
 
 
@@ -82,24 +86,56 @@ class _NovaRequest:
         self.shared = shared
         self.req = req
         self.table: IndexTable | None = None
-        self._spec = shared.objects.request_spec(req)
+        #: what is kept for the requests alike (made and dropped with their shared spec):
+        #: the classes' engagement (form) and what their forms derive (IndexTable.derived)
+        self._spec, self.alike = shared.objects.request_spec(req)
+        #: the instance being placed: (its number in the request, the group's hosts so far)
         self._for: tuple[int, int] | None = None
+        #: id of a filter -> its form for the instance being placed (:meth:`form`)
+        self._forms: dict[int, bool | None] = {}
 
-    def spec(self) -> Any:
-        """nova's RequestSpec for the instance being placed (instance uuid, group hosts)."""
+    def spec(self, instance: bool = True) -> Any:
+        """nova's RequestSpec for the instance being placed: its uuid and its group's hosts
+        and members set.  ``instance=False``: the spec as requests alike share it, for a
+        reader of none of those (they may be another request's)."""
         req = self.req
         group = req.instance_group
         key = (req.index, len(group.hosts) if group is not None else 0)
-        made = self.shared.objects
-        if key != self._for or made.set_for.get(id(self._spec)) is not self:
-            # the spec is shared with earlier requests alike: set what is this instance's
-            self._spec.instance_uuid = req.instance_uuid
-            if group is not None:
-                self._spec.instance_group.hosts = list(group.hosts)
-                self._spec.instance_group.members = list(group.members)
-            self._for = key
-            made.set_for[id(self._spec)] = self
+        if key != self._for:
+            self._for, self._forms = key, {}
+        if instance:
+            made = self.shared.objects
+            set_for = made.set_for.get(id(self._spec))
+            if set_for is None or set_for[0] is not self or set_for[1] != key:
+                # the spec is shared with earlier requests alike: set what is this instance's
+                self._spec.instance_uuid = req.instance_uuid
+                if group is not None:
+                    self._spec.instance_group.hosts = list(group.hosts)
+                    self._spec.instance_group.members = list(group.members)
+                made.set_for[id(self._spec)] = (self, key)
         return self._spec
+
+    def form(self, f: Any) -> bool | None:
+        """How nova's filter ``f`` decides this instance: None, as nova's class per host (no
+        vector form, or a method replaced since nova shipped it); else its vector form, and
+        whether the instance engages it (False: ``f`` would pass every host).  Asked once
+        per filter and instance; the engagement of a class that reads nothing set per
+        instance is kept for all requests alike (``vector.engaged_key``)."""
+        key = vector.engaged_key(f)
+        # what an engagement reads per instance is its group's: without a group, nothing
+        spec = self.spec(key is None and self.req.instance_group is not None)
+        answer = self._forms.get(id(f), self)
+        if answer is self:
+            if type(f) not in vector.VECTOR_FILTERS or not vector.is_base_filter_all(f):
+                answer = None
+            else:
+                answer = None if key is None else self.alike.get(("engaged", key))
+                if answer is None:
+                    answer = vector.engaged(f, spec)
+                    if key is not None:
+                        self.alike[("engaged", key)] = answer
+            self._forms[id(f)] = answer
+        return answer  # type: ignore[return-value]
 
     def rows(self) -> Any:
         """The rows a filter's vector form is asked about: those the filters before it left."""
@@ -134,12 +170,14 @@ class _Objects:
         self._flavors: dict[Any, Any] = {}
         self._images: dict[Any, Any] = {}
         self._specs: dict[Any, Any] = {}
-        #: id of a RequestSpec made here -> the _NovaRequest that set its instance last
-        self.set_for: dict[int, Any] = {}
+        #: id of a RequestSpec made here -> the _NovaRequest that set its instance last, and
+        #: that instance (_NovaRequest._for)
+        self.set_for: dict[int, tuple[Any, Any]] = {}
 
-    def request_spec(self, req: RequestView) -> Any:
+    def request_spec(self, req: RequestView) -> tuple[Any, dict[Hashable, Any]]:
         """nova's RequestSpec of ``req`` (see :func:`nova_spec`), shared with the earlier
-        requests that differ from it in their instances only."""
+        requests that differ from it in their instances only; and what is kept for those
+        requests alike (made and dropped with the spec)."""
         spec = req.spec
         g = req.instance_group
         key = (_flavor_key(spec.flavor), _image_key(spec.image_properties), spec.project_id,
@@ -150,7 +188,7 @@ class _Objects:
                spec.availability_zone)
         if len(self.set_for) > self.size:
             self.set_for.clear()  # bounded: a request then sets its instance again, no more
-        return self._made(self._specs, key, lambda: nova_spec(req, self))
+        return self._made(self._specs, key, lambda: (nova_spec(req, self), {}))
 
     def flavor(self, f: Any) -> Any:
         return self._made(self._flavors, _flavor_key(f), lambda: objects.Flavor(
@@ -230,21 +268,19 @@ class NovaFilter(BaseHostFilter):
     def name(self) -> str:
         return type(self.nova).__name__
 
-    def _vectorised(self) -> bool:
-        return type(self.nova) in vector.VECTOR_FILTERS and vector.is_base_filter_all(self.nova)
-
     def active(self, spec_obj: RequestView) -> bool:
         # a request that does not engage nova's class: it would pass every host
-        return not self._vectorised() or vector.engaged(
-            self.nova, self.shared.request(None, spec_obj).spec())
+        return self.shared.request(None, spec_obj).form(self.nova) is not False
 
     def vector(self, index: HostIndex, spec_obj: RequestView) -> VectorResult | None:
-        if not self._vectorised():
-            return None
         nova_req = self.shared.request(index, spec_obj)
+        form = nova_req.form(self.nova)
+        if not form:
+            return None if form is None else PASS_ALL
         assert nova_req.table is not None
         rows = nova_req.rows()
-        mask = vector.filter_answer(self.nova, nova_req.table, rows, nova_req.spec())
+        mask = vector.VECTOR_FILTERS[type(self.nova)](
+            self.nova, nova_req.table, rows, nova_req.spec(type(self.nova) in vector.PER_INSTANCE))
         if mask is None or mask is PASS_ALL:
             return mask
         if mask.all():
@@ -287,7 +323,8 @@ class NovaWeigher(BaseHostWeigher):
             return None
         nova_req = self.shared.request(index, spec_obj)
         assert nova_req.table is not None
-        raw = vw(self.nova, nova_req.table, np.asarray(rows, dtype=np.int64), nova_req.spec())
+        raw = vw(self.nova, nova_req.table, np.asarray(rows, dtype=np.int64),
+                 nova_req.spec(type(self.nova) in vector.PER_INSTANCE))
         return None if raw is None else np.asarray(raw, dtype=np.float64)
 
     def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from shared_host_manager.nova import host_manager, vector
 BoolArray = vector.BoolArray
 FloatArray = vector.FloatArray
 IntArray = vector.IntArray
+_T = TypeVar("_T")
 
 
 class Templates:
@@ -214,9 +215,12 @@ class IndexTable:
     """
 
     def __init__(self, index: HostIndex, templates: Templates, now: float | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 alike: dict[Hashable, Any] | None = None) -> None:
         self.index = index
         self.templates = templates
+        #: what is kept for the requests alike this decision's request is one of (derived)
+        self._alike = alike
         templates.bind(index)
         self._wall_now = wall_clock()
         self._by_status = now is None
@@ -254,6 +258,15 @@ class IndexTable:
         values, _ = self.index.group_values(AGGREGATE_GROUPS, ("nova", key),
                                             lambda stub: answer(stub.aggregates))
         return values
+
+    def derived(self, key: Hashable, derive: Callable[[], _T]) -> _T:
+        alike = self._alike
+        if alike is None:
+            return derive()
+        kept = alike.get(("derived", key), alike)
+        if kept is alike:
+            kept = alike[("derived", key)] = derive()
+        return kept  # type: ignore[no-any-return]
 
     def aggregates(self, row: int) -> tuple[Any, ...]:
         index = self.index

@@ -63,7 +63,7 @@ import copy
 import inspect
 import logging
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -139,6 +139,7 @@ LOG = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
+_T = TypeVar("_T")
 
 #: the numbers this scheduler's pending claims change (host_manager._make does the same)
 _ADJUSTED = frozenset({"free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used",
@@ -372,6 +373,9 @@ class HostRows:
 
     def group_answers(self, key: Any, answer: Callable[[Any], Any]) -> None:
         return None
+
+    def derived(self, key: Hashable, derive: Callable[[], _T]) -> _T:
+        return derive()  # one request: nothing alike to keep it for
 
     def value_ids(self, name: str, fn: Callable[[Any], Any]) -> IntArray:
         """Per row a number naming ``fn(template)`` (equal values, equal numbers)."""
@@ -644,8 +648,8 @@ def _capability_names(spec: Any) -> tuple[str, ...]:
 
 
 def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    flavor = spec.flavor
-    names = _capability_names(spec)
+    names, extra_specs = rows.derived(type(f), lambda: (
+        _capability_names(spec), tuple(sorted(spec.flavor.extra_specs.items()))))
     for name in names:
         # a number this scheduler's claims change, or a per-request attribute: per host
         if name in _ADJUSTED or rows.per_request_attribute(name):
@@ -655,8 +659,7 @@ def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAn
             return None
     # nova's class reads the flavor's extra specs of the request, nothing else
     return _grouped(f, rows, idx, spec, "cap:" + ",".join(names), lambda t: repr(tuple(
-        (t.attrs.get(n), t.attrs["stats"].get(n)) for n in names)),
-        tuple(sorted(flavor.extra_specs.items())))
+        (t.attrs.get(n), t.attrs["stats"].get(n)) for n in names)), extra_specs)
 
 
 def _checked_image(f: Any, spec: Any) -> tuple[Any, tuple[Any, Any, Any]]:
@@ -671,11 +674,15 @@ def _checked_image(f: Any, spec: Any) -> tuple[Any, tuple[Any, Any, Any]]:
         fields.VMMode.canonicalize(props.get("hw_vm_mode")))
 
 
-def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+def _image_keys(f: Any, spec: Any) -> Hashable:
+    """What ImagePropertiesFilter reads of the request: the checked properties (the default
+    architecture counted in), the requested hypervisor version, the address bits."""
     props, checked = _checked_image(f, spec)
-    # what nova's class reads of the request: the checked properties (the default
-    # architecture counted in), the requested hypervisor version, the address bits
-    key = (checked, props.get("img_hv_requested_version"), props.get("hw_maxphysaddr_bits"))
+    return checked, props.get("img_hv_requested_version"), props.get("hw_maxphysaddr_bits")
+
+
+def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+    key = rows.derived((type(f), f._get_default_architecture()), lambda: _image_keys(f, spec))
     return _grouped(f, rows, idx, spec, "image", lambda t: repr((
         t.attrs["supported_instances"], t.attrs["hypervisor_version"], t.attrs["cpu_info"])),
         key)
@@ -771,11 +778,15 @@ _REQUEST_KEYS: dict[type, Callable[[Any], Any]] = {
 }
 
 
-def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+def _aggregates_key(f: Any, spec: Any) -> Hashable | None:
     request_key = _REQUEST_KEYS.get(type(f))
-    key = None
-    if request_key is not None and not _rebuild_skips(f, spec):
-        key = (type(f), request_key(spec))
+    if request_key is None or _rebuild_skips(f, spec):
+        return None
+    return type(f), request_key(spec)
+
+
+def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
+    key = rows.derived(type(f), lambda: _aggregates_key(f, spec))
     return _per_group(rows, idx, key, lambda host: bool(f._filter_one(host, spec)))
 
 
@@ -893,6 +904,27 @@ _ENGAGED: dict[type, Callable[[Any, Any], bool]] = {
     and bool(spec.pci_requests) and bool(spec.pci_requests.requests),
     all_hosts_filter.AllHostsFilter: lambda f, spec: False,
 }
+
+
+#: the classes whose engagement or vector form reads what is set per instance of a request
+#: (the instance's uuid, its group's hosts and members); the others read only what requests
+#: alike share (flavor, image, project, hints, group policy)
+PER_INSTANCE: frozenset[type] = frozenset({
+    affinity_filter.ServerGroupAffinityFilter, affinity_filter.ServerGroupAntiAffinityFilter,
+    w_affinity.ServerGroupSoftAffinityWeigher, w_affinity.ServerGroupSoftAntiAffinityWeigher})
+
+
+def engaged_key(f: Any) -> Hashable | None:
+    """What :func:`engaged` of ``f`` depends on besides the request's own fields that stay
+    the same for every instance (its flavor, image, hints, group policy): requests alike
+    may share the answer under this key.  None: it reads what is set per instance (of
+    that, only the group's)."""
+    cls = type(f)
+    if cls is affinity_filter.ServerGroupAffinityFilter:
+        return None  # engaged once the group has hosts
+    if cls is image_props_filter.ImagePropertiesFilter:
+        return cls, f._get_default_architecture()  # counted in when the image has none
+    return cls
 
 
 def engaged(f: Any, spec: Any) -> bool:

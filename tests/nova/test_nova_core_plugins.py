@@ -231,6 +231,30 @@ def test_alike_requests_share_one_request_spec_each_placing_its_own_instances() 
     assert shared.request(None, project).spec() is not one.spec()
 
 
+def test_requests_alike_each_keep_their_own_group_members_away() -> None:
+    """Two anti-affinity requests alike but for their members share one RequestSpec; each
+    avoids its own members' hosts whichever decided last (a vector form reading what is set
+    per instance gets it set: vector.PER_INSTANCE)."""
+    m1, m2 = "00000000-0000-4000-8000-000000000001", "00000000-0000-4000-8000-000000000002"
+    docs = {"a": host_doc("a", instances={m1: {}}), "b": host_doc("b", instances={m2: {}}),
+            "c": host_doc("c")}
+    names = ("ComputeFilter", "ServerGroupAntiAffinityFilter")
+    config = SchedulerConfig(enabled_filters=names, weight_classes=WEIGHERS)
+    shared = core_plugins.Shared()
+    engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
+                            filters=core_plugins.load_filters(names, config, shared),
+                            weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+
+    def hosts(member: str) -> set[str]:
+        group = InstanceGroup("anti-affinity", members=[member], uuid="g1")
+        return set(_hosts(engine, RequestSpec(flavor=Flavor(1, 512, 1), instance_group=group,
+                                              instance_uuids=(f"i-{member}",))))
+
+    for _ in range(2):
+        assert hosts(m1) == {"b", "c"}
+        assert hosts(m2) == {"a", "c"}
+
+
 def test_the_multipliers_key_follows_novas_option_and_patched_classes_are_asked() -> None:
     """The multiplier a weigher's per-group answers are kept under is nova's, asked again
     when its option changes; a replaced ``weight_multiplier`` is asked every time."""
