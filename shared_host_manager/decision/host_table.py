@@ -191,6 +191,11 @@ class HostTable(Protocol):
         what the rows are grouped by, so that nova's code runs once per group."""
         ...
 
+    def value_count(self, name: str) -> int:
+        """How many numbers :meth:`value_ids` of ``name`` has given (each is below it): with
+        as many :meth:`value_answers`, every row's value has its answer."""
+        ...
+
     def value_answers(self, name: str, key: Hashable) -> dict[int, Any] | None:
         """nova's answers per :meth:`value_ids` number of ``name``, kept across decisions
         under ``key`` (which names everything the answer reads besides the value); the

@@ -169,6 +169,10 @@ class Templates:
             dirty.clear()
         return ids
 
+    def value_count(self, name: str) -> int:
+        """How many numbers :meth:`column_ids` of ``name`` has given (each is below it)."""
+        return len(self._ids[name][1])
+
     def value_answers(self, name: str, key: Hashable) -> dict[int, Any]:
         """Answers by :meth:`column_ids` number of ``name`` under ``key``, kept while that
         numbering lasts (the caller fills them in)."""
@@ -316,6 +320,9 @@ class IndexTable:
 
     def value_answers(self, name: str, key: Hashable) -> dict[int, Any]:
         return self.templates.value_answers(name, key)
+
+    def value_count(self, name: str) -> int:
+        return self.templates.value_count(name)
 
     def per_request_attribute(self, name: str) -> bool:
         live = np.flatnonzero(self.index.live[: self.index.size])

@@ -380,8 +380,13 @@ class HostRows:
     def value_ids(self, name: str, fn: Callable[[Any], Any]) -> IntArray:
         """Per row a number naming ``fn(template)`` (equal values, equal numbers)."""
         ids: dict[Any, int] = {}
-        return np.fromiter((ids.setdefault(v, len(ids)) for v in self.values(name, fn)),
-                           dtype=np.int64, count=len(self.tpls))
+        out = np.fromiter((ids.setdefault(v, len(ids)) for v in self.values(name, fn)),
+                          dtype=np.int64, count=len(self.tpls))
+        self._cols["n:" + name] = len(ids)
+        return out
+
+    def value_count(self, name: str) -> int:
+        return self._cols["n:" + name]  # type: ignore[no-any-return]
 
     def value_answers(self, name: str, key: Any) -> None:
         return None  # rows of one request: nothing outlives it
@@ -576,13 +581,17 @@ VectorFilter = Callable[[Any, HostTable, IntArray, Any], FilterAnswer]
 
 
 def _grouped(f: Any, rows: HostTable, idx: IntArray, spec: Any, name: str,
-             value: Callable[[Any], Any], key: Hashable) -> BoolArray:
+             value: Callable[[Any], Any], key: Hashable) -> BoolArray | PassAll:
     """nova's own ``f._filter_one`` once per distinct ``value`` of the rows' templates, on
     one host of the group; kept across decisions under ``key`` (what ``f`` reads of the
-    request) where the holder keeps such answers."""
-    return _once_per_group(idx, rows.value_ids(name, value),
-                           lambda row: f._filter_one(rows.host(row), spec),
-                           kept=rows.value_answers(name, (type(f), key)))
+    request) where the holder keeps such answers.  PASS_ALL: every value has its kept
+    answer, and each passes."""
+    ids = rows.value_ids(name, value)
+    kept = rows.value_answers(name, (type(f), key))
+    if kept is not None and len(kept) == rows.value_count(name) and all(kept.values()):
+        return PASS_ALL  # whichever rows the filters before left
+    return _once_per_group(idx, ids, lambda row: f._filter_one(rows.host(row), spec),
+                           kept=kept)
 
 
 def _once_per_group(idx: IntArray, gids: IntArray, decide: Callable[[int], Any],
