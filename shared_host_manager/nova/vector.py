@@ -67,6 +67,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from nova import conf as nova_conf
 from nova.scheduler import filters as nova_filters
 from nova.scheduler import utils as nova_utils
 from nova.scheduler import weights as nova_weights
@@ -630,8 +631,6 @@ def _rebuild_skips(f: Any, spec: Any) -> bool:
 def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
     if type(f.servicegroup_api._driver).__name__ != "DbDriver":
         return None  # another servicegroup driver: nova's class asks it per host
-    from nova import conf as nova_conf
-
     # nova: abs(utcnow - last_seen_up) <= service_down_time, with last_seen_up = wall clock of
     # the last message (host_manager._make); microsecond rounding aside, the same comparison
     up = rows.heard_within(idx, nova_conf.CONF.service_down_time)
@@ -755,7 +754,7 @@ def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any],
         except Exception:  # noqa: BLE001 - nova's code raised for some group: ask the groups
             kept = None    # of these rows only, as nova's handler would (and raise if it does)
     if kept is not None:
-        if dtype is bool and kept.all():
+        if dtype is bool and all(kept.tolist()):  # a few groups: cheaper than numpy's all
             return PASS_ALL
         return kept[rows.group_ids()[idx]].astype(dtype, copy=False)
     probe = _agg_probe(rows)
@@ -765,8 +764,6 @@ def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any],
 def _limit(column: str, getter: str, option: str) -> VectorFilter:
     """NumInstances/IoOps (and their aggregate forms): the limit per aggregate group, by nova."""
     def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-        from nova import conf as nova_conf
-
         get_max = getattr(f, getter)
         # nova's getters read the option and the aggregates, not the request
         key = (type(f), getattr(nova_conf.CONF.filter_scheduler, option))
@@ -800,8 +797,6 @@ def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterA
 
 
 def _isolated(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    from nova import conf as nova_conf
-
     c = nova_conf.CONF.filter_scheduler
     isolated_hosts = c.isolated_hosts
     restrict = c.restrict_isolated_hosts_to_isolated_images
@@ -1077,8 +1072,6 @@ def _soft(sign: float) -> VectorWeigher:
 
 
 def _image_props_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray | None:
-    from nova import conf as nova_conf
-
     if nova_conf.CONF.filter_scheduler.image_props_weight_multiplier == 0.0:
         return np.zeros(len(idx))
     return None  # reads instances' image metadata from the cell DB: nova's class per host
@@ -1144,8 +1137,6 @@ def default_multiplier(w: Any) -> float:
     option = _MULTIPLIER_OPTIONS.get(type(w))
     if option is None or not is_base_weigher(w):
         return float(w.weight_multiplier(Probe([], "", "")))
-    from nova import conf as nova_conf
-
     group, name = option
     key = (type(w), getattr(getattr(nova_conf.CONF, group), name))
     value = _DEFAULTS.get(key)
