@@ -21,8 +21,10 @@ classes in both roles (design §10, item 13):
 
 The engine's request (``decision/request.py``) becomes nova's RequestSpec once
 per request (:class:`_NovaRequest`, in the request's memo; requests alike but
-for their instances share one), updated per instance as nova's
-``_consume_selected_host`` updates it.  A class the request does not engage
+for their instances share one, with what is kept for them all: each class's
+engagement, what the forms derive from the request), updated per instance as
+nova's ``_consume_selected_host`` updates it, for the readers of what is set
+per instance (``vector.PER_INSTANCE``, and nova's classes per host).  A class the request does not engage
 (``vector.engaged``) is left out, as the engine's own ports leave themselves
 out (``active``).  Liveness: the
 engine's receiver is the servicegroup (``IndexTable`` without ``now``).
