@@ -38,13 +38,17 @@ FILTERS = ("ComputeFilter", "ResourceFitFilter", "ImagePropertiesFilter")
 WEIGHERS = ("RAMWeigher",)
 
 
-def _engine(docs: dict, path: str = "fast", **receiver: object) -> DecisionEngine:
-    config = SchedulerConfig(enabled_filters=FILTERS, weight_classes=WEIGHERS)
+def _engine(docs: dict, path: str = "fast", config: SchedulerConfig | None = None,
+            **receiver: object) -> DecisionEngine:
+    """An engine over ``docs`` deciding with nova's classes for ``config``'s names (default:
+    FILTERS and WEIGHERS)."""
+    config = config or SchedulerConfig(enabled_filters=FILTERS, weight_classes=WEIGHERS)
     shared = core_plugins.Shared()
     rec = load_receiver(docs, **receiver)  # type: ignore[arg-type]
-    return DecisionEngine(rec, lambda claim: None, config=config, path=path,
-                          filters=core_plugins.load_filters(FILTERS, config, shared),
-                          weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+    return DecisionEngine(
+        rec, lambda claim: None, config=config, path=path,
+        filters=core_plugins.load_filters(config.enabled_filters, config, shared),
+        weighers=core_plugins.load_weighers(config.weight_classes, config, shared))
 
 
 def _hosts(engine: DecisionEngine, spec: RequestSpec) -> list[str]:
@@ -98,13 +102,8 @@ def test_a_claim_reaches_novas_classes_at_the_next_decision(path: str) -> None:
     docs = {name: host_doc(name, num_instances=0) for name in ("a", "b", "c")}
     config = SchedulerConfig(enabled_filters=("ComputeFilter", "NumInstancesFilter"),
                              weight_classes=WEIGHERS, max_instances_per_host=1)
-    shared = core_plugins.Shared()
     try:
-        engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
-                                path=path,
-                                filters=core_plugins.load_filters(config.enabled_filters, config,
-                                                                  shared),
-                                weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+        engine = _engine(docs, path, config)
         took = [engine.select_destinations(RequestSpec(flavor=Flavor(1, 512, 1),
                                                        instance_uuids=(f"i{k}",)), 0.0)[0][0].source
                 for k in range(3)]
@@ -121,11 +120,7 @@ def test_per_group_answers_kept_across_decisions_follow_the_request_and_the_aggr
     private = {"agg-p": {"name": "p", "metadata": {"filter_tenant_id": "p1"}}}
     docs = {"a": host_doc("a", aggregates=private), "b": host_doc("b")}
     names = ("ComputeFilter", "AggregateMultiTenancyIsolation")
-    config = SchedulerConfig(enabled_filters=names, weight_classes=WEIGHERS)
-    shared = core_plugins.Shared()
-    engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
-                            filters=core_plugins.load_filters(names, config, shared),
-                            weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+    engine = _engine(docs, config=SchedulerConfig(enabled_filters=names, weight_classes=WEIGHERS))
 
     def hosts(project: str) -> list[str]:
         return sorted(_hosts(engine, RequestSpec(flavor=Flavor(1, 512, 1), project_id=project,
@@ -148,10 +143,7 @@ def test_the_engines_options_reach_novas_classes() -> None:
         for multiplier, best in ((1.0, "a"), (-1.0, "b")):
             config = SchedulerConfig(enabled_filters=FILTERS, weight_classes=WEIGHERS,
                                      ram_weight_multiplier=multiplier)
-            shared = core_plugins.Shared()
-            engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
-                                    filters=core_plugins.load_filters(FILTERS, config, shared),
-                                    weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+            engine = _engine(docs, config=config)
             assert CONF.filter_scheduler.ram_weight_multiplier == multiplier
             assert _hosts(engine, spec)[0] == best
     finally:
@@ -165,11 +157,7 @@ def test_a_multi_create_consumes_on_novas_host_objects() -> None:
     docs = {"a": host_doc("a", memory_mb=4096), "b": host_doc("b", memory_mb=8192)}
     config = SchedulerConfig(enabled_filters=("ComputeFilter", "ResourceFitFilter"),
                              weight_classes=("RAMWeigher",), host_subset_size_max=1)
-    shared = core_plugins.Shared()
-    engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
-                            filters=core_plugins.load_filters(config.enabled_filters, config, shared),
-                            weighers=core_plugins.load_weighers(config.weight_classes, config,
-                                                                shared))
+    engine = _engine(docs, config=config)
     spec = RequestSpec(flavor=Flavor(1, 3072, 1), instance_uuids=("i1", "i2", "i3"))
     took = [row[0].source for row in engine.select_destinations(spec, 0.0, dry_run=True)]
     # RAMWeigher: b (8 GB free) first; then a (4 GB) against b's 5 GB left: b; then a
@@ -239,11 +227,7 @@ def test_requests_alike_each_keep_their_own_group_members_away() -> None:
     docs = {"a": host_doc("a", instances={m1: {}}), "b": host_doc("b", instances={m2: {}}),
             "c": host_doc("c")}
     names = ("ComputeFilter", "ServerGroupAntiAffinityFilter")
-    config = SchedulerConfig(enabled_filters=names, weight_classes=WEIGHERS)
-    shared = core_plugins.Shared()
-    engine = DecisionEngine(load_receiver(docs), lambda claim: None, config=config,
-                            filters=core_plugins.load_filters(names, config, shared),
-                            weighers=core_plugins.load_weighers(WEIGHERS, config, shared))
+    engine = _engine(docs, config=SchedulerConfig(enabled_filters=names, weight_classes=WEIGHERS))
 
     def hosts(member: str) -> set[str]:
         group = InstanceGroup("anti-affinity", members=[member], uuid="g1")
