@@ -192,8 +192,8 @@ class HostTable(Protocol):
         ...
 
     def value_count(self, name: str) -> int:
-        """How many numbers :meth:`value_ids` of ``name`` has given (each is below it): with
-        as many :meth:`value_answers`, every row's value has its answer."""
+        """How many hosts' values :meth:`value_ids` of ``name`` has numbered: with as many
+        :meth:`value_answers`, every host's value has its answer."""
         ...
 
     def value_answers(self, name: str, key: Hashable) -> dict[int, Any] | None:

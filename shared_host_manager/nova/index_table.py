@@ -170,8 +170,10 @@ class Templates:
         return ids
 
     def value_count(self, name: str) -> int:
-        """How many numbers :meth:`column_ids` of ``name`` has given (each is below it)."""
-        return len(self._ids[name][1])
+        """How many hosts' values :meth:`column_ids` of ``name`` has numbered (the rows
+        holding no host share one more number, their None's)."""
+        numbers = self._ids[name][1]
+        return len(numbers) - (None in numbers)
 
     def value_answers(self, name: str, key: Hashable) -> dict[int, Any]:
         """Answers by :meth:`column_ids` number of ``name`` under ``key``, kept while that
