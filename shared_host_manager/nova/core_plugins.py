@@ -24,10 +24,10 @@ per request (:class:`_NovaRequest`, in the request's memo; requests alike but
 for their instances share one, with what is kept for them all: each class's
 engagement, what the forms derive from the request), updated per instance as
 nova's ``_consume_selected_host`` updates it, for the readers of what is set
-per instance (``vector.PER_INSTANCE``, and nova's classes per host).  A class the request does not engage
-(``vector.engaged``) is left out, as the engine's own ports leave themselves
-out (``active``).  Liveness: the
-engine's receiver is the servicegroup (``IndexTable`` without ``now``).
+per instance (``vector.PER_INSTANCE``, and nova's classes per host).  A class
+the request does not engage (``vector.engaged``) is left out, as the engine's
+own ports leave themselves out (``active``).  Liveness: the engine's receiver
+is the servicegroup (``IndexTable`` without ``now``).
 
 Life cycle: one :class:`Shared` per loaded set (the templates outlive
 decisions), one ``_NovaRequest`` per request.
@@ -68,14 +68,10 @@ class Shared:
     def __init__(self, default_cell: str | None = None) -> None:
         self.templates = Templates(default_cell)
         self.objects = _Objects()
-        self._last: tuple[RequestView | None, Any] = (None, None)
 
     def request(self, index: HostIndex | None, req: RequestView) -> _NovaRequest:
         """The request's nova face (made once per request, see the module docstring)."""
-        last_req, nova_req = self._last
-        if last_req is not req:  # every filter and weigher asks, one request at a time
-            nova_req = req.memo("nova-core", lambda: _NovaRequest(self, req))
-            self._last = (req, nova_req)
+        nova_req: _NovaRequest = req.memo("nova-core", lambda: _NovaRequest(self, req))
         if index is not None and nova_req.table is None:
             nova_req.table = IndexTable(index, self.templates, alike=nova_req.alike)
         return nova_req
@@ -123,17 +119,18 @@ class _NovaRequest:
         whether the instance engages it (False: ``f`` would pass every host).  Asked once
         per filter and instance; the engagement of a class that reads nothing set per
         instance is kept for all requests alike (``vector.engaged_key``)."""
-        key = vector.engaged_key(f)
-        # what an engagement reads per instance is its group's: without a group, nothing
-        spec = self.spec(key is None and self.req.instance_group is not None)
+        self.spec(instance=False)  # a new instance asks its forms again
         answer = self._forms.get(id(f), self)
         if answer is self:
             if type(f) not in vector.VECTOR_FILTERS or not vector.is_base_filter_all(f):
                 answer = None
             else:
+                key = vector.engaged_key(f)
                 answer = None if key is None else self.alike.get(("engaged", key))
                 if answer is None:
-                    answer = vector.engaged(f, spec)
+                    # what an engagement reads per instance is its group's: without one, nothing
+                    answer = vector.engaged(f, self.spec(
+                        key is None and self.req.instance_group is not None))
                     if key is not None:
                         self.alike[("engaged", key)] = answer
             self._forms[id(f)] = answer
