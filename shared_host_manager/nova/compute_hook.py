@@ -57,6 +57,17 @@ later report can never erase one.  So for nova hosts:
   "claims included"; a sink with ``claims_included(source, ids)`` gets them so
   the delta can list them and retire the claims at once (the reporter's sink
   has it: :meth:`compute_reporter.manager.ReporterManager.claims_included`).
+* a move (resize, cold or live migration, evacuation) is claimed on its
+  destination node by the tracker's ``_move_claim``: the usage of the new
+  flavor is counted and the instance joins ``tracked_migrations``, not
+  ``tracked_instances`` (for a resize to the same node it is in both).  So the
+  instance of each *incoming* migration a report counts for the first time is
+  a "claim included" too: otherwise the scheduler's claim for the move would
+  stay pending until its deadline, subtracted on top of the tracker's own
+  count, and, once the move is reverted or the instance leaves the list
+  (nova's ``_drop_move_claim`` discards it even when the resize stayed on the
+  node), hold the destination's PCI devices and NUMA cells for nothing
+  (design §5.5).
 
 Sink
 ----
@@ -109,6 +120,11 @@ class ComputeHook:
         self._service: dict[str, dict[str, Any]] = {}
         self._aggregates: dict[str, list[Any]] = {}
         self._refreshed: dict[str, float] = {}
+        #: per node, what its last report counted the usage of: ("instance", uuid) per
+        #: tracked instance, ("move", uuid) per incoming migration; the "claims included" of
+        #: a report are the instances of the entries new here (a resize to the same node
+        #: adds a move of an instance already counted)
+        self._counted: dict[str, frozenset[tuple[str, str]]] = {}
         self.counters: Counter[str] = Counter()
 
     # -- reading (the reporter's ResourceTracker interface uses these) ----------------
@@ -122,12 +138,15 @@ class ComputeHook:
 
     # -- input -------------------------------------------------------------------------
     def report(self, compute_node: Any, *, instances: Iterable[str] | None = None,
-               service: Any = None, aggregates: Iterable[Any] | None = None) -> tuple[list[Op], list[str]]:
+               moving_in: Iterable[str] = (), service: Any = None,
+               aggregates: Iterable[Any] | None = None) -> tuple[list[Op], list[str]]:
         """Publish one node's state; returns (ops, instance uuids newly included).
 
         ``instances``: the tracker's tracked instances (None: keep the last
-        ones).  ``service`` / ``aggregates``: new values for the whole host
-        (None: keep what was last set for it).
+        ones).  ``moving_in``: the instances of the incoming migrations whose
+        usage the node counts (see the module docstring).  ``service`` /
+        ``aggregates``: new values for the whole host (None: keep what was last
+        set for it).
         """
         source = compute_node.uuid
         host = compute_node.host
@@ -139,12 +158,17 @@ class ComputeHook:
             old = self._docs.get(source)
             if instances is None:
                 instances = (old or {}).get(hostdoc.INSTANCES, {})
+            instances = sorted(instances)
             doc = ndoc.document_from_compute_node(
-                compute_node, instances=sorted(instances), aggregates=self._aggregates.get(host, ()),
+                compute_node, instances=instances, aggregates=self._aggregates.get(host, ()),
                 cell_uuid=self.cell_uuid, reserved=self.reserved)
             doc[hostdoc.SERVICE] = dict(self._service.get(host) or ndoc.service_namespace(None))
             self._host_of[source] = host
-            return self._publish(source, old, doc)
+            counted = frozenset([*(("instance", u) for u in instances),
+                                 *(("move", u) for u in moving_in)])
+            before = self._counted.get(source, frozenset())
+            self._counted[source] = counted
+            return self._publish(source, old, doc, sorted({u for _, u in counted - before}))
 
     def set_service(self, host: str, **fields: Any) -> None:
         """Change the service state of every node of ``host`` (disabled, disabled_reason, forced_down)."""
@@ -187,6 +211,7 @@ class ComputeHook:
         with self._lock:
             self._docs.pop(source, None)
             self._host_of.pop(source, None)
+            self._counted.pop(source, None)
 
     def knows_service(self, host: str) -> bool:
         with self._lock:
@@ -195,20 +220,25 @@ class ComputeHook:
     def _sources_of(self, host: str) -> list[str]:
         return [s for s, h in self._host_of.items() if h == host]
 
-    def _publish(self, source: str, old: Document | None, doc: Document) -> tuple[list[Op], list[str]]:
+    def _publish(self, source: str, old: Document | None, doc: Document,
+                 included: list[str] | None = None) -> tuple[list[Op], list[str]]:
+        """Hand the ops from ``old`` to ``doc`` to the sink, and ``included`` (instances whose
+        usage ``doc`` counts for the first time) as claims included."""
         ops = diff(old or {}, doc)
         self._docs[source] = doc
-        old_instances = (old or {}).get(hostdoc.INSTANCES, {})
-        included = [u for u in doc.get(hostdoc.INSTANCES, {}) if u not in old_instances]
+        included = included or []
         sink = self.sink
-        if not ops or sink is None:
+        if not (ops or included) or sink is None:
             return ops, included
         try:
-            sink.change(source, ops)
+            if ops:
+                sink.change(source, ops)
+                self.counters["changes"] += 1
             claims_included = getattr(sink, "claims_included", None)
             if included and claims_included is not None:
+                # even without ops: a move whose usage the node counted already (a zero-size
+                # flavor) must not leave its claim pending until the deadline
                 claims_included(source, included)
-            self.counters["changes"] += 1
         except KeyError:
             self.counters["unknown_source"] += 1
             LOG.warning("compute node %s is not served by the reporter (enrolled after it "
@@ -305,11 +335,21 @@ def _publish(rt: Any, context: Any, dirty: dict[str, Any]) -> None:
                     LOG.debug("cannot refresh service/aggregates of %s: %s", host, exc)
             if service is None and not hook.knows_service(host):
                 service = getattr(rt, "service_ref", None)
-            hook.report(compute_node, instances=set(rt.tracked_instances), service=service,
+            hook.report(compute_node, instances=set(rt.tracked_instances),
+                        moving_in=_moving_in(rt, compute_node), service=service,
                         aggregates=aggregates)
         except Exception:  # never break the resource tracker
             LOG.exception("shared host manager hook failed for compute node %s",
                           getattr(compute_node, "uuid", "?"))
+
+
+def _moving_in(rt: Any, compute_node: Any) -> list[str]:
+    """The instances of the migrations into ``compute_node`` whose usage the tracker counts
+    (nova's ``_update_usage_from_migration``: incoming means this host and this node are
+    the migration's destination; a resize to the same node is incoming too)."""
+    node = compute_node.hypervisor_hostname
+    return [uuid for uuid, migration in (getattr(rt, "tracked_migrations", None) or {}).items()
+            if migration.dest_compute == compute_node.host and migration.dest_node == node]
 
 
 def install(hook: ComputeHook | None = None, *, resource_tracker_cls: Any = None,

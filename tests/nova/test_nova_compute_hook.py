@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
 
 import inspect  # noqa: E402
+from typing import Any  # noqa: E402
 
 from nova import context as nova_context  # noqa: E402
 from nova import objects  # noqa: E402
@@ -46,6 +47,7 @@ class FakeRT:
     def __init__(self, host: str) -> None:
         self.host = host
         self.tracked_instances: set[str] = set()
+        self.tracked_migrations: dict[str, Any] = {}
         self.service_ref = objects.Service(host=host, binary="nova-compute", disabled=False,
                                            forced_down=False)  # version: this nova's, 74
         self.saved = 0
@@ -70,6 +72,26 @@ class FakeRT:
         cn.stats = stats
         self._update(nova_context.get_admin_context(), cn)
 
+    def move_claim(self, cn, instance_uuid, source_host, source_node, memory_mb=4096):
+        """nova's _move_claim on the destination ``cn``: the new flavor's usage counted, the
+        instance tracked as an incoming migration (also when it stays on its node)."""
+        self.tracked_migrations[instance_uuid] = objects.Migration(
+            instance_uuid=instance_uuid, source_compute=source_host, source_node=source_node,
+            dest_compute=cn.host, dest_node=cn.hypervisor_hostname)
+        self._use(cn, memory_mb)
+
+    def drop_move_claim_at_dest(self, cn, instance_uuid, memory_mb=4096):
+        """nova's revert on the destination: the new flavor's usage dropped, and the instance
+        forgotten (nova's _drop_move_claim discards it from tracked_instances too)."""
+        self.tracked_migrations.pop(instance_uuid, None)
+        self.tracked_instances.discard(instance_uuid)
+        self._use(cn, -memory_mb)
+
+    def _use(self, cn, memory_mb):
+        cn.memory_mb_used += memory_mb
+        cn.free_ram_mb = cn.memory_mb - cn.memory_mb_used
+        self._update(nova_context.get_admin_context(), cn)
+
 
 class FakeComputeManager:
     host = "host1"
@@ -91,6 +113,9 @@ class Pipeline:
         class Sink:
             def change(self, source, ops):
                 pipeline.reporter.change(source, ops, pipeline.now)
+
+            def claims_included(self, source, claim_ids):
+                pipeline.reporter.claims_included(source, claim_ids, pipeline.now)
 
         tracker.start(Sink())
         self.cache = HostStateCache(ReceiverMachine("sched-1", claim_deadline=30.0), lambda e, m: None,
@@ -146,6 +171,50 @@ def test_rt_update_feeds_the_scheduler_and_claims_are_never_subtracted_twice(ins
     assert after.free_ram_mb == cn.free_ram_mb == 40000 - 2048  # once, not twice
     assert (after.vcpus_used, after.num_instances, after.num_io_ops) == (4, 4, 2)
     assert list(after.instances) == [instance]
+
+
+def test_a_moves_claim_retires_when_its_destination_counts_the_migration(installed):
+    """A resize or migration is claimed on its destination as an incoming migration, not a
+    tracked instance: the scheduler's claim for it retires in that report (counted once),
+    instead of being subtracted on top of the tracker's count until its deadline."""
+    source, dest = fx.compute_node(1, free_ram_mb=40000), fx.compute_node(2, free_ram_mb=40000)
+    rt = FakeRT(dest.host)
+    FakeRT(source.host)._update(nova_context.get_admin_context(), source)
+    rt._update(nova_context.get_admin_context(), dest)
+    pipe = Pipeline(installed)
+    manager = shm.SharedHostManager(pipe.cache, register_claims=True)
+    instance = fx.uuid_for("inst", 7)
+    _view(manager, dest).consume_from_request(fx.request_spec(instance_uuid=instance))
+    assert pipe.cache.receiver.pending_claims() == 1
+
+    rt.move_claim(dest, instance, source.host, source.hypervisor_hostname, memory_mb=2048)
+    pipe.flush()
+    assert pipe.cache.receiver.pending_claims() == 0
+    assert _view(manager, dest).free_ram_mb == dest.free_ram_mb == 40000 - 2048  # once
+
+
+def test_a_resize_on_its_own_node_leaves_no_claim_behind_when_reverted(installed):
+    """The instance is tracked on the node already, so only the move's own entry is new;
+    after a revert (which also drops the instance from tracked_instances, as nova's
+    _drop_move_claim does) nothing of the resize is subtracted any more."""
+    cn = fx.compute_node(3, free_ram_mb=40000)
+    rt = FakeRT(cn.host)
+    rt._update(nova_context.get_admin_context(), cn)
+    pipe = Pipeline(installed)
+    manager = shm.SharedHostManager(pipe.cache, register_claims=True)
+    instance = fx.uuid_for("inst", 8)
+    rt.instance_claim(cn, instance)
+    pipe.flush()
+    _view(manager, cn).consume_from_request(fx.request_spec(instance_uuid=instance))  # resize
+    assert pipe.cache.receiver.pending_claims() == 1
+
+    rt.move_claim(cn, instance, cn.host, cn.hypervisor_hostname)
+    pipe.flush()
+    assert pipe.cache.receiver.pending_claims() == 0
+    rt.drop_move_claim_at_dest(cn, instance)
+    pipe.flush()
+    assert instance not in installed.document(cn.uuid).get("instances", {})
+    assert _view(manager, cn).free_ram_mb == cn.free_ram_mb == 40000 - 2048
 
 
 def test_service_disable_reaches_compute_filter(installed):
