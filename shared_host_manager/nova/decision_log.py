@@ -24,7 +24,10 @@ Steps (``{"step": name, ...}``)::
                 ``base``, the previous request's id, with ``added`` and ``removed``),
                 ``n``, nova's RequestSpec (its primitive), wall time, the live peers
     filter      get_filtered_hosts: id, index, instance uuid, wall time, how many
-                hosts passed and a digest of which
+                hosts passed and a digest of which; for the first instance of a request
+                whose NUMA topology or PCI devices nova's filters fit to placement's
+                allocation candidates, ``candidates``: the candidates' mappings of every
+                host whose candidates are not just its own one (:func:`candidates`)
     weigh       get_weighed_hosts: id, how many, the best TOP (uuid, weight)
     consume     nova's manager consumed a chosen host: id, its uuid, the instance
     hint, aggregates, delete_aggregate
@@ -101,6 +104,41 @@ def code_digests(manager: Any) -> dict[str, str]:
                                                               *manager.weighers]}
 
 
+def reads_candidates(spec_obj: Any) -> bool:
+    """Whether nova's filters read placement's allocation candidates for this request:
+    NUMATopologyFilter fits a requested NUMA topology, PciPassthroughFilter requested PCI
+    devices, to each candidate's mappings (and keep the candidates that fit)."""
+    if spec_obj is None:
+        return False
+    if "numa_topology" in spec_obj and spec_obj.numa_topology:
+        return True
+    pci = spec_obj.pci_requests if "pci_requests" in spec_obj else None
+    return bool(pci and pci.requests)
+
+
+def own_candidate(uuid: str) -> list[dict[str, list[str]]]:
+    """The mappings of a host whose only candidate is its own provider (nothing nested or
+    shared): what most hosts have, so the log leaves them out."""
+    return [{"": [uuid]}]
+
+
+def candidates(rows: Any) -> list[list[Any]] | None:
+    """[uuid, [mappings of each candidate]] for every host of ``rows`` whose candidates (nova's
+    alloc_reqs_by_rp_uuid, taken over with the rows) are not just :func:`own_candidate`;
+    None when the rows carry no candidates.  Only the mappings: nova's filters read nothing
+    else of a candidate."""
+    by_rp = rows.alloc_reqs
+    if by_rp is None:
+        return None
+    out = []
+    for tpl in rows.tpls:
+        uuid = tpl.attrs["uuid"]
+        mappings = [_plain(c.get("mappings") or {}) for c in by_rp.get(uuid, ())]
+        if mappings != own_candidate(uuid):
+            out.append([uuid, mappings])
+    return out
+
+
 def uuids_of(hosts: Iterable[Any]) -> list[str]:
     """The hosts' compute node uuids, without materialising our shells."""
     return [vector.node_uuid(h) for h in hosts]
@@ -158,10 +196,14 @@ class StepLog:
             passed = [tpls[i].attrs["uuid"] for i in out.idx]
         else:
             passed = uuids_of(out) if out else []
-        rec.host_manager_step(self._manager.cache.clock(), {
-            "step": "filter", "id": rows.log_id, "index": index,
-            "instance": _instance(spec_obj), "wall": wall, "n": len(passed),
-            "digest": digest(passed)})
+        step = {"step": "filter", "id": rows.log_id, "index": index,
+                "instance": _instance(spec_obj), "wall": wall, "n": len(passed),
+                "digest": digest(passed)}
+        if index == 0 and reads_candidates(spec_obj):
+            recorded = candidates(rows)
+            if recorded is not None:
+                step["candidates"] = recorded
+        rec.host_manager_step(self._manager.cache.clock(), step)
 
     def weighed(self, rows: Any, weighed: list[Any]) -> None:
         rec = self.recorder()

@@ -23,9 +23,13 @@ Life cycle (one :class:`StepReplayer` per replayed log)::
     consume -> nova's own ``_consume_selected_host`` on the replayed host
     hint, aggregates, delete_aggregate -> the same SharedHostManager methods
 
+Placement's allocation candidates are recorded with the filter step of a
+request whose NUMA topology or PCI devices nova's filters fit to them (their
+mappings: what those filters read) and given back to the re-run's hosts; the
+other requests' candidates are not recorded (no in-tree filter reads them).
 What is not recorded, so a re-run may differ there (and says which step):
-the allocation candidates placement returned (nova's NUMA and PCI filters trim
-them), and whatever a filter plugin reads from outside nova's objects.
+whatever a filter plugin reads from outside nova's objects, and the candidates
+of a log written before they were.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shared_host_manager.nova import vector
-from shared_host_manager.nova.decision_log import code_digests, digest, uuids_of
+from shared_host_manager.nova.decision_log import code_digests, digest, own_candidate, uuids_of
 from shared_host_manager.nova.host_manager import SharedHostManager
 
 #: requests a replay keeps rows for (nova's manager decides several at once in threads)
@@ -240,6 +244,8 @@ class StepReplayer:
         if data.get("instance") is not None:
             spec.instance_uuid = data["instance"]
             spec.obj_reset_changes(["instance_uuid"])
+        if data.get("candidates") is not None:
+            _give_candidates(req.hosts, data["candidates"])
         out = self.manager.get_filtered_hosts(req.hosts, spec, data.get("index", 0))
         req.filtered = list(out or [])
         passed = uuids_of(req.filtered)
@@ -285,6 +291,20 @@ class StepReplayer:
                 [objects.Aggregate.obj_from_primitive(p) for p in data["aggregates"]])
         else:
             self.manager.delete_aggregate(objects.Aggregate(uuid=data["uuid"]))
+
+
+def _give_candidates(hosts: list[Any], recorded: list[list[Any]]) -> None:
+    """Placement's candidates as the recording scheduler's hosts had them (decision_log's
+    ``candidates``: the mappings of the hosts whose candidates were not just their own one),
+    taken by the hosts as nova's generator gives them (vector.take_over)."""
+    rows = vector.rows_of(hosts)
+    if rows is None:
+        return
+    listed = {uuid: mappings for uuid, mappings in recorded}
+    rows.alloc_reqs = {
+        uuid: [{"allocations": {}, "mappings": m}
+               for m in listed.get(uuid, own_candidate(uuid))]
+        for uuid in uuids_of(hosts)}
 
 
 def option_problem(name: str) -> str | None:

@@ -114,6 +114,55 @@ def test_shm_replay_decisions_on_a_nova_log(tmp_path, nova_conf, capsys):
     assert "nova.conf has no option 'no_such' in [filter_scheduler]" in capsys.readouterr().err
 
 
+class _CandidatesOfSome(fx.FakePlacement):
+    """Placement with no candidate on ``missing`` (in its summaries all the same, as a provider
+    whose resources do not fit) and two on ``nested`` (its own and a second mapping)."""
+
+    def __init__(self, providers, missing, nested) -> None:
+        super().__init__(providers)
+        self.missing, self.nested = missing, nested
+
+    def get_allocation_candidates(self, context, resources):
+        reqs, summaries, version = super().get_allocation_candidates(context, resources)
+        reqs = [r for r in reqs if self.missing not in r["allocations"]]
+        extra = {"allocations": {self.nested: {"resources": {}}},
+                 "mappings": {"": [self.nested], "numa": [self.nested]}}
+        return [*reqs, extra], summaries, version
+
+
+def test_numa_requests_re_run_on_placements_candidates(tmp_path, nova_conf):
+    """NUMATopologyFilter fits a requested NUMA topology to each of placement's allocation
+    candidates: a host without one fails.  The log keeps the candidates of such requests (those
+    of the hosts that do not have just their own one), so the re-run decides the same."""
+    fx.setup_nova()
+    nova_conf.set(**{"filter_scheduler.enabled_filters": ["ComputeFilter", "NUMATopologyFilter"]})
+    nodes = [fx.compute_node(i, free_ram_mb=20000 + 1000 * i) for i in range(4)]
+    docs = {cn.uuid: ndoc.document_from_compute_node(cn, service=fx.service_dict(cn.host),
+                                                       cell_uuid=fx.CELL1) for cn in nodes}
+    cache = fx.cache_from_documents(docs)
+    recorder = Recorder(str(tmp_path / "log"))
+    cache.set_recorder(recorder)
+    placement = _CandidatesOfSome([cn.uuid for cn in nodes], nodes[3].uuid, nodes[1].uuid)
+    ctx = nova_context.get_admin_context()
+    shm.set_cache_provider(lambda: cache)
+    try:
+        with fx.patched_scheduler(placement):
+            mgr = nova_manager.SchedulerManager()
+            spec = fx.request_spec(instance_uuid=fx.uuid_for("pin", 1), vcpus=4,
+                                   numa=fx.dedicated_cpus(4))
+            chosen = mgr.select_destinations(ctx, spec_obj=spec, instance_uuids=[spec.instance_uuid],
+                                             return_objects=True, return_alternates=True)
+    finally:
+        shm.set_cache_provider(None)
+    recorder.close()
+    # the best host by RAM had no candidate: nova's filter took it out
+    assert chosen[0][0].compute_node_uuid == nodes[2].uuid
+    assert {s.compute_node_uuid for s in chosen[0]} == {n.uuid for n in nodes[:3]}
+    r = replay(recorder.files, decisions=True, host_manager=StepReplayer)
+    assert r.decisions == 1 and r.decisions_checked == 1, r.decisions_note
+    assert r.decision_diffs == [] and r.ok, r.decision_diffs
+
+
 def test_a_request_recorded_against_one_not_in_the_log_is_skipped_not_different(tmp_path, nova_conf):
     """A log whose older parts were deleted starts with requests recorded as changes from
     requests it no longer holds: they are counted as not reproducible, the next whole one
