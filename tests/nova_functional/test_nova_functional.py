@@ -72,8 +72,8 @@ def _rows(result: Path) -> list[dict]:
 
 def _run_side(side: str, ids: list[str], workers: int, out: Path) -> tuple[dict[str, dict], float]:
     """Each worker runs a shard of ``ids``; a worker that reports nothing for STALL seconds is
-    killed, the test it was in is recorded as ``hung`` (a failure), and a new worker runs the
-    rest of its shard."""
+    killed, the test it was in is recorded as failed ("hung or crashed", as is the test a
+    worker crashed in), and a new worker runs the rest of its shard."""
     env = dict(os.environ, OS_NOVA_DISABLE_EVENTLET_PATCHING="1",
                PYTHONPATH=os.pathsep.join([str(TOP), os.environ.get("PYTHONPATH", "")]))
     started = time.monotonic()
