@@ -349,7 +349,17 @@ def _moving_in(rt: Any, compute_node: Any) -> list[str]:
     the migration's destination; a resize to the same node is incoming too)."""
     node = compute_node.hypervisor_hostname
     return [uuid for uuid, migration in (getattr(rt, "tracked_migrations", None) or {}).items()
-            if migration.dest_compute == compute_node.host and migration.dest_node == node]
+            if _field(migration, "dest_compute") == compute_node.host
+            and _field(migration, "dest_node") == node]
+
+
+def _field(obj: Any, name: str) -> Any:
+    """A field of a nova object, None when it is not set (nova raises then, and one unset
+    field must not keep the node's report from being published)."""
+    try:
+        return getattr(obj, name)
+    except Exception:  # noqa: BLE001 - NotImplementedError / ObjectActionError of an unset field
+        return None
 
 
 def install(hook: ComputeHook | None = None, *, resource_tracker_cls: Any = None,

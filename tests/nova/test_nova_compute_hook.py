@@ -193,6 +193,19 @@ def test_a_moves_claim_retires_when_its_destination_counts_the_migration(install
     assert _view(manager, dest).free_ram_mb == dest.free_ram_mb == 40000 - 2048  # once
 
 
+def test_a_migration_without_its_destination_set_does_not_stop_the_report(installed):
+    """A tracked migration whose destination fields are not set yet (nova raises on reading
+    them) is not this node's incoming one; the node's report is published all the same."""
+    cn = fx.compute_node(4, free_ram_mb=40000)
+    rt = FakeRT(cn.host)
+    rt._update(nova_context.get_admin_context(), cn)
+    rt.tracked_migrations[fx.uuid_for("inst", 9)] = objects.Migration(
+        instance_uuid=fx.uuid_for("inst", 9))
+    rt.instance_claim(cn, fx.uuid_for("inst", 10))
+    assert fx.uuid_for("inst", 10) in installed.document(cn.uuid)["instances"]
+    assert installed.counters["sink_errors"] == 0
+
+
 def test_a_resize_on_its_own_node_leaves_no_claim_behind_when_reverted(installed):
     """The instance is tracked on the node already, so only the move's own entry is new;
     after a revert (which also drops the instance from tracked_instances, as nova's
