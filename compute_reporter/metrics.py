@@ -71,8 +71,12 @@ class ReporterCollector:
         yield _counter("shm_reporter_batches_published", "Stream messages (batches) published.",
                        service.get("published", 0))
         yield _counter("shm_reporter_publish_failures",
-                       "Batches given up after publish_timeout (the protocol repairs them).",
-                       service.get("publish_errors", 0))
+                       "Batches given up after publish_timeout and known not stored (refused or "
+                       "nacked; the protocol repairs them).", service.get("publish_errors", 0))
+        yield _counter("shm_reporter_publish_unconfirmed",
+                       "Batches given up after publish_timeout that may be stored (sent, the "
+                       "connection lost before the broker's confirm).",
+                       service.get("publish_unconfirmed", 0))
         claims = CounterMetricFamily("shm_reporter_claims", "Claims arbitrated, by outcome.",
                                      labels=["outcome"])
         for outcome in ("accepted", "rejected", "duplicate"):
@@ -143,6 +147,7 @@ def status(service: ReporterService, sources: bool = False, role: str = "reporte
                       "deltas": f["machines"].get("deltas", 0),
                       "heartbeats": f["machines"].get("heartbeats", 0),
                       "failures": f["service"].get("publish_errors", 0),
+                      "unconfirmed": f["service"].get("publish_unconfirmed", 0),
                       "retries": stream.retries if stream is not None else 0},
         "changes": f["manager"].get("changes", 0),
         "claims": {k: f["machines"].get(f"claims_{k}", 0) for k in ("accepted", "rejected", "duplicate")},

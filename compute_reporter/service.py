@@ -15,7 +15,9 @@ Life cycle::
 One loop thread does all sending, so a transport object is never used from two
 threads at once; the other threads only wake it.  A publish that fails is
 logged and counted; the lost items are repaired by the protocol (the next
-heartbeat shows the gap and schedulers resync).
+heartbeat shows the gap and schedulers resync).  A publish whose message may
+be stored (sent, its confirm lost with the connection) is counted apart, as
+unconfirmed: it is no known loss.
 
 Observation: :meth:`ReporterService.figures`, :meth:`stream_stats` and
 ``manager.versions()`` are the read interface of the metrics endpoint
@@ -47,6 +49,7 @@ from transport.base import (
     ControlPlane,
     ControlServer,
     DataPlane,
+    PublishError,
     StreamPublisher,
     StreamPublisherStats,
 )
@@ -104,6 +107,16 @@ class _Sink:
         self._service.wake()
 
 
+class _Waiter:
+    """One caller of :meth:`ReporterService.publish_now`."""
+
+    __slots__ = ("done", "ok")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = False
+
+
 class ReporterService:
     # the transport objects, built by start() from the planes
     _publisher: StreamPublisher
@@ -148,14 +161,17 @@ class ReporterService:
         self._wall_ns = wall_ns
         self._wake = threading.Condition()
         self._woken = False
+        #: callers of publish_now() waiting for the loop's next send (under _wake), each told
+        #: whether every publish of that send succeeded
+        self._flush_waiters: list[_Waiter] = []
         self._running = False
         self._thread: threading.Thread | None = None
         self.manager: ReporterManager
         #: optional update log (shared_host_manager.updatelog.recorder.Recorder): attached by start(),
         #: records what is handled, published and cast; closed by stop()
         self.recorder: ReporterObserver | None = recorder
-        self.stats = {"published": 0, "publish_errors": 0, "casts": 0, "cast_errors": 0,
-                      "invalid": 0}
+        self.stats = {"published": 0, "publish_errors": 0, "publish_unconfirmed": 0, "casts": 0,
+                      "cast_errors": 0, "invalid": 0}
         #: invalid control messages dropped, by reason (protocol.errors reasons)
         self.invalid: Counter[str] = Counter()
         self.started_at: float | None = None
@@ -200,7 +216,13 @@ class ReporterService:
             self._thread.join(timeout=10)
         now = self.clock()
         batches, control = self.manager.goodbye(now) if goodbye else self.manager.flush_all(now)
+        errors = self.stats["publish_errors"]
         self._send(batches, control)
+        with self._wake:  # callers of publish_now() the loop left: their changes went now
+            waiters, self._flush_waiters = self._flush_waiters, []
+        for waiter in waiters:
+            waiter.ok = self.stats["publish_errors"] == errors
+            waiter.done.set()
         self._publisher.close()
         self._client.close()
         if self.recorder is not None:
@@ -232,6 +254,22 @@ class ReporterService:
         if self._running:
             self._send(*self.manager.flush_all(self.clock()))
 
+    def publish_now(self, timeout: float) -> bool:
+        """Publish every pending change at once, without waiting out the coalesce window,
+        and wait until the loop thread has handed it to the stream publisher (which waits for
+        the broker's confirm where the backend has one).  True if that happened within
+        ``timeout`` seconds; False if not (the change is still published as soon as it can
+        be).  A caller that must know its change is on the stream before it goes on (an API
+        call that forces a service down) uses it; the loop stays the only sender."""
+        waiter = _Waiter()
+        with self._wake:
+            if not self._running:
+                return False
+            self._flush_waiters.append(waiter)
+            self._woken = True
+            self._wake.notify()
+        return waiter.done.wait(timeout) and waiter.ok
+
     def wake(self) -> None:
         with self._wake:
             self._woken = True
@@ -255,11 +293,21 @@ class ReporterService:
 
     def _loop(self) -> None:
         while self._running:
+            with self._wake:
+                waiters, self._flush_waiters = self._flush_waiters, []
+            errors = self.stats["publish_errors"]
+            ok = False
             try:
-                batches, control = self.manager.poll(self.clock())
+                now = self.clock()
+                batches, control = (self.manager.flush_all(now) if waiters
+                                    else self.manager.poll(now))
                 self._send(batches, control)
+                ok = self.stats["publish_errors"] == errors
             except Exception:  # the loop must outlive any single failure
                 LOG.exception("reporter loop iteration failed")
+            for waiter in waiters:
+                waiter.ok = ok
+                waiter.done.set()
             deadline = self.manager.next_deadline()
             timeout = 1.0 if deadline is None else max(0.0, min(1.0, deadline - self.clock()))
             with self._wake:
@@ -277,6 +325,16 @@ class ReporterService:
                 if recorder is not None:
                     recorder.published(body, now)
                 self.stats["published"] += 1
+            except PublishError as exc:
+                if exc.stored is None:
+                    # the broker may hold it: no scheduler sees a gap if it does, and the
+                    # next heartbeat repairs one if it does not
+                    self.stats["publish_unconfirmed"] += 1
+                    LOG.warning("publish of %d items unconfirmed (sent, its confirm lost; it may "
+                                "be stored): %s", len(batch.items), exc)
+                else:
+                    self.stats["publish_errors"] += 1
+                    LOG.warning("publish of %d items failed, not stored: %s", len(batch.items), exc)
             except Exception as exc:
                 self.stats["publish_errors"] += 1
                 LOG.warning("publish of %d items failed: %s", len(batch.items), exc)

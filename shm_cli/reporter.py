@@ -71,7 +71,8 @@ def summary(service: ReporterService) -> str:
     pub = st["published"]
     return (f"{st['sources']['served']} hosts; {st['changes']} changes; published {pub['batches']} "
             f"batches ({pub['deltas']} deltas, {pub['heartbeats']} heartbeats), {pub['failures']} "
-            f"failed, {pub['retries']} retries; resyncs answered {st['resyncs']['answered']}; claims "
+            f"not stored, {pub['unconfirmed']} unconfirmed, {pub['retries']} retries; resyncs "
+            f"answered {st['resyncs']['answered']}; claims "
             f"{', '.join(f'{k} {v}' for k, v in st['claims'].items())}; {common.summary_tail(st)}")
 
 

@@ -128,7 +128,8 @@ def _rows(st: dict[str, Any]) -> dict[str, str]:
     if pub:
         rows["published"] = (f"{pub['batches']} batches: {pub['deltas']} deltas, {pub['heartbeats']} "
                              f"heartbeats")
-        rows["publish failures"] = f"{pub['failures']} failed, {pub['retries']} retries"
+        rows["publish failures"] = (f"{pub['failures']} not stored, {pub.get('unconfirmed', 0)} "
+                                    f"unconfirmed, {pub['retries']} retries")
         rows["changes"] = str(st.get("changes", 0))
     rx = st.get("receiver")
     if rx:

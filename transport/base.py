@@ -76,7 +76,17 @@ class PublishError(TransportError):
     The caller still owns the body: nothing was acknowledged by the
     backend, so it may retry later or fall back (e.g. count and rely on
     the next heartbeat/snapshot).
+
+    ``stored`` is what is known of the message: ``False``, it is known not
+    stored (every attempt was refused before the message was sent, or the
+    broker nacked it); ``None``, unknown: an attempt reached the broker and
+    the connection was lost before its confirm, so the message may be on the
+    stream (a reporter counts it apart from the failures).
     """
+
+    def __init__(self, message: str, *, stored: bool | None = False) -> None:
+        super().__init__(message)
+        self.stored = stored
 
 
 class CastError(TransportError):
@@ -162,11 +172,14 @@ class StreamPublisherStats:
     published_bytes: int
     #: attempts retried after a connection or channel error
     retries: int
-    #: publishes given up (PublishError raised)
+    #: publishes given up with the message known not stored (PublishError, stored False)
     failures: int
     connects: int
     state_since: float | None
     last_error: str | None = None
+    #: publishes given up without knowing whether the broker stored the message (an
+    #: attempt was sent, its confirm lost with the connection: PublishError, stored None)
+    unconfirmed: int = 0
 
 
 @runtime_checkable

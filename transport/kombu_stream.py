@@ -12,7 +12,10 @@ Life cycles managed here:
 * ``KombuStreamPublisher`` connects lazily on the first ``publish()``,
   keeps one connection, and on any connection/channel error reconnects
   with backoff and publishes the same message again, until it is stored
-  or ``publish_timeout`` passes (then ``PublishError``). ``close()`` ends
+  or ``publish_timeout`` passes (then ``PublishError``, whose ``stored``
+  tells a message known not stored -- every attempt refused before it was
+  sent, or nacked -- from one whose fate is unknown: an attempt was sent
+  and the connection lost before its confirm). ``close()`` ends
   it. With publisher confirms (default) a message is stored at least once;
   a retry after a lost confirm can store it twice, which consumers drop
   (see below). Without confirms a message in flight when the connection
@@ -230,6 +233,7 @@ class KombuStreamPublisher:
         self.published_bytes = 0
         self.retries = 0
         self.failures = 0
+        self.unconfirmed = 0
         self.connects = 0
         self._ok = False
         self._since: float | None = None
@@ -248,11 +252,16 @@ class KombuStreamPublisher:
             deadline = time.monotonic() + s.publish_timeout
             backoff: Backoff | None = None  # built on first failure only
             attempt = 0
+            #: the attempt that was sent and neither confirmed nor nacked (0: none): the
+            #: broker may have stored the message, so giving up is not a known loss
+            unconfirmed = 0
             while True:
                 attempt += 1
+                sent = False
                 try:
                     producer = self._producer or self._connect()
                     remaining = max(0.1, deadline - time.monotonic())
+                    sent = True
                     producer.publish(
                         body, exchange="", routing_key=s.name,
                         content_type=CONTENT_TYPE,
@@ -262,21 +271,23 @@ class KombuStreamPublisher:
                         confirm_timeout=min(remaining, s.confirm_timeout))
                 except StreamConfigError as exc:
                     self._reset()
-                    self.failures += 1
                     self._set_state(False, str(exc))
-                    raise PublishError(str(exc)) from exc
+                    raise self._given_up(str(exc), unconfirmed) from exc
                 except _RETRYABLE as exc:
+                    if sent and not isinstance(exc, amqp.exceptions.MessageNacked):
+                        # Sent, then no answer: lost on the way in, or stored and
+                        # its confirm lost on the way out -- only a nack says no.
+                        unconfirmed = attempt
                     # The connection may be half-dead (e.g. a confirm
                     # timed out mid-frame): never reuse it.
                     self._reset()
                     self._set_state(False, repr(exc))
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        self.failures += 1
-                        raise PublishError(
-                            f"stream {s.name}: message not stored after "
-                            f"{attempt} attempts in {s.publish_timeout}s: "
-                            f"{exc!r}") from exc
+                        raise self._given_up(
+                            f"stream {s.name}: message {self._fate(unconfirmed)} after "
+                            f"{attempt} attempts in {s.publish_timeout}s: {exc!r}",
+                            unconfirmed) from exc
                     self.retries += 1
                     backoff = backoff or s.backoff()
                     delay = min(backoff.next_delay(), remaining)
@@ -284,15 +295,29 @@ class KombuStreamPublisher:
                                 "retrying in %.2fs", s.name, attempt, exc,
                                 delay)
                     if self._closed.wait(delay):
-                        self.failures += 1
-                        raise PublishError("publisher closed while "
-                                           "retrying") from exc
+                        raise self._given_up(
+                            f"publisher closed while retrying: message "
+                            f"{self._fate(unconfirmed)}", unconfirmed) from exc
                     continue
                 self.published += 1
                 self.published_bytes += len(body)
                 if not self._ok:
                     self._set_state(True, None)
                 return
+
+    @staticmethod
+    def _fate(unconfirmed: int) -> str:
+        return "not stored" if not unconfirmed else \
+            f"unconfirmed (attempt {unconfirmed} was sent and its confirm lost: it may be stored)"
+
+    def _given_up(self, text: str, unconfirmed: int) -> PublishError:
+        """The error ending a publish, counted as a failure only when the message is known
+        not stored: every attempt was refused before it was sent, or nacked."""
+        if unconfirmed:
+            self.unconfirmed += 1
+            return PublishError(text, stored=None)
+        self.failures += 1
+        return PublishError(text, stored=False)
 
     def _set_state(self, ok: bool, error: str | None) -> None:
         if ok != self._ok or self._since is None:
@@ -305,7 +330,7 @@ class KombuStreamPublisher:
             connected=self._ok and self._producer is not None, published=self.published,
             published_bytes=self.published_bytes, retries=self.retries,
             failures=self.failures, connects=self.connects, state_since=self._since,
-            last_error=self._last_error)
+            last_error=self._last_error, unconfirmed=self.unconfirmed)
 
     def close(self) -> None:
         self._closed.set()

@@ -8,7 +8,9 @@ import dataclasses
 import socket
 import time
 
+import amqp.exceptions
 import pytest
+from kombu import Producer
 
 from transport.base import PublishError
 from transport.kombu_stream import (
@@ -191,3 +193,87 @@ def test_attach_argument_for_each_spec():
     t = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     c._first_attach_at = t
     assert c._attach_argument() < t  # reconnect before the first message
+
+
+class ScriptedBroker:
+    """A broker behind fake channels: each publish attempt does the next step of ``script``.
+
+    ``refused``: the connection is refused (nothing sent); ``nack``: the broker refuses the
+    message; ``lost``: the broker stores it and the connection dies before its confirm;
+    ``ok``: stored and confirmed."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = list(script)
+        self.stored: list[bytes] = []
+
+    def step(self) -> str:
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+    def connect(self) -> Producer:
+        if self.script[0] == "refused":
+            self.step()
+            raise ConnectionRefusedError(111, "Connection refused")
+        return Producer(FakePublishChannel(self), routing_key="s", auto_declare=False)
+
+
+class FakePublishChannel:
+    """The part of a py-amqp channel kombu's Producer.publish uses, in confirm mode."""
+
+    def __init__(self, broker: ScriptedBroker) -> None:
+        self.broker = broker
+
+    def prepare_message(self, body, priority=None, content_type=None, content_encoding=None,
+                        headers=None, properties=None):
+        return body
+
+    def basic_publish(self, message, **kwargs):
+        what = self.broker.step()
+        if what == "nack":
+            raise amqp.exceptions.MessageNacked()
+        self.broker.stored.append(message)
+        if what == "lost":
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def _scripted_publisher(script: list[str]) -> tuple[KombuStreamPublisher, ScriptedBroker]:
+    pub = KombuStreamPublisher(StreamSettings(publish_timeout=0.3, reconnect_interval=0.01,
+                                              reconnect_interval_max=0.02))
+    broker = ScriptedBroker(script)
+
+    def connect() -> Producer:
+        producer = broker.connect()
+        pub._producer = producer
+        return producer
+
+    pub._connect = connect  # type: ignore[method-assign]
+    return pub, broker
+
+
+@pytest.mark.parametrize("script, stored", [
+    (["refused"], False),             # the broker is down the whole time
+    (["nack", "refused"], False),     # it said no, then went down
+    (["lost", "refused"], None),      # stored, the confirm lost with the connection
+    (["nack", "lost", "refused"], None),
+])
+def test_a_given_up_publish_says_whether_the_message_is_known_not_stored(script, stored, caplog):
+    pub, broker = _scripted_publisher(script)
+    with pytest.raises(PublishError) as info:
+        pub.publish(b"batch")
+    assert info.value.stored is stored
+    stats = pub.stats()
+    if stored is None:
+        assert broker.stored, "the scenario stores the message"
+        assert (stats.failures, stats.unconfirmed) == (0, 1)
+        assert "unconfirmed" in str(info.value) and "not stored" not in str(info.value)
+    else:
+        assert broker.stored == []
+        assert (stats.failures, stats.unconfirmed) == (1, 0)
+        assert "not stored" in str(info.value)
+
+
+def test_a_publish_confirmed_after_a_lost_confirm_is_neither():
+    pub, broker = _scripted_publisher(["lost", "refused", "ok"])
+    pub.publish(b"batch")
+    assert broker.stored == [b"batch", b"batch"]  # the consumer drops the duplicate
+    stats = pub.stats()
+    assert (stats.published, stats.failures, stats.unconfirmed) == (1, 0, 0)
