@@ -84,6 +84,7 @@ setup(
             # nova 34 with the shared host manager (pip install shared-host-manager[nova])
             "nova-scheduler-shared = shared_host_manager.nova.cmd:main",
             "nova-compute-shared = shared_host_manager.nova.cmd:compute_main",
+            "nova-conductor-shared = shared_host_manager.nova.cmd:conductor_main",
         ],
         "oslo.config.opts": [
             "shm.common = shm_cli.common:list_opts",

@@ -31,7 +31,11 @@ Namespaces
 ``pci``         ``{"pool<index>": {product_id, vendor_id, numa_node, tags, count}}``.
 ``metrics``     ``{name: value or {name, value, timestamp, source}}``.
 ``locality``    (a volume backend's document) ``{"hosts": [host names]}``.
-``services``    (an API-side source's document, design §2) ``{host: {disabled,
+``api``         (an API-side source's document, design §2) ``role`` (``nova-api`` or
+                ``nova-conductor``), ``started_at`` (wall time): present from the source's
+                first message, so a scheduler knows the source for what it is before it
+                has published any change.
+``services``    (an API-side source) ``{host: {disabled,
                 disabled_reason, forced_down, deleted, changed}}``.
 ``nodes``       (an API-side source) ``{compute node uuid: {deleted, changed}}``.
 ``catalogue``   (an API-side source) ``{aggregate uuid: {name, metadata, hosts,
@@ -68,6 +72,7 @@ METRICS = "metrics"
 LOCALITY = "locality"
 VOLUMES = "volumes"
 #: namespaces of an API-side source (service state, deletions, aggregates; design §2)
+API_SOURCE = "api"
 API_SERVICES = "services"
 API_NODES = "nodes"
 API_CATALOGUE = "catalogue"
@@ -199,8 +204,8 @@ def free_ram_mb(compute: Mapping[str, Any]) -> int:
 
 
 __all__ = [
-    "AGGREGATES", "API_CATALOGUE", "API_NODES", "API_SERVICES", "COMPUTE", "ENDPOINT", "INSTANCES",
-    "LOCALITY", "METRICS", "NUMA", "PCI", "SCHEDULER", "SERVICE",
+    "AGGREGATES", "API_CATALOGUE", "API_NODES", "API_SERVICES", "API_SOURCE", "COMPUTE", "ENDPOINT",
+    "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "SCHEDULER", "SERVICE",
     "STATS", "STOPPED", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
     "endpoint_of", "free_disk_gb", "free_ram_mb", "host_name", "instances_of", "is_host", "namespace",
     "node_name", "said_goodbye", "service_of", "supported_instances_of", "volume_hosts_of",

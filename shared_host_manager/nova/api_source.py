@@ -37,10 +37,11 @@ schedulers keep applying it (``SharedHostManager``, design §2).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from protocol import hostdoc
@@ -55,13 +56,20 @@ SERVICE_FIELDS = frozenset({"disabled", "forced_down", "disabled_reason"})
 class ApiStateSource:
     """One process's API-side source (see the module docstring).  Thread-safe."""
 
-    def __init__(self, source: str, *, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, source: str, *, role: str = "nova-api",
+                 wall: Callable[[], float] = time.time) -> None:
         self.source = source
+        self.role = role
         self.wall = wall
         self._lock = threading.Lock()
-        self._doc: Document = {}
+        # known for what it is from its first message (hostdoc: ``api``), before any change
+        self._doc: Document = {hostdoc.API_SOURCE: {"role": role, "started_at": time.time()}}
         self._sink: Any = None
         self.changes = 0
+        #: called after a change went to the sink, in the caller's thread: returns True once
+        #: the change is on the stream (the reporter's publish_now); None: do not wait
+        self.confirm: Callable[[], bool] | None = None
+        self.unconfirmed = 0
 
     # -- the reporter's tracker interface ---------------------------------------------
     def hosts(self) -> list[str]:
@@ -78,21 +86,24 @@ class ApiStateSource:
         self._sink = None
 
     # -- changes -----------------------------------------------------------------------
-    def _set(self, ns: str, key: str, entry: dict[str, Any]) -> None:
-        self._update(ns, key, lambda held: entry)
+    def _set(self, ns: str, key: str, entry: dict[str, Any], changed: float | None = None) -> None:
+        self._update(ns, key, lambda held: entry, changed)
 
     def _update(self, ns: str, key: str,
-                build: Callable[[dict[str, Any] | None], dict[str, Any]]) -> None:
+                build: Callable[[dict[str, Any] | None], dict[str, Any]],
+                changed: float | None = None) -> None:
         """Sets the entry ``build`` makes of the one held (without its ``changed``; None if
         none), read and written under one hold of the lock, so two changes of one key
-        racing in this process cannot lose either's fields."""
+        racing in this process cannot lose either's fields.  ``changed``: when the change
+        was made (a record read from the database); None: now.  Once the change went to the
+        sink, waits for ``confirm`` (outside the lock: other changes go on meanwhile)."""
         with self._lock:
             held = self._doc.get(ns, {}).get(key)
             unstamped = None if held is None else {k: v for k, v in held.items() if k != "changed"}
             entry = build(unstamped)
             if unstamped == entry:
                 return  # a heartbeat's Service.save: nothing the schedulers read changed
-            entry = dict(entry, changed=self.wall())
+            entry = dict(entry, changed=self.wall() if changed is None else changed)
             self._doc.setdefault(ns, {})[key] = entry
             ops: list[Op] = [[SET, ns, key, entry]]
             sink = self._sink
@@ -103,9 +114,16 @@ class ApiStateSource:
                 sink.change(self.source, ops)
             except Exception:  # publishing must never fail nova's API call
                 LOG.exception("publishing %s %s failed", ns, key)
+                return
+        confirm = self.confirm
+        if confirm is not None and not confirm():
+            self.unconfirmed += 1
+            LOG.warning("%s %s: not confirmed on the host-state stream in time; schedulers "
+                        "apply it once it is published", ns, key)
 
     def service_changed(self, service: Any, *, deleted: bool = False,
-                        saved: Collection[str] | None = None) -> None:
+                        saved: Collection[str] | None = None,
+                        changed: float | None = None) -> None:
         """A compute service was created, saved (enabled, disabled, forced down) or deleted.
 
         ``saved``: the fields a ``Service.save`` wrote (None: all of them, a create or a
@@ -148,20 +166,31 @@ class ApiStateSource:
                     entry.pop("disabled_reason", None)
             return entry
 
-        self._update(hostdoc.API_SERVICES, host, merged)
+        self._update(hostdoc.API_SERVICES, host, merged, changed)
 
     def node_changed(self, node_uuid: str, *, deleted: bool) -> None:
         """A compute node was created (again) or deleted."""
         self._set(hostdoc.API_NODES, node_uuid, {"deleted": deleted})
 
-    def aggregate_changed(self, aggregate: Any, *, deleted: bool = False) -> None:
+    def aggregate_changed(self, aggregate: Any, *, deleted: bool = False,
+                          changed: float | None = None) -> None:
         """An aggregate was created, renamed, changed its metadata or hosts, or deleted."""
         entry: dict[str, Any] = {"name": aggregate.name or "",
                                  "metadata": {str(k): str(v) for k, v in (aggregate.metadata or {}).items()},
                                  "hosts": sorted(aggregate.hosts or ()), "deleted": deleted}
         if aggregate.obj_attr_is_set("id"):
             entry["id"] = aggregate.id
-        self._set(hostdoc.API_CATALOGUE, aggregate.uuid, entry)
+        self._set(hostdoc.API_CATALOGUE, aggregate.uuid, entry, changed)
+
+    def preload(self, services: Iterable[Any], aggregates: Iterable[Any]) -> None:
+        """What existed before this process started (read from nova's databases, before the
+        reporter starts): every compute service's state and every aggregate, each stamped
+        with its record's last update, so that a newer change by another API process wins
+        the schedulers' merge and a restarted process does not forget a force-down."""
+        for service in services:
+            self.service_changed(service, changed=_record_time(service))
+        for aggregate in aggregates:
+            self.aggregate_changed(aggregate, changed=_record_time(aggregate))
 
 
 # -- the scheduler side: every API source's document merged ------------------------------
@@ -198,6 +227,18 @@ class ApiState:
         return state
 
 
+def _record_time(record: Any) -> float:
+    """When a nova record last changed (``updated_at``, else ``created_at``), as wall time;
+    0 (oldest) if it says neither."""
+    for name in ("updated_at", "created_at"):
+        value = getattr(record, name, None) if record.obj_attr_is_set(name) else None
+        if value is not None:
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=datetime.UTC)  # nova stores UTC
+            return float(value.timestamp())
+    return 0.0
+
+
 def _stamp(entry: dict[str, Any]) -> float:
     """An entry's ``changed``; a malformed one counts as oldest instead of failing requests."""
     changed = entry.get("changed")
@@ -205,8 +246,11 @@ def _stamp(entry: dict[str, Any]) -> float:
 
 
 def is_api_source(doc: Any) -> bool:
+    """Whether a document is an API-side source's: its ``api`` namespace, there from its
+    first message; or, from a source that does not publish one, any of its namespaces."""
     return bool(doc) and not doc.get(hostdoc.COMPUTE) and any(
-        doc.get(ns) for ns in (hostdoc.API_SERVICES, hostdoc.API_NODES, hostdoc.API_CATALOGUE))
+        doc.get(ns) for ns in (hostdoc.API_SOURCE, hostdoc.API_SERVICES, hostdoc.API_NODES,
+                               hostdoc.API_CATALOGUE))
 
 
 # -- wiring into nova's API and conductor --------------------------------------------------

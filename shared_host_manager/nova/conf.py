@@ -92,6 +92,26 @@ aggregates namespace. The scheduler also applies nova's update_aggregates
 fanout at once; this is what makes aggregates survive a scheduler restart
 without a database read. 0 disables it.
 """),
+    cfg.FloatOpt("api_publish_timeout", default=2.0, min=0.0, help="""
+(nova-api, nova-conductor) Seconds an API call that changes what schedulers
+read (a service enabled, disabled, forced down or deleted; a compute node
+deleted; an aggregate changed) waits for the change to be on the host-state
+stream before it returns. A change not confirmed in time is logged and
+published as soon as it can be; the call returns either way.
+
+Possible values: 0 (return at once, publish in the background), or seconds.
+"""),
+    cfg.StrOpt("api_lock_dir", help="""
+(nova-api, nova-conductor) Directory of the lock files that give each process
+of a host a stable API-side source name: ``<[reporter] name>-api-<slot>`` in
+nova-api, ``<[reporter] name>-conductor-<slot>`` in nova-conductor, the lowest
+slot no other live process of the host holds. A restarted process takes its
+slot again and publishes a new epoch of the same source, so restarts leave no
+sources behind, and a signing key file can name each source in advance.
+
+Possible values: a directory writable by the service user. Unset: the
+reporter's state_dir if set, else the system's temporary directory.
+"""),
 ]
 
 

@@ -626,7 +626,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         #: what the API-side sources say (design §2), rebuilt when one of their versions changes
         self._api = ApiState()
         self._api_sources: list[str] = []
-        self._api_scanned = -1
+        #: (sources, snapshots applied) at the last scan for API-side sources; None: scan again
+        self._api_scanned: tuple[int, int] | None = None
         self._deletion_epochs: dict[tuple[str, str], int | None] = {}
         #: nova's instance info fanout per host: {uuid: (added, retire after)}; see _hints_for
         self._inst_hints: dict[str, dict[str, tuple[bool, float]]] = {}
@@ -896,18 +897,22 @@ class SharedHostManager(nova_host_manager.HostManager):
     def _api_state(self, sources: Any) -> ApiState:
         """The API-side sources' merged state (design §2), rebuilt when one of them changed.
 
-        Which sources are API-side is rescanned when the number of sources changes
-        or a source had no document yet at the last scan."""
-        if len(sources) != self._api_scanned:
+        Which sources are API-side is rescanned when a source comes, when any source
+        takes a snapshot (a new epoch's document may say otherwise), and on every
+        request while a source that is not known as API-side has an empty document (a
+        source that predates the ``api`` namespace says what it is with its first change)."""
+        receiver = self.cache.receiver
+        scan_key = (len(sources), receiver.stats["snapshots"])
+        if scan_key != self._api_scanned:
             found = []
             unsettled = False
             for source, view in sources.items():
-                if view.doc is None:
-                    unsettled = True
-                elif is_api_source(view.doc):
+                if is_api_source(view.doc):
                     found.append(source)
+                elif not view.doc:
+                    unsettled = True
             self._api_sources = found
-            self._api_scanned = -1 if unsettled else len(sources)
+            self._api_scanned = None if unsettled else scan_key
         views = [sources[s] for s in self._api_sources if s in sources]
         key = tuple((v.source, v.version) for v in views)
         if key != self._api.key:

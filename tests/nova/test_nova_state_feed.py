@@ -248,3 +248,72 @@ def test_a_late_aggregate_fanout_does_not_undo_the_api_sides_newer_catalogue():
                               metadata={"x": "1"}, hosts=["host1"])
     manager.update_aggregates([other])
     assert [a.metadata for a in _hosts(manager)["host1"].aggregates] == [{"x": "1"}]
+
+
+# -- the API-side source is known from its first message, whatever its document holds ------
+
+def _receive(cache, message) -> None:
+    with cache.lock:
+        cache.receiver.receive(message, cache.clock())
+
+
+def _force_down(api: api_source.ApiStateSource, host: str) -> None:
+    api.service_changed(objects.Service(host=host, binary="nova-compute", disabled=False,
+                                        forced_down=True), saved={"forced_down"})
+
+
+def _snapshot(api: api_source.ApiStateSource, epoch: int, seq: int) -> Snapshot:
+    return Snapshot(api.source, epoch, seq, api.document(api.source))
+
+
+@pytest.mark.parametrize("order", ["api_first", "api_after_a_request", "api_restarted",
+                                   "conductor_joins_later"])
+@pytest.mark.parametrize("change", ["forced_down", "disabled", "service_deleted",
+                                    "node_deleted", "aggregate"])
+def test_a_fresh_api_source_is_applied_from_its_first_change(order, change):
+    """nova-api's source starts with no change to tell: a scheduler that saw it empty must
+    still apply everything it publishes afterwards (a force-down once ignored this way let
+    3 of 6 builds land on the forced-down compute)."""
+    nodes, cache, manager = _world()
+    api = api_source.ApiStateSource("nova-api-0", role="nova-api")
+    epoch = 1
+    if order == "api_restarted":
+        old = api_source.ApiStateSource("nova-api-0", role="nova-api")
+        _force_down(old, "host2")  # the old process's word, replaced by the new epoch's
+        _receive(cache, _snapshot(old, 1, 0))
+        assert not compute_filter.ComputeFilter().host_passes(_hosts(manager)["host2"], None)
+        epoch = 2
+    if order != "api_first":
+        _hosts(manager)  # a request before the API source is heard of at all
+    _receive(cache, _snapshot(api, epoch, 0))  # its first message: nothing changed yet
+    hosts = _hosts(manager)  # a request sees it empty (a new epoch: the old word is gone)
+    assert all(compute_filter.ComputeFilter().host_passes(h, None) for h in hosts.values())
+    if order == "conductor_joins_later":
+        conductor = api_source.ApiStateSource("nova-conductor-0", role="nova-conductor")
+        _receive(cache, _snapshot(conductor, 1, 0))
+        _hosts(manager)
+    if change == "forced_down":
+        _force_down(api, "host1")
+    elif change == "disabled":
+        api.service_changed(objects.Service(host="host1", binary="nova-compute", disabled=True,
+                                            forced_down=False), saved={"disabled"})
+    elif change == "service_deleted":
+        api.service_changed(objects.Service(host="host1", binary="nova-compute", disabled=False,
+                                            forced_down=False), deleted=True)
+    elif change == "node_deleted":
+        api.node_changed(nodes[1].uuid, deleted=True)
+    else:
+        api.aggregate_changed(objects.Aggregate(uuid=fx.uuid_for("agg", 1), name="az1",
+                                                metadata={"availability_zone": "az1"},
+                                                hosts=["host1"]))
+    _receive(cache, _snapshot(api, epoch, 1))
+    hosts = _hosts(manager)
+    if change == "forced_down":
+        assert not compute_filter.ComputeFilter().host_passes(hosts["host1"], None)
+    elif change == "disabled":
+        assert not compute_filter.ComputeFilter().host_passes(hosts["host1"], None)
+    elif change == "aggregate":
+        assert [a.name for a in hosts["host1"].aggregates] == ["az1"]
+    else:
+        assert "host1" not in hosts
+    assert compute_filter.ComputeFilter().host_passes(hosts["host0"], None)

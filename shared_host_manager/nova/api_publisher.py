@@ -1,0 +1,261 @@
+"""The API-side source's publisher in nova-api and nova-conductor processes.
+
+Role
+----
+:mod:`.api_source` says *what* the API side publishes; this module runs it in a
+process of nova's: it picks the source's name, loads what existed before the
+process started, starts the reporter that publishes, makes an API call wait
+until its change is on the stream, and says goodbye when the process stops.
+
+Life cycle (one :class:`ApiPublisher` per process, :func:`publisher`)::
+
+    installed --ensure_started() in a process whose pid it has not started in-->
+        take the lowest free slot (a lock file)   name: <[reporter] name>-<role>-<slot>
+        ApiStateSource.preload(database records)  services and aggregates, stamped
+        ReporterService.start()                   a new epoch of that source
+        api_source.install(source)                nova's objects publish to it
+    running --stop() (nova's Service.stop, uWSGI's or Python's atexit)--> goodbye
+
+Why each step is where it is:
+
+* **After the fork.** uWSGI (without ``lazy-apps``) and oslo.service's process
+  launcher import the application or build the service in a parent and fork
+  workers; a connection or thread made before the fork belongs to the parent.
+  So nothing starts at import: the WSGI wrapper calls :meth:`ensure_started`
+  on every request (a pid comparison) and from uWSGI's post-fork hook, the
+  conductor from its service's ``start`` in the worker.  A child that
+  inherited a started publisher starts its own.
+* **Stable names.** A source has a single writer, so every process needs a name
+  of its own; named by pid, every restart left a source behind, held as down
+  forever, and no key file could name it.  A slot is the lowest number whose lock
+  file (``fcntl.flock``) no live process of the host holds: a restarted worker
+  takes its slot again and announces a new epoch of the same source (design §3),
+  and ``N`` workers use the names ``...-0`` to ``...-(N-1)``, which a signing key
+  file can list in advance (``shm keys``).
+* **Preload.** A new epoch's document replaces the old one in every scheduler;
+  an empty one would drop a force-down the previous process published.  The
+  services and aggregates read from nova's databases are stamped with their
+  records' ``updated_at``, so a newer change by another API process still wins
+  the schedulers' merge (:class:`.api_source.ApiState`).
+* **Read your writes.** A change made by an API call goes to the stream at once
+  (not after the coalesce window), and the call returns once the broker has it
+  (``[shared_host_manager] api_publish_timeout``); the schedulers apply it
+  within their staleness, well before a build request the caller sends after
+  the call returned has crossed nova-api, the conductor and the scheduler's RPC.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+#: the roles of an API-side process, and the word each puts in its source's name
+ROLES = {"nova-api": "api", "nova-conductor": "conductor"}
+
+
+def take_slot(lock_dir: str, base: str, *, limit: int = 1024) -> tuple[int, int]:
+    """The lowest slot ``n`` whose lock file ``<lock_dir>/<base>-<n>.lock`` this process
+    could lock, and the open descriptor that holds it (the lock goes with the process)."""
+    os.makedirs(lock_dir, exist_ok=True)
+    for slot in range(limit):
+        path = os.path.join(lock_dir, f"{base}-{slot}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        os.set_inheritable(fd, False)
+        return slot, fd
+    raise RuntimeError(f"no free API-side source slot among {limit} in {lock_dir}")
+
+
+def load_from_nova() -> tuple[list[Any], list[Any]]:
+    """Every nova-compute service (in every cell this process reaches) and every aggregate,
+    read from nova's databases; what cannot be read is logged and left out."""
+    from nova import context as nova_context
+    from nova import objects
+
+    ctxt = nova_context.get_admin_context()
+    services: list[Any] = []
+    try:
+        results = nova_context.scatter_gather_skip_cell0(
+            ctxt, objects.ServiceList.get_by_binary, "nova-compute", include_disabled=True)
+        for cell, result in results.items():
+            if nova_context.is_cell_failure_sentinel(result):
+                LOG.warning("API-side source: the services of cell %s are not readable", cell)
+            else:
+                services.extend(result)
+    except Exception:  # a cell conductor has no API database: its own cell only
+        try:
+            services = list(objects.ServiceList.get_by_binary(ctxt, "nova-compute",
+                                                              include_disabled=True))
+        except Exception:
+            LOG.exception("API-side source: compute services not readable; published as changed")
+    aggregates: list[Any] = []
+    try:
+        aggregates = list(objects.AggregateList.get_all(ctxt))
+    except Exception:
+        LOG.warning("API-side source: aggregates not readable here (no API database); "
+                    "published as changed", exc_info=True)
+    return services, aggregates
+
+
+class ApiPublisher:
+    """This process's API-side source and its reporter (see the module docstring)."""
+
+    def __init__(self, role: str, stream_conf: Callable[[], Any], *,
+                 publish_timeout: float = 2.0, lock_dir: str | None = None,
+                 load: Callable[[], tuple[Iterable[Any], Iterable[Any]]] = load_from_nova) -> None:
+        if role not in ROLES:
+            raise ValueError(f"API-side role must be one of {sorted(ROLES)}, not {role!r}")
+        self.role = role
+        self._stream_conf = stream_conf
+        self.publish_timeout = publish_timeout
+        self.lock_dir = lock_dir
+        self._load = load
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._slot_fd: int | None = None
+        self.reporter: Any = None
+        self.source: Any = None
+
+    @property
+    def started_in(self) -> int | None:
+        """The pid of the process the publisher runs in (None: not started)."""
+        return self._pid
+
+    @property
+    def name(self) -> str | None:
+        return None if self.source is None else self.source.source
+
+    def ensure_started(self) -> Any:
+        """This process's running reporter, started on the first call in each process."""
+        pid = os.getpid()
+        if self._pid == pid:
+            return self.reporter
+        with self._lock:
+            if self._pid != pid:
+                self._start(pid)
+        return self.reporter
+
+    def _start(self, pid: int) -> None:
+        from compute_reporter import service as reporter_service
+        from shared_host_manager.nova import api_source
+
+        # inherited from a parent that had started: its threads and connections are not ours
+        self.reporter = self.source = None
+        if self._slot_fd is not None:
+            os.close(self._slot_fd)
+            self._slot_fd = None
+        conf = self._stream_conf()
+        base = f"{conf.reporter.name}-{ROLES[self.role]}"
+        lock_dir = self.lock_dir or conf.reporter.state_dir or tempfile.gettempdir()
+        slot, self._slot_fd = take_slot(lock_dir, base)
+        name = f"{base}-{slot}"
+        conf.set_override("name", name, group="reporter")
+        source = api_source.ApiStateSource(name, role=self.role)
+        services, aggregates = self._load()
+        source.preload(services, aggregates)
+        reporter = reporter_service.service_from_conf(conf, source)
+        reporter.start()
+        if self.publish_timeout > 0:
+            timeout = self.publish_timeout
+            source.confirm = lambda: reporter.publish_now(timeout)
+        api_source.install(source)
+        self.source, self.reporter, self._pid = source, reporter, pid
+        LOG.info("API-side source %s publishing (%s, pid %d)", name, self.role, pid)
+
+    def stop(self) -> None:
+        """Say goodbye (its document stays applied: the changes it tells stay made)."""
+        with self._lock:
+            reporter, pid = self.reporter, self._pid
+            if reporter is None or pid != os.getpid():
+                return
+            self.reporter = None
+            self._pid = None
+            fd, self._slot_fd = self._slot_fd, None
+        try:
+            reporter.stop()
+        except Exception:  # a process on its way out: say what failed, do not mask its exit
+            LOG.exception("API-side source: the goodbye was not published")
+        finally:
+            if fd is not None:
+                os.close(fd)  # the slot, for this process's successor
+
+
+_publisher: ApiPublisher | None = None
+
+
+def publisher() -> ApiPublisher | None:
+    """This process's API-side publisher (None: :func:`install` was not called)."""
+    return _publisher
+
+
+def install(role: str, stream_conf: Callable[[], Any], *, publish_timeout: float,
+            lock_dir: str | None) -> ApiPublisher:
+    """Make this process (and every child it forks) publish its API-side changes; the
+    publisher starts on its first :meth:`ApiPublisher.ensure_started` in each process
+    and says goodbye at exit (Python's ``atexit``, and uWSGI's where uWSGI runs it)."""
+    global _publisher
+    if _publisher is None:
+        _publisher = ApiPublisher(role, stream_conf, publish_timeout=publish_timeout,
+                                  lock_dir=lock_dir)
+        atexit.register(_publisher.stop)
+        try:
+            import uwsgi  # type: ignore[import-not-found]  # only inside uWSGI
+
+            previous = getattr(uwsgi, "atexit", None)
+
+            def at_exit() -> None:
+                if _publisher is not None:
+                    _publisher.stop()
+                if callable(previous):
+                    previous()
+
+            uwsgi.atexit = at_exit
+            from uwsgidecorators import postfork  # type: ignore[import-not-found]
+
+            postfork(_publisher.ensure_started)
+        except ImportError:
+            pass
+    return _publisher
+
+
+#: seconds between two attempts to start a publisher that failed to start in a WSGI worker
+RETRY_INTERVAL = 10.0
+
+
+def wsgi_application(app: Callable[..., Any], publisher_: ApiPublisher, *,
+                     clock: Callable[[], float] = time.monotonic) -> Callable[..., Any]:
+    """``app``, with this process's publisher started before its first request.  A publisher
+    that cannot start (the broker unreachable) is logged and tried again every
+    :data:`RETRY_INTERVAL` seconds; nova's API keeps answering meanwhile."""
+    next_try = [0.0]
+
+    def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if publisher_.reporter is None or publisher_.started_in != os.getpid():
+            now = clock()
+            if now >= next_try[0]:
+                try:
+                    publisher_.ensure_started()
+                except Exception as exc:
+                    next_try[0] = now + RETRY_INTERVAL
+                    LOG.error("API-side source not started (%s): service and aggregate changes "
+                              "of this process do not reach the schedulers; trying again in "
+                              "%.0f s", exc, RETRY_INTERVAL)
+        return app(environ, start_response)
+    return application
+
+
+__all__ = ["ROLES", "ApiPublisher", "install", "load_from_nova", "publisher", "take_slot",
+           "wsgi_application"]

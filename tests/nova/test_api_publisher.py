@@ -1,0 +1,161 @@
+"""The API-side source in a nova-api or nova-conductor process: stable names across restarts,
+what existed before the process started, a change on the stream before the API call returns,
+a goodbye, and a fresh publisher in a forked child (shared_host_manager.nova.api_publisher)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+
+pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
+
+from nova import objects  # noqa: E402
+from oslo_config import cfg  # noqa: E402
+from svc_harness import make_scheduler, wait_for  # noqa: E402
+
+from compute_reporter import service as reporter_service  # noqa: E402
+from protocol import hostdoc  # noqa: E402
+from shared_host_manager.nova import api_publisher, api_source  # noqa: E402
+from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from transport import factory  # noqa: E402
+
+fx.setup_nova()
+
+TOPICS = ("shm-reporter-api-test", "shm-scheduler-api-test")
+
+
+def _conf() -> cfg.ConfigOpts:
+    conf = cfg.ConfigOpts()
+    reporter_service.register_service_opts(conf)
+    conf([], project="shm-test", default_config_files=[], default_config_dirs=[])
+    conf.set_override("name", "ctl1", group="reporter")
+    conf.set_override("reporter_topic", TOPICS[0], group="control_plane")
+    conf.set_override("scheduler_topic", TOPICS[1], group="control_plane")
+    conf.set_override("heartbeat_interval", 0.5, group="reporter")
+    return conf
+
+
+def _service(host: str, *, forced_down: bool = False, disabled: bool = False,
+             updated: float = 1000.0) -> objects.Service:
+    return objects.Service(host=host, binary="nova-compute", disabled=disabled,
+                           forced_down=forced_down, disabled_reason=None,
+                           updated_at=datetime.datetime.fromtimestamp(updated, datetime.UTC))
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A scheduler on the process-wide in-process bus, and publishers made on it."""
+    made: list[api_publisher.ApiPublisher] = []
+    data, control = factory.from_conf(_conf())
+    sched = make_scheduler(data, control, "sched-api-test", topics=TOPICS)
+    sched.start()
+
+    def publisher(load=lambda: ([], []), timeout: float = 5.0) -> api_publisher.ApiPublisher:
+        pub = api_publisher.ApiPublisher("nova-api", _conf, publish_timeout=timeout,
+                                         lock_dir=str(tmp_path), load=load)
+        made.append(pub)
+        return pub
+
+    yield sched, publisher
+    for pub in made:
+        pub.stop()
+    sched.stop()
+    api_source.uninstall()
+
+
+def _doc(sched, source: str):
+    with sched.cache.lock:
+        view = sched.receiver.sources.get(source)
+        return None if view is None else view.doc
+
+
+def test_processes_of_a_host_take_the_lowest_free_slot_and_a_restart_takes_its_own(world):
+    sched, publisher = world
+    first, second = publisher(), publisher()
+    first.ensure_started()
+    second.ensure_started()
+    assert (first.name, second.name) == ("ctl1-api-0", "ctl1-api-1")
+    first.stop()  # a restart of the first process: its slot is free again
+    again = publisher()
+    again.ensure_started()
+    assert again.name == "ctl1-api-0"
+    wait_for(lambda: (_doc(sched, "ctl1-api-0") or {}).get(hostdoc.API_SOURCE) is not None,
+             what="the restarted source")
+    with sched.cache.lock:
+        assert set(sched.receiver.sources) == {"ctl1-api-0", "ctl1-api-1"}  # none left behind
+
+
+def test_a_restarted_process_publishes_what_existed_before_it_started(world):
+    sched, publisher = world
+    pub = publisher(load=lambda: ([_service("host1", forced_down=True),
+                                   _service("host2", disabled=True)], []))
+    pub.ensure_started()
+    wait_for(lambda: bool((_doc(sched, pub.name) or {}).get(hostdoc.API_SERVICES)),
+             what="the preloaded services")
+    services = _doc(sched, pub.name)[hostdoc.API_SERVICES]
+    assert services["host1"]["forced_down"] is True and services["host1"]["changed"] == 1000.0
+    assert services["host2"]["disabled"] is True
+    assert _doc(sched, pub.name)[hostdoc.API_SOURCE]["role"] == "nova-api"
+
+
+def test_a_change_is_on_the_stream_when_the_call_returns(world):
+    sched, publisher = world
+    pub = publisher()
+    pub.ensure_started()
+    machine = pub.reporter.manager.machines[pub.name]
+    machine.coalesce_window = 60.0  # nothing by the timer
+    published = pub.reporter.stats["published"]
+    pub.source.service_changed(_service("host3", forced_down=True), saved={"forced_down"})
+    # published by the call itself (the reporter's publish_now), not a minute later
+    assert not machine.has_pending and pub.reporter.stats["published"] > published
+    assert pub.source.unconfirmed == 0
+    wait_for(lambda: "host3" in ((_doc(sched, pub.name) or {}).get(hostdoc.API_SERVICES) or {}),
+             timeout=5.0, what="the force-down on the stream")
+
+
+def test_a_stopped_process_says_goodbye(world):
+    sched, publisher = world
+    pub = publisher()
+    pub.ensure_started()
+    name = pub.name
+    wait_for(lambda: _doc(sched, name) is not None, what="the source")
+    pub.stop()
+    wait_for(lambda: hostdoc.said_goodbye(_doc(sched, name)), timeout=5.0, what="the goodbye")
+
+
+def test_a_forked_child_starts_its_own_publisher(world, tmp_path):
+    sched, publisher = world
+    pub = publisher()
+    pub.ensure_started()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's reporter threads did not come along
+        code = 1
+        try:
+            os.close(read)
+            started: list[int] = []
+            inherited = pub.started_in != os.getpid()
+            pub._start = started.append  # type: ignore[method-assign]  # no threads after a fork
+            pub.ensure_started()
+            code = 0 if inherited and started == [os.getpid()] else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert answer == bytes([0])
+    assert pub.started_in == os.getpid()  # the parent's is untouched
+
+
+def test_slots_are_held_per_process_and_freed_with_it(tmp_path):
+    slot, fd = api_publisher.take_slot(str(tmp_path), "h-api")
+    other, fd2 = api_publisher.take_slot(str(tmp_path), "h-api")
+    assert (slot, other) == (0, 1)
+    os.close(fd)  # the process holding slot 0 exits
+    again, fd3 = api_publisher.take_slot(str(tmp_path), "h-api")
+    assert again == 0
+    os.close(fd2)
+    os.close(fd3)
