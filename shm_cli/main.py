@@ -30,6 +30,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
              "fuzz the decoder, the receiver, the reporter's control door and the update-log reader"),
     "bench": ("shm_cli.bench:main",
               "run a benchmark (protocol, stream, decisions, updatelog, nova)"),
+    "keys": ("shm_cli.keys:main",
+             "print the signing key file lines of the named sources and schedulers"),
 }
 
 
