@@ -50,6 +50,22 @@ def test_the_committed_sample_config_is_current(tmp_path):
         assert group in committed, group
 
 
+def test_the_committed_nova_sample_config_is_current(tmp_path):
+    """etc/nova-shared.conf.sample: the [shared_host_manager] options of nova.conf."""
+    exe = shutil.which("oslo-config-generator", path=os.path.dirname(sys.executable))
+    if exe is None:
+        pytest.skip("oslo-config-generator is not installed (pip install -e . installs it)")
+    out = tmp_path / "nova-shared.conf.sample"
+    subprocess.run([exe, "--config-file", os.path.join(TOP, "etc/nova-shared-config-generator.conf"),
+                    "--output-file", str(out)], check=True, cwd=TOP, timeout=120,
+                   capture_output=True)
+    committed = open(os.path.join(TOP, "etc/nova-shared.conf.sample"), encoding="utf-8").read()
+    assert committed == out.read_text(), (
+        "etc/nova-shared.conf.sample is stale: run .venv/bin/oslo-config-generator "
+        "--config-file etc/nova-shared-config-generator.conf")
+    assert "[shared_host_manager]" in committed and "#api_publish_timeout = 2.0" in committed
+
+
 def _all_options():
     from oslo_config import cfg
 
