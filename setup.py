@@ -69,6 +69,8 @@ setup(
             "requests-mock",
             "ddt",
             "wsgi-intercept",
+            # installed in many nova deployments: nova's database layer then reads [profiler]
+            "osprofiler",
         ],
         "nova": ["nova>=34.0.0,<35"],
         # shm sim --scheduler nova: nova's scheduler with placement in-process and nova's DB

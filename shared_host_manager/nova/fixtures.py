@@ -17,7 +17,7 @@ import uuid as uuid_mod
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from oslo_utils import timeutils
+from oslo_utils import importutils, timeutils
 
 NOW = timeutils.utcnow(with_timezone=True)
 
@@ -38,6 +38,11 @@ def setup_nova_objects() -> Any:
     with _setup_lock:
         if not _objects_done:
             objects.register_all()
+            # as nova.config.parse_args: where osprofiler is installed (as in many nova
+            # deployments) nova's database layer reads [profiler], registered only here
+            profiler_opts = importutils.try_import("osprofiler.opts")
+            if profiler_opts is not None:
+                profiler_opts.set_defaults(conf)
             conf([], project="nova", default_config_files=[], default_config_dirs=[])
             _objects_done = True
     return conf
