@@ -17,6 +17,9 @@ import uuid as uuid_mod
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+# imported with this module, not on the fixture's first use: a fixture used after nova's
+# TestCase.setUp meets nova's poison fixtures, and numpy's first import calls os.uname
+import numpy  # noqa: F401
 from oslo_utils import importutils, timeutils
 
 NOW = timeutils.utcnow(with_timezone=True)
@@ -610,6 +613,9 @@ class SharedHostManagerFixture(_FixtureBase):
         self._names = itertools.count(1)
         self.addCleanup(self._stop_all)
 
+        from shared_host_manager.nova import cmd
+
+        cmd._register_nova_opts()  # [shared_host_manager]: a test may set the drop-in's options
         host_manager.install()
         self.addCleanup(host_manager.uninstall)
         host_manager.set_cache_provider(self._new_cache)
@@ -753,10 +759,13 @@ class SharedHostManagerFixture(_FixtureBase):
         """What the drop-in served: decisions, and host-state requests of its host managers."""
         from shared_host_manager.nova import host_manager
 
-        current = host_manager.current()
-        requests = current.counters["requests"] if current is not None else 0
+        with self._lock:
+            caches = {id(service.cache) for service in self.schedulers}
+            schedulers = len(self.schedulers)
+        requests = sum(m.counters["requests"] for m in host_manager.managers()
+                       if id(m.built_cache) in caches)
         return {"decisions": self.decisions, "host_state_requests": requests,
-                "schedulers": len(self.schedulers)}
+                "schedulers": schedulers}
 
     def _stop_all(self) -> None:
         from shared_host_manager.nova import compute_hook

@@ -87,7 +87,9 @@ import copy
 import datetime
 import gc
 import logging
+import threading
 import time
+import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -120,6 +122,7 @@ _EMPTY: dict[str, Any] = {}
 
 _cache_provider: Callable[[], Any] | None = None
 _current: SharedHostManager | None = None
+_managers: weakref.WeakSet[SharedHostManager] = weakref.WeakSet()
 #: how many recorded claims cancel_claims can still find (nova cancels in the same request)
 _CLAIMED_MEMORY = 65536
 #: seconds an instance info hint overrides the documents at most (their next version
@@ -143,6 +146,12 @@ def set_cache_provider(provider: Callable[[], Any] | None) -> None:
 def current() -> SharedHostManager | None:
     """The SharedHostManager most recently built in this process."""
     return _current
+
+
+def managers() -> list[SharedHostManager]:
+    """Every SharedHostManager of this process still in use (nova builds one per scheduler
+    service; an in-process nova may run several)."""
+    return list(_managers)
 
 
 # -- per-source, per-version nova objects ---------------------------------------------
@@ -596,6 +605,7 @@ class SharedHostManager(nova_host_manager.HostManager):
                  host_ownership: bool | None = None) -> None:
         global _current
         self._cache = cache
+        self._cache_lock = threading.Lock()
         conf = _our_conf()
         if vector_decisions is None:
             vector_decisions = conf.vector_decisions if conf is not None else True
@@ -641,17 +651,27 @@ class SharedHostManager(nova_host_manager.HostManager):
         self._steps = decision_log.StepLog(self)
         super().__init__()
         _current = self
+        _managers.add(self)
 
     # -- the cache ---------------------------------------------------------------
     @property
     def cache(self) -> Any:
+        """The host-state cache, built on first use: once, even when nova's RPC threads (a
+        burst of ``sync_instance_info`` casts) all use it first at once."""
         if self._cache is None:
-            if _cache_provider is None:
-                raise RuntimeError(
-                    "SharedHostManager has no host-state cache: call "
-                    "shared_host_manager.nova.host_manager.set_cache_provider() first "
-                    "(nova-scheduler-shared does)")
-            self._cache = _cache_provider()
+            with self._cache_lock:
+                if self._cache is None:
+                    if _cache_provider is None:
+                        raise RuntimeError(
+                            "SharedHostManager has no host-state cache: call "
+                            "shared_host_manager.nova.host_manager.set_cache_provider() first "
+                            "(nova-scheduler-shared does)")
+                    self._cache = _cache_provider()
+        return self._cache
+
+    @property
+    def built_cache(self) -> Any:
+        """The cache if it was built (None: not used yet); builds nothing."""
         return self._cache
 
     # -- nova's start-up hooks: no database ------------------------------------------

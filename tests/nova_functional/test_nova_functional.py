@@ -25,7 +25,6 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -35,27 +34,13 @@ import pytest
 pytest.importorskip("nova.scheduler")
 pytest.importorskip("placement")
 
+from nova_paste import paste_config as _paste_config  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 TOP = HERE.parent.parent
 SKIP = os.environ.get("SHM_SKIP_NOVA_FUNCTIONAL") == "1"
 
 pytestmark = pytest.mark.skipif(SKIP, reason="SHM_SKIP_NOVA_FUNCTIONAL=1")
-
-
-def _paste_config() -> None:
-    """nova's ConfFixture reads ``$state_path/etc/nova/api-paste.ini`` with state_path =
-    site-packages; pip puts nova's etc/ under the environment's prefix."""
-    site = Path(sysconfig.get_paths()["purelib"])
-    target = site / "etc"
-    if (target / "nova" / "api-paste.ini").exists():
-        return
-    source = Path(sys.prefix) / "etc"
-    if not (source / "nova" / "api-paste.ini").exists():
-        pytest.fail(f"nova's api-paste.ini is in neither {target}/nova nor {source}/nova")
-    if target.is_symlink() or not target.exists():
-        if target.is_symlink():
-            target.unlink()
-        target.symlink_to(source, target_is_directory=True)
 
 
 #: seconds a worker may go without reporting a test before it is taken for hung (the longest
