@@ -32,7 +32,6 @@ import os
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -41,16 +40,14 @@ from oslo_log import log as logging
 
 from transport import metrics as transport_metrics
 from transport.startup import (
-    EX_CONFIG,
     OperatorError,
-    check_broker,
+    broker_start_timeout_opt,
     check_conf_values,
-    kombu_urls_of,
+    report_error,
 )
+from transport.startup import check_brokers as _check_brokers
 
 LOG = logging.getLogger(__name__)
-
-EX_SOFTWARE = 1
 
 common_opts: list[cfg.Opt] = [
     cfg.StrOpt("concurrency_backend", default="threading", choices=["threading", "eventlet"],
@@ -60,13 +57,7 @@ How this process runs concurrent work. 'threading' (default): native threads.
 deployments that still run eventlet; deprecated upstream and never imported
 unless chosen here.
 """),
-    cfg.FloatOpt("broker_start_timeout", default=10.0, min=0.0, help="""
-Seconds a starting ``shm reporter`` or ``shm scheduler`` keeps trying to log
-in to the broker ([data_plane] stream_url, [control_plane] transport_url)
-before it gives up with exit code 69 (a supervisor restarts it later). A
-refused login (wrong user or password, unknown virtual host) fails at once
-with exit code 78. Once started, a process rides out broker outages.
-"""),
+    broker_start_timeout_opt,
     cfg.FloatOpt("stop_timeout", default=10.0, min=1.0, help="""
 Seconds a process may take to stop cleanly after SIGTERM (last publish,
 last snapshot); past them it exits anyway with code 1. A second SIGTERM or
@@ -100,39 +91,8 @@ def setup(argv: list[str], prog: str, register: Callable[[cfg.ConfigOpts], None]
 # -- errors ---------------------------------------------------------------------------------
 
 
-def describe_error(exc: BaseException) -> tuple[str, int]:
-    """(one line for the operator, exit code) for an exception that ended a command."""
-    if isinstance(exc, OperatorError):
-        return str(exc), exc.exit_code
-    if isinstance(exc, cfg.ConfigFilesNotFoundError):
-        files = ", ".join(exc.config_files)
-        return f"configuration file not found or not readable: {files}; check --config-file", EX_CONFIG
-    if isinstance(exc, cfg.ConfigDirNotFoundError):
-        return f"configuration directory not found: {exc.config_dir}; check --config-dir", EX_CONFIG
-    if isinstance(exc, cfg.ConfigFileParseError):
-        return (f"cannot parse {exc.config_file}: {exc.msg} (sections are [name] lines, options "
-                "'name = value' lines, comments lines starting with #)"), EX_CONFIG
-    if isinstance(exc, cfg.RequiredOptError):
-        group = getattr(exc.group, "name", exc.group) or "DEFAULT"
-        return f"[{group}] {exc.opt_name} is required: set it in the configuration file", EX_CONFIG
-    if isinstance(exc, cfg.Error):
-        return " ".join(str(exc).split()), EX_CONFIG
-    if isinstance(exc, OSError) and exc.filename:
-        return f"{exc.filename}: {exc.strerror or exc}", EX_CONFIG
-    return (f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "
-            "(run with --debug for the traceback)"), EX_SOFTWARE
-
-
 def _wants_debug(argv: list[str]) -> bool:
     return "--debug" in argv or "-d" in argv
-
-
-def report_error(prog: str, exc: BaseException, debug: bool) -> int:
-    message, code = describe_error(exc)
-    if debug:
-        traceback.print_exception(exc)
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
-    return code
 
 
 # -- running a service ------------------------------------------------------------------------
@@ -142,18 +102,7 @@ T = TypeVar("T")
 
 def check_brokers(conf: cfg.ConfigOpts, cancel: threading.Event) -> bool:
     """Log in to the broker(s) this configuration names; False if cancelled meanwhile."""
-    wait = conf.broker_start_timeout
-    dp, cp = conf.data_plane, conf.control_plane
-    if dp.backend == "rabbit" and dp.stream_url:
-        if not check_broker(dp.stream_url, "[data_plane] stream_url",
-                            connect_timeout=dp.connect_timeout, wait=wait, cancel=cancel):
-            return False
-    if cp.backend == "oslo" and cp.transport_url:
-        for url in kombu_urls_of(cp.transport_url)[:1]:
-            if not check_broker(url, "[control_plane] transport_url",
-                                connect_timeout=dp.connect_timeout, wait=wait, cancel=cancel):
-                return False
-    return True
+    return _check_brokers(conf, conf.broker_start_timeout, cancel)
 
 
 def start_metrics(serve: Callable[[], T]) -> T:

@@ -183,10 +183,7 @@ def build_control_plane(conf: cfg.ConfigOpts,
     cp = conf.control_plane
     if cp.backend == "inprocess":
         return bus if bus is not None else build_inprocess_bus(conf)
-    if not cp.transport_url and not _default_transport_url(conf):
-        # oslo.messaging would silently use rabbit://guest:guest@localhost
-        raise OperatorError("[control_plane] transport_url is required with backend = oslo: set "
-                            "the broker's URL, e.g. rabbit://USER:PASSWORD@HOST:5672/")
+    _require_transport_url(conf)
     from transport.oslo_rpc import OsloRpcControlPlane
 
     return OsloRpcControlPlane(
@@ -194,6 +191,23 @@ def build_control_plane(conf: cfg.ConfigOpts,
         pool_size=cp.executor_thread_pool_size,
         cast_retry=None if cp.cast_retry < 0 else cp.cast_retry,
     )
+
+
+def check_urls(conf: cfg.ConfigOpts) -> None:
+    """The OperatorError :func:`from_conf` raises for a missing broker URL, without building
+    a plane (nova-scheduler-shared checks before nova forks its workers, which build them)."""
+    opts.register_opts(conf)
+    if conf.data_plane.backend == "rabbit":
+        stream_settings(conf)
+    if conf.control_plane.backend == "oslo":
+        _require_transport_url(conf)
+
+
+def _require_transport_url(conf: cfg.ConfigOpts) -> None:
+    if not conf.control_plane.transport_url and not _default_transport_url(conf):
+        # oslo.messaging would silently use rabbit://guest:guest@localhost
+        raise OperatorError("[control_plane] transport_url is required with backend = oslo: set "
+                            "the broker's URL, e.g. rabbit://USER:PASSWORD@HOST:5672/")
 
 
 def _default_transport_url(conf: cfg.ConfigOpts) -> str | None:

@@ -9,8 +9,13 @@ message and exits with its ``exit_code`` (a traceback only with ``--debug``).
 
 Exit codes (sysexits.h, so a systemd unit can tell them apart)::
 
-    78 EX_CONFIG       configuration or local state: fix a file, do not restart
+    78 EX_CONFIG       configuration or local state, a login the broker refuses:
+                       fix a file, do not restart
     69 EX_UNAVAILABLE  the broker could not be reached in time: restart later
+     1                 anything unexpected
+
+The ``shm`` services (``shm_cli.common``) and nova's (``shared_host_manager.nova.cmd``)
+end alike: :func:`report_error` prints the line and gives the code.
 
 Nothing here holds state; each check runs once, at start.
 """
@@ -20,9 +25,11 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
+import traceback
 from urllib.parse import unquote, urlsplit
 
 import amqp.exceptions
@@ -31,16 +38,33 @@ from oslo_config import cfg
 
 __all__ = [
     "EX_CONFIG",
+    "EX_SOFTWARE",
     "EX_UNAVAILABLE",
     "OperatorError",
+    "broker_start_timeout_opt",
     "check_broker",
+    "check_brokers",
     "check_conf_values",
     "check_state_dir",
+    "describe_error",
     "kombu_urls_of",
+    "report_error",
 ]
 
+EX_SOFTWARE = 1
 EX_UNAVAILABLE = 69
 EX_CONFIG = 78
+
+#: [DEFAULT] of every service's own configuration (``shm`` services, and the stream
+#: configuration of nova's): how long the broker check at start waits for the broker
+broker_start_timeout_opt = cfg.FloatOpt("broker_start_timeout", default=10.0, min=0.0, help="""
+Seconds a starting service (shm reporter, shm scheduler,
+nova-scheduler-shared, nova-compute-shared) keeps trying to log in to the
+broker ([data_plane] stream_url, [control_plane] transport_url) before it
+gives up with exit code 69 (a supervisor restarts it later). A refused
+login (wrong user or password, unknown virtual host) fails at once with
+exit code 78. Once started, a process rides out broker outages.
+""")
 
 #: whitespace then '#': the start of an inline comment, which oslo.config keeps in the value
 _INLINE_COMMENT = re.compile(r"\s#")
@@ -69,16 +93,18 @@ def _where(conf: cfg.ConfigOpts, name: str, group: str | None) -> str:
     return f" (in {detail})" if detail and os.sep in str(detail) else ""
 
 
-def check_conf_values(conf: cfg.ConfigOpts) -> None:
+def check_conf_values(conf: cfg.ConfigOpts, groups: list[str] | None = None) -> None:
     """Read every registered option once: a value that does not convert, or a string value
     holding an inline comment, is an :class:`OperatorError` naming the option and the file.
+    ``groups``: only these groups' options (nova's own configuration holds one group of ours,
+    and its other options are nova's to judge).
 
     oslo.config takes everything after ``=`` as the value, ``#`` included, so
     ``enabled = false  # ...`` fails to convert and, worse, ``name = compute-01  # ...``
     is accepted with the comment in the name.  We refuse both (comments belong on a line
     of their own) rather than guess where a value ends.
     """
-    for key in list(conf):
+    for key in list(conf) if groups is None else groups:
         value = _read(conf, None, key)
         if isinstance(value, cfg.ConfigOpts.GroupAttr):
             for name in list(value):
@@ -195,3 +221,57 @@ def check_broker(url: str, option: str, *, connect_timeout: float = 5.0, wait: f
             return False
         if cancel is None:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def check_brokers(conf: cfg.ConfigOpts, wait: float, cancel: threading.Event | None = None
+                  ) -> bool:
+    """Log in to the broker(s) a stream configuration names ([data_plane] stream_url with
+    backend = rabbit, the first host of [control_plane] transport_url with backend = oslo);
+    False if ``cancel`` was set meanwhile."""
+    dp, cp = conf.data_plane, conf.control_plane
+    if dp.backend == "rabbit" and dp.stream_url:
+        if not check_broker(dp.stream_url, "[data_plane] stream_url",
+                            connect_timeout=dp.connect_timeout, wait=wait, cancel=cancel):
+            return False
+    if cp.backend == "oslo" and cp.transport_url:
+        for url in kombu_urls_of(cp.transport_url)[:1]:
+            if not check_broker(url, "[control_plane] transport_url",
+                                connect_timeout=dp.connect_timeout, wait=wait, cancel=cancel):
+                return False
+    return True
+
+
+# -- the one line -----------------------------------------------------------------------------------
+
+
+def describe_error(exc: BaseException) -> tuple[str, int]:
+    """(one line for the operator, exit code) for an exception that ended a command."""
+    if isinstance(exc, OperatorError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, cfg.ConfigFilesNotFoundError):
+        files = ", ".join(exc.config_files)
+        return f"configuration file not found or not readable: {files}; check --config-file", EX_CONFIG
+    if isinstance(exc, cfg.ConfigDirNotFoundError):
+        return f"configuration directory not found: {exc.config_dir}; check --config-dir", EX_CONFIG
+    if isinstance(exc, cfg.ConfigFileParseError):
+        return (f"cannot parse {exc.config_file}: {exc.msg} (sections are [name] lines, options "
+                "'name = value' lines, comments lines starting with #)"), EX_CONFIG
+    if isinstance(exc, cfg.RequiredOptError):
+        group = getattr(exc.group, "name", exc.group) or "DEFAULT"
+        return f"[{group}] {exc.opt_name} is required: set it in the configuration file", EX_CONFIG
+    if isinstance(exc, cfg.Error):
+        return " ".join(str(exc).split()), EX_CONFIG
+    if isinstance(exc, OSError) and exc.filename:
+        return f"{exc.filename}: {exc.strerror or exc}", EX_CONFIG
+    return (f"unexpected {type(exc).__name__}: {' '.join(str(exc).split())} "
+            "(run with --debug for the traceback)"), EX_SOFTWARE
+
+
+def report_error(prog: str, exc: BaseException, debug: bool) -> int:
+    """Print ``<prog>: error: <what, and what to do>`` on stderr (the traceback first with
+    ``debug``); returns the exit code."""
+    message, code = describe_error(exc)
+    if debug:
+        traceback.print_exception(exc)
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    return code

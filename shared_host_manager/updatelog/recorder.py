@@ -535,14 +535,23 @@ def _spec_summary(spec: RequestSpec) -> dict[str, Any]:
 # configuration and the simulator's hook
 
 
-def from_conf(conf: cfg.ConfigOpts) -> Recorder | None:
-    """A detached recorder if ``[update_log] enabled``, else None (see conf/updatelog.py)."""
+def check_conf(conf: cfg.ConfigOpts) -> None:
+    """What :func:`from_conf` refuses (OperatorError), without opening a log: a process that
+    forks its workers checks this before the fork."""
     group = conf.update_log
     if not group.enabled:
-        return None
+        return
     if not group.directory:
         raise OperatorError("[update_log] enabled = true needs [update_log] directory")
     check_state_dir(group.directory, "[update_log] directory")
+
+
+def from_conf(conf: cfg.ConfigOpts) -> Recorder | None:
+    """A detached recorder if ``[update_log] enabled``, else None (see conf/updatelog.py)."""
+    check_conf(conf)
+    group = conf.update_log
+    if not group.enabled:
+        return None
     return Recorder(group.directory, max_file_bytes=group.max_file_bytes,
                     checkpoint_interval=group.checkpoint_interval,
                     max_total_bytes=group.max_total_bytes or None,
