@@ -14,7 +14,7 @@ nova-scheduler-shared::
     SchedulerManager.pre_start_hook  += start the host-state cache service and its
                                         [metrics] endpoint (port 9468)
     SchedulerManager.graceful_shutdown += stop it (last snapshot to state_dir)
-    nova.cmd.scheduler.main()
+    nova.cmd.scheduler.main(), checked right after it parses nova.conf (see below)
 
 The cache service (:class:`~shared_host_manager.service.SchedulerService`) is
 built and started in ``pre_start_hook``, i.e. in each worker process after
@@ -33,12 +33,43 @@ nova-compute-shared::
                                      start a ReporterService serving this host's nodes
                                      and its [metrics] endpoint (port 9467)
     ComputeManager.graceful_shutdown += stop it (last changes flushed)
-    nova.cmd.compute.main()
+    nova.cmd.compute.main(), checked right after it parses nova.conf (see below)
 
 nova-api and nova-conductor (:func:`install_api`, called in each process)::
 
     Service.create/save/destroy, ComputeNode.create/destroy, Aggregate changes
         -> the API-side source (shared_host_manager.nova.api_source) on the stream
+
+Errors at start
+---------------
+nova-scheduler-shared and nova-compute-shared end like the ``shm`` services
+(``transport.startup``): an operator's mistake prints one line on stderr,
+``<prog>: error: <what, and what to do>``, no traceback (``--debug`` adds it),
+and exits 78 (configuration or state, a login the broker refuses) or 69 (the
+broker unreachable for ``[DEFAULT] broker_start_timeout`` of the stream
+configuration); systemd units restart on 69, not on 78.
+
+What can fail is checked in the parent, once, before nova builds its service
+(:func:`run_checked` wraps nova's ``config.parse_args``): our options in
+nova.conf, every value of the stream configuration, the required broker URLs,
+signing keys, the update log, the state directory (the scheduler's with one
+worker, the compute's epochs file) and a login to the stream's broker(s),
+bounded by ``broker_start_timeout``.  Not in the worker, because nova's
+scheduler always runs its service in workers forked by oslo.service's
+process manager (cotyledon, also for ``workers = 1``), which forks a worker
+again whenever one exits, at most about once a second, and never exits
+itself: a check that fails in every worker is a respawn loop whose parent
+keeps running (and a wrong broker password, found only by the service's
+reconnecting consumer, is never fatal at all).  In the parent it runs before
+any fork, so the process exits with the check's code; and nova-compute,
+which does not fork, would otherwise first wait for a conductor in
+``Service.create``.  The check builds nothing (no connection or thread is
+inherited across the fork): the service is still built in each worker.
+
+What still fails in a worker (a state directory made unwritable since the
+check) ends that worker with its code, and the parent's process manager,
+told by a dead-worker hook, stops the other workers and exits with that
+code instead of forking another.
 
 Deployment (all)
 ----------------
@@ -74,6 +105,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -111,8 +143,11 @@ def _stream_conf(register: Any) -> Any:
             files.append(f)
         else:
             LOG.warning("[shared_host_manager] config_files: %s does not exist; using defaults", f)
+    from transport.startup import broker_start_timeout_opt
+
     conf = cfg.ConfigOpts()
     register(conf)
+    conf.register_opt(broker_start_timeout_opt)  # [DEFAULT], as in the shm services' files
     args: list[str] = []
     for f in files:
         args += ["--config-file", f]
@@ -123,28 +158,150 @@ def _stream_conf(register: Any) -> Any:
     return conf
 
 
+# -- errors at start (see the module docstring) --------------------------------------------
+
+_fatal_exit: int | None = None  # a worker's exit code that ends the parent with it
+
+
+def _check_before_start(register: Any, local: Any) -> None:
+    """The checks of every service: our options in nova.conf and the stream configuration
+    (values, required URLs, signing keys, update log), ``local(conf)`` (state on disk), then
+    a login to the broker(s), for up to ``[DEFAULT] broker_start_timeout`` seconds."""
+    from shared_host_manager.updatelog import recorder
+    from transport import factory, signing_opts
+    from transport.startup import check_brokers, check_conf_values
+
+    check_conf_values(_register_nova_opts(), ["shared_host_manager"])
+    conf = _stream_conf(register)
+    factory.check_urls(conf)
+    signing_opts.keyring_from_conf(conf)
+    recorder.check_conf(conf)
+    local(conf)
+    check_brokers(conf, conf.broker_start_timeout)
+
+
+def run_checked(prog: str, nova_main: Any, check: Any) -> int:
+    """Run nova's ``main()`` with ``check()`` right after it parsed nova.conf, before it
+    builds its service (nova-compute's first waits for a conductor) and forks workers;
+    a mistake found there, or anywhere before nova serves, ends the process with one line
+    (``<prog>: error: ...``) and its exit code (transport.startup). Returns the exit code."""
+    from nova import config
+
+    from transport.startup import report_error
+
+    parse_args = config.parse_args
+
+    def parse_args_then_check(argv: Any, *args: Any, **kwargs: Any) -> Any:
+        result = parse_args(argv, *args, **kwargs)
+        check()
+        return result
+
+    config.parse_args = parse_args_then_check
+    try:
+        nova_main()
+    except SystemExit:
+        if _fatal_exit is not None:  # the launcher's own exit after a worker's fatal one
+            return _fatal_exit
+        raise
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        return report_error(prog, exc, "--debug" in sys.argv or "-d" in sys.argv)
+    finally:
+        config.parse_args = parse_args
+    return _fatal_exit or 0
+
+
+def _end_worker(prog: str, exc: Any) -> None:
+    """A forked worker's operator error: one line, and the error's exit code, which the
+    parent (``_on_dead_worker``) takes as its own instead of forking the worker again."""
+    print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001, S110 -- exiting anyway
+            pass
+    os._exit(exc.exit_code)  # the worker's own service never started: nothing to stop
+
+
+def _stop_on_a_fatal_worker() -> None:
+    """Have oslo.service's process manager (cotyledon) call ``_on_dead_worker`` when a
+    worker exits, in the parent."""
+    import cotyledon
+
+    cls = cotyledon.ServiceManager
+    if getattr(cls, "_shm_installed", False):
+        return
+    original_run = cls.run
+
+    def run(self: Any) -> None:
+        self.register_hooks(on_dead_worker=_on_dead_worker)
+        original_run(self)
+
+    cls.run = run
+    cls._shm_installed = True
+
+
+def _on_dead_worker(service_id: Any, worker_id: Any, exit_code: int) -> None:
+    global _fatal_exit
+    from transport.startup import EX_CONFIG, EX_UNAVAILABLE
+
+    if exit_code not in (EX_CONFIG, EX_UNAVAILABLE) or _fatal_exit is not None:
+        return
+    _fatal_exit = exit_code
+    LOG.error("a worker exited with code %d (its one line is on stderr); stopping", exit_code)
+    os.kill(os.getpid(), signal.SIGTERM)
+    # cotyledon runs this hook in its supervisor thread, which forks the replacement right
+    # after it unless the shutdown has begun: the signal wakes the main thread at once, and
+    # its shutdown stops the supervisor before the replacement
+    time.sleep(1.0)
+
+
 # -- scheduler -----------------------------------------------------------------------------
+
+SCHEDULER_PROG = "nova-scheduler-shared"
+
+
+def _register_scheduler(conf: Any) -> None:
+    """The stream configuration's options of a scheduler."""
+    from shared_host_manager import service as scheduler_service
+    from shared_host_manager.conf import updatelog as updatelog_conf
+    from transport import metrics as transport_metrics
+
+    updatelog_conf.register_opts(conf)
+    scheduler_service.register_service_opts(conf)
+    transport_metrics.register_opts(conf, transport_metrics.DEFAULT_PORTS["nova-scheduler"])
+
+
+def _scheduler_workers() -> int | None:
+    import nova.conf
+
+    workers: int | None = nova.conf.CONF.scheduler.workers
+    return workers
+
+
+def check_scheduler() -> None:
+    """What can stop a scheduler, checked before nova builds its service (see "Errors at
+    start" in the module docstring); OperatorError."""
+    def local(conf: Any) -> None:
+        from transport.startup import check_state_dir
+
+        if _scheduler_workers() == 1 and conf.cache.state_dir:  # else unused (scheduler_service)
+            check_state_dir(conf.cache.state_dir, "[cache] state_dir")
+
+    _check_before_start(_register_scheduler, local)
+
 
 def scheduler_service() -> Any:
     """This process's host-state cache service, built on first call (in the worker)."""
     global _service
     with _lock:
         if _service is None:
-            import nova.conf
-
             from shared_host_manager import service as scheduler_service
-            from shared_host_manager.conf import updatelog as updatelog_conf
             from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
-            from transport import metrics as transport_metrics
 
-            def register(conf: Any) -> None:
-                updatelog_conf.register_opts(conf)
-                scheduler_service.register_service_opts(conf)
-                transport_metrics.register_opts(conf, transport_metrics.DEFAULT_PORTS["nova-scheduler"])
-
-            conf = _stream_conf(register)
-            workers = nova.conf.CONF.scheduler.workers
-            if workers != 1:
+            conf = _stream_conf(_register_scheduler)
+            if _scheduler_workers() != 1:
                 conf.set_override("name", f"{conf.cache.name}-{os.getpid()}", group="cache")
                 conf.set_override("state_dir", None, group="cache")
                 conf.set_override("bind_port", 0, group="metrics")  # one endpoint per worker
@@ -220,7 +377,12 @@ def install_scheduler() -> None:
         original_shutdown = cls.graceful_shutdown
 
         def pre_start_hook(self: Any, service_ref: Any) -> Any:
-            _start_scheduler_service()
+            from transport.startup import OperatorError
+
+            try:
+                _start_scheduler_service()
+            except OperatorError as exc:  # checked before the fork; this is a later change
+                _end_worker(SCHEDULER_PROG, exc)
             return original_pre_start(self, service_ref)
 
         def graceful_shutdown(self: Any, timeout: Any) -> Any:
@@ -243,13 +405,38 @@ def main() -> None:
     install_scheduler()
     from nova.cmd import scheduler as nova_scheduler
 
-    nova_scheduler.main()
+    _stop_on_a_fatal_worker()
+    sys.exit(run_checked(SCHEDULER_PROG, nova_scheduler.main, check_scheduler))
 
 
 # -- compute ----------------------------------------------------------------------------------
 
+COMPUTE_PROG = "nova-compute-shared"
+
 _reporter: Any = None
 _hook: Any = None
+
+
+def _register_compute(conf: Any) -> None:
+    """The stream configuration's options of a compute node's reporter."""
+    from compute_reporter import service as reporter_service
+    from shared_host_manager.conf import updatelog as updatelog_conf
+    from transport import metrics as transport_metrics
+
+    updatelog_conf.register_opts(conf)
+    reporter_service.register_service_opts(conf)
+    transport_metrics.register_opts(conf, transport_metrics.DEFAULT_PORTS["nova-compute"])
+
+
+def check_compute() -> None:
+    """What can stop nova-compute-shared's reporter, checked before nova builds its service
+    (which first waits for the conductor); OperatorError."""
+    def local(conf: Any) -> None:
+        from compute_reporter.epochs import EpochStore
+
+        EpochStore(conf.reporter.state_dir)  # writable, and its epochs file readable
+
+    _check_before_start(_register_compute, local)
 
 
 def reporter_service() -> Any:
@@ -283,16 +470,9 @@ def install_compute() -> Any:
         result = original_pre_start(self, service_ref)  # the first update_available_resource
         from compute_reporter import metrics
         from compute_reporter import service as reporter_service
-        from shared_host_manager.conf import updatelog as updatelog_conf
         from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
-        from transport import metrics as transport_metrics
 
-        def register(conf: Any) -> None:
-            updatelog_conf.register_opts(conf)
-            reporter_service.register_service_opts(conf)
-            transport_metrics.register_opts(conf, transport_metrics.DEFAULT_PORTS["nova-compute"])
-
-        ours = _stream_conf(register)
+        ours = _stream_conf(_register_compute)
         _reporter = reporter_service.service_from_conf(ours, compute_hook.NovaTracker(hook),
                                                        recorder=recorder_from_conf(ours))
         _reporter.start()
@@ -356,7 +536,7 @@ def compute_main() -> None:
     install_compute()
     from nova.cmd import compute as nova_compute
 
-    nova_compute.main()
+    sys.exit(run_checked(COMPUTE_PROG, nova_compute.main, check_compute))
 
 
 if __name__ == "__main__":
