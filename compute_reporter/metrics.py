@@ -60,6 +60,8 @@ class ReporterCollector:
         info.add_metric([], {"role": self.role, "name": s.name, "version": VERSION})
         yield info
         yield _gauge("shm_reporter_sources", "Sources (hosts) this reporter serves.", f["sources"])
+        yield _gauge("shm_reporter_ring_deltas", "Deltas kept to answer resyncs, all hosts (at "
+                     "most hosts x min(ring_size, 256)).", f["ring_deltas"])
         yield _counter("shm_reporter_changes", "Changes the tracker reported (before coalescing).",
                        manager.get("changes", 0))
         yield _counter("shm_reporter_deltas_published", "Deltas published (after coalescing).",
@@ -89,6 +91,8 @@ class ReporterCollector:
         yield _counter("shm_reporter_casts", "Control messages cast to schedulers (claim results, "
                        "resync answers).", service.get("casts", 0))
         yield _counter("shm_reporter_cast_failures", "Casts that failed.", service.get("cast_errors", 0))
+        yield _counter("shm_reporter_fences", "Fences fanned out to the schedulers (an API-side "
+                       "change an API call waited for).", service.get("fences", 0))
         invalid = CounterMetricFamily("shm_invalid_messages", "Invalid messages dropped, by reason.",
                                       labels=["reason"])
         for reason, n in sorted(f["invalid"].items()):

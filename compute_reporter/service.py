@@ -41,7 +41,7 @@ from compute_reporter.manager import ReporterManager, ReporterParams
 from compute_reporter.tracker import ResourceTracker
 from protocol.codec import Decoder, Encoder
 from protocol.document import Op
-from protocol.messages import Batch, ClaimResult, Message, ResyncAnswer, Send
+from protocol.messages import Batch, ClaimResult, Fence, Message, ResyncAnswer, Send
 from transport import factory, signing_opts
 from transport import opts as transport_opts
 from transport.base import (
@@ -110,10 +110,11 @@ class _Sink:
 class _Waiter:
     """One caller of :meth:`ReporterService.publish_now`."""
 
-    __slots__ = ("done", "ok")
+    __slots__ = ("done", "fence", "ok")
 
-    def __init__(self) -> None:
+    def __init__(self, fence: bool = False) -> None:
         self.done = threading.Event()
+        self.fence = fence
         self.ok = False
 
 
@@ -171,7 +172,7 @@ class ReporterService:
         #: records what is handled, published and cast; closed by stop()
         self.recorder: ReporterObserver | None = recorder
         self.stats = {"published": 0, "publish_errors": 0, "publish_unconfirmed": 0, "casts": 0,
-                      "cast_errors": 0, "invalid": 0}
+                      "cast_errors": 0, "invalid": 0, "fences": 0}
         #: invalid control messages dropped, by reason (protocol.errors reasons)
         self.invalid: Counter[str] = Counter()
         self.started_at: float | None = None
@@ -254,14 +255,17 @@ class ReporterService:
         if self._running:
             self._send(*self.manager.flush_all(self.clock()))
 
-    def publish_now(self, timeout: float) -> bool:
+    def publish_now(self, timeout: float, *, fence: bool = False) -> bool:
         """Publish every pending change at once, without waiting out the coalesce window,
         and wait until the loop thread has handed it to the stream publisher (which waits for
-        the broker's confirm where the backend has one).  True if that happened within
-        ``timeout`` seconds; False if not (the change is still published as soon as it can
-        be).  A caller that must know its change is on the stream before it goes on (an API
-        call that forces a service down) uses it; the loop stays the only sender."""
-        waiter = _Waiter()
+        the broker's confirm where the backend has one).  True if every batch was confirmed
+        within ``timeout`` seconds; False if not (the change is still published as soon as it
+        can be).  A caller that must know its change is on the stream before it goes on (an
+        API call that forces a service down) uses it; the loop stays the only sender.
+
+        ``fence``: then also fan a :class:`~protocol.messages.Fence` of each source's version
+        out to every scheduler, so that none decides before it holds the change."""
+        waiter = _Waiter(fence)
         with self._wake:
             if not self._running:
                 return False
@@ -295,14 +299,16 @@ class ReporterService:
         while self._running:
             with self._wake:
                 waiters, self._flush_waiters = self._flush_waiters, []
-            errors = self.stats["publish_errors"]
+            published = self.stats["published"]
             ok = False
             try:
                 now = self.clock()
                 batches, control = (self.manager.flush_all(now) if waiters
                                     else self.manager.poll(now))
                 self._send(batches, control)
-                ok = self.stats["publish_errors"] == errors
+                ok = self.stats["published"] - published == len(batches)
+                if ok and any(waiter.fence for waiter in waiters):
+                    self._fence()
             except Exception:  # the loop must outlive any single failure
                 LOG.exception("reporter loop iteration failed")
             for waiter in waiters:
@@ -314,6 +320,16 @@ class ReporterService:
                 if not self._woken and timeout > 0:
                     self._wake.wait(timeout)
                 self._woken = False
+
+    def _fence(self) -> None:
+        """Every source's published version, fanned out to the schedulers (see publish_now)."""
+        for source, (epoch, seq, _) in self.manager.versions().items():
+            try:
+                self._scheduler_api.fence(Fence(source, epoch, seq))
+                self.stats["fences"] += 1
+            except Exception as exc:
+                self.stats["cast_errors"] += 1
+                LOG.warning("fence of %s not sent: %s", source, exc)
 
     def _send(self, batches: list[Batch], control: list[Send]) -> None:
         recorder = self.recorder

@@ -35,6 +35,7 @@ from protocol.messages import (
     Claim,
     ClaimResult,
     Delta,
+    Fence,
     Heartbeat,
     Message,
     ResyncAnswer,
@@ -68,6 +69,8 @@ def _item_map(msg: Message) -> dict[str, Any]:
         return m
     if isinstance(msg, Heartbeat):
         return {"t": "heartbeat", "s": msg.source, "e": msg.epoch, "q": msg.seq, "g": msg.digest}
+    if isinstance(msg, Fence):
+        return {"t": "fence", "s": msg.source, "e": msg.epoch, "q": msg.seq}
     if isinstance(msg, Snapshot):
         return {"t": "snapshot", "s": msg.source, "e": msg.epoch, "q": msg.seq, "d": msg.doc,
                 "c": msg.claims}
@@ -276,6 +279,7 @@ class Decoder:
             "claim_result": self._claim_result,
             "scarce_request": self._scarce_request,
             "scarce_answer": self._scarce_answer,
+            "fence": self._fence,
         }
 
     # -- entry point -------------------------------------------------------
@@ -365,6 +369,11 @@ class Decoder:
         if len(digest) != DIGEST_LEN:
             raise errors.ValueRangeError(f"heartbeat: digest of {len(digest)} bytes, expected 16")
         return Heartbeat(source, epoch, seq, digest)
+
+    def _fence(self, m: dict) -> Fence:
+        source = self._source(m, "fence")
+        epoch, seq = _version(m, "fence")
+        return Fence(source, epoch, seq)
 
     def _snapshot(self, m: dict) -> Snapshot:
         source = self._source(m, "snapshot")

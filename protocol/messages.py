@@ -15,6 +15,9 @@ Control plane (point to point):
 * :class:`Claim` – scheduler -> source, with the build request.
 * :class:`ClaimResult` – source -> scheduler: accepted, or rejected with a
   reason and a correction (what the scheduler had not seen).
+* :class:`Fence` – source -> every scheduler: "my change at (epoch, seq) is on
+  the stream; decide only once you hold it" (a service forced down by an API
+  call that has returned must not receive the next build).
 
 Versions: ``epoch`` is a totally ordered integer that changes when a source may
 have lost its past; ``seq`` starts at 0 in each epoch and grows by one per
@@ -187,9 +190,24 @@ class ScarceAnswer:
     TYPE = "scarce_answer"
 
 
+@final
+@dataclass(slots=True)
+class Fence:
+    """Source -> every scheduler, on the control plane, after the stream confirmed a change the
+    source's caller must see decided on (read-your-writes, design §2): a scheduler holds its
+    next decision until it has applied ``source`` at (epoch, seq) or later, waiting at most
+    ``[cache] fence_timeout``.  Not host state: the receiver never sees it."""
+
+    source: str
+    epoch: int
+    seq: int
+
+    TYPE = "fence"
+
+
 Message = (
     Snapshot | Delta | Heartbeat | Batch | ResyncRequest | ResyncAnswer | Claim | ClaimResult
-    | ScarceRequest | ScarceAnswer
+    | ScarceRequest | ScarceAnswer | Fence
 )
 
 

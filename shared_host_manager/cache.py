@@ -13,6 +13,16 @@ the apply step (bounded: one batch) runs under :attr:`lock`, and a decision
 runs entirely under the same lock, so it sees one consistent version of every
 host and ingest never changes a view while a decision reads it.
 
+Read-your-writes (design §2): a :class:`~protocol.messages.Fence` on the control plane
+says a source's change at (epoch, seq) is on the stream and its sender's caller waits for
+it to count (an API call that forced a service down).  It is held in :attr:`fences` until
+the receiver applies that version; :meth:`await_fences`, called by a decision under the
+lock, waits (the lock released meanwhile, so the stream goes on) until every fence held
+is met or has waited ``fence_timeout``::
+
+    Fence received --ingest_control--> held --applied (epoch, seq) or later--> met
+                                            --fence_timeout passed----------> expired (logged)
+
 Persistence (restart without resyncing everything)::
 
     save(path):  under the lock, every held source's (epoch, seq, document)
@@ -59,6 +69,7 @@ from protocol.messages import (
     Claim,
     ClaimResult,
     Delta,
+    Fence,
     Heartbeat,
     Message,
     ResyncAnswer,
@@ -78,7 +89,7 @@ _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
 #: scheduler to scheduler on the control topic: a scarce request handed to the coordinator
 #: and its answer (design §5.4); not host state, so the receiver never sees them
 _SCARCE_TYPES = (ScarceRequest, ScarceAnswer)
-_CONTROL_TYPES = (ResyncAnswer, ClaimResult, *_SCARCE_TYPES)
+_CONTROL_TYPES = (ResyncAnswer, ClaimResult, Fence, *_SCARCE_TYPES)
 #: on the peer topic: a live peer's claim, announced, or the host's rejection of it, forwarded
 #: by that peer (design §5.2)
 _PEER_TYPES = (Claim, ClaimResult)
@@ -128,9 +139,17 @@ class HostStateCache:
         decoder: Decoder | None = None,
         clock: Callable[[], float] = time.monotonic,
         recorder: CacheObserver | None = None,
+        fence_timeout: float = 1.0,
     ) -> None:
         self.receiver = receiver
         self.lock = threading.RLock()
+        #: notified under the lock whenever something was applied (await_fences waits on it)
+        self._applied = threading.Condition(self.lock)
+        #: source -> (epoch, seq, give up at): the fences not yet met (see the module docstring)
+        self.fences: dict[str, tuple[int, int, float]] = {}
+        self.fence_timeout = fence_timeout
+        #: fences by outcome: "received", "met", "expired"; "waits": decisions that waited
+        self.fence_stats: Counter[str] = Counter()
         #: peers' claims received while the lock was taken (see ingest_control)
         self._peer_inbox: collections.deque[tuple[bytes, Message]] = collections.deque()
         self._send = send
@@ -225,6 +244,10 @@ class HostStateCache:
         if isinstance(msg, _SCARCE_TYPES):
             self.control_received[msg.TYPE] += 1
             return msg
+        if type(msg) is Fence:
+            with self.lock:
+                self._hold_fence(msg)
+            return msg
         with self.lock:
             self.apply_peer_claims()
             now = self.clock()
@@ -288,7 +311,50 @@ class HostStateCache:
             self._notify()
         self._dispatch(sends)
 
+    def _hold_fence(self, fence: Fence) -> None:
+        """Under the lock: hold ``fence`` (the newest per source) unless already met."""
+        self.control_received["fence"] += 1
+        self.fence_stats["received"] += 1
+        if self._fence_met(fence.source, fence.epoch, fence.seq):
+            self.fence_stats["met"] += 1
+            return
+        held = self.fences.get(fence.source)
+        version = (fence.epoch, fence.seq)
+        if held is None or version >= held[:2]:
+            self.fences[fence.source] = (*version, self.clock() + self.fence_timeout)
+
+    def _fence_met(self, source: str, epoch: int, seq: int) -> bool:
+        view = self.receiver.sources.get(source)
+        return (view is not None and view.doc is not None
+                and (view.epoch > epoch or (view.epoch == epoch and view.seq >= seq)))
+
+    def await_fences(self) -> None:
+        """Under the lock (a decision, before it reads the view): return once every fence held
+        is met or has waited ``fence_timeout``; the lock is released while waiting."""
+        fences = self.fences
+        waited = False
+        while fences:
+            now = self.clock()
+            for source, (epoch, seq, until) in list(fences.items()):
+                if self._fence_met(source, epoch, seq):
+                    del fences[source]
+                    self.fence_stats["met"] += 1
+                elif now >= until:
+                    del fences[source]
+                    self.fence_stats["expired"] += 1
+                    LOG.warning("deciding without %s at %d:%d: not applied within "
+                                "fence_timeout (%.1f s) of its fence", source, epoch, seq,
+                                self.fence_timeout)
+            if not fences:
+                break
+            if not waited:
+                waited = True
+                self.fence_stats["waits"] += 1
+            self._applied.wait(max(0.001, min(u for _, _, u in fences.values()) - now))
+
     def _notify(self) -> None:
+        if self.fences:
+            self._applied.notify_all()
         for listener in self.ingest_listeners:
             try:
                 listener()

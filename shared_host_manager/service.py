@@ -122,6 +122,7 @@ class SchedulerService:
         recorder: CacheObserver | None = None,
         membership_interval: float | None = None,
         announce_claims: bool = True,
+        fence_timeout: float = 1.0,
         **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
@@ -132,7 +133,7 @@ class SchedulerService:
         self._encoder = encoder or Encoder()
         self.receiver = ReceiverMachine(name, **receiver_params)
         self.cache = HostStateCache(self.receiver, self._send, decoder=decoder, clock=clock,
-                                    recorder=recorder)
+                                    recorder=recorder, fence_timeout=fence_timeout)
         #: optional update log (shared_host_manager.updatelog.recorder.Recorder), closed by stop()
         self.recorder = recorder
         self._state_path = os.path.join(state_dir, f"cache-{name}.msgpack") if state_dir else None
@@ -495,4 +496,5 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         resync_backoff_max=group.resync_backoff_max, down_interval=group.down_interval,
         claim_deadline=group.claim_deadline, recorder=recorder,
         membership_interval=group.membership_interval or None,
-        announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl)
+        announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl,
+        fence_timeout=group.fence_timeout)

@@ -35,6 +35,10 @@ travels in every message, so a receiver can refuse what it does not speak):
   ``[filter_scheduler] hand_to_owner``; the same message either way) and
   scarce_answer (what became of it); a scheduler that predates it drops both as
   unknown, and the one that handed the request over times out.
+* 1.3 – source -> every scheduler, fanned out on the scheduler topic: fence (a change
+  at (epoch, seq) is on the stream; decide only once it is applied), sent by the API-side
+  source after a service change an API call waits for; a scheduler that predates it drops
+  it as unknown and decides as before, within its staleness.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from protocol.codec import Encoder
 from protocol.messages import (
     Claim,
     ClaimResult,
+    Fence,
     ResyncAnswer,
     ResyncRequest,
     ScarceAnswer,
@@ -98,6 +103,11 @@ class SchedulerAPI:
     def forward(self, body: bytes) -> None:
         """Fan a message out as received (a host's signed rejection of one of our claims)."""
         self._client.fanout(self.topic, body)
+
+    def fence(self, fence: Fence) -> None:
+        """Fan ``fence`` out to every scheduler on this topic (a source whose caller waits for
+        its change to be decided on: every scheduler, not only the one that asked)."""
+        self._client.fanout(self.topic, self._encoder.encode(fence))
 
 
 __all__ = ["REPORTER_TOPIC", "SCHEDULER_TOPIC", "ReporterAPI", "SchedulerAPI", "peer_topic"]

@@ -55,6 +55,17 @@ without word from the compute node before it expires and is counted. Accepted
 claims retire as soon as a delta lists them, so this only matters when a claim
 or its answer is lost.
 """),
+    cfg.FloatOpt("fence_timeout", default=1.0, min=0.0,
+                 help="""
+Seconds a decision waits at most for a change a source fenced (an API call
+that disabled, forced down or deleted a compute service returns only once its
+change is on the stream, and fences it: no decision here may then place on
+that service before this scheduler has applied the change). A fence not met in
+time is logged and the decision goes on.
+
+Possible values: 0 (never wait), or seconds; keep it above the stream's
+staleness p99 (shm_staleness_seconds).
+"""),
     cfg.FloatOpt("tick_interval", default=0.05, min=0.001,
                  help="Seconds between timer checks (gaps, resync retries, claim deadlines)."),
     cfg.StrOpt("state_dir",

@@ -38,10 +38,13 @@ Why each step is where it is:
   records' ``updated_at``, so a newer change by another API process still wins
   the schedulers' merge (:class:`.api_source.ApiState`).
 * **Read your writes.** A change made by an API call goes to the stream at once
-  (not after the coalesce window), and the call returns once the broker has it
-  (``[shared_host_manager] api_publish_timeout``); the schedulers apply it
-  within their staleness, well before a build request the caller sends after
-  the call returned has crossed nova-api, the conductor and the scheduler's RPC.
+  (not after the coalesce window); once the broker has it, a fence of the
+  source's new version is fanned out to every scheduler, and then the call
+  returns (``[shared_host_manager] api_publish_timeout``).  A scheduler holds
+  its next decision until it has applied the fenced version (``[cache]
+  fence_timeout``), so a build requested after the call returned never lands
+  on a service the call disabled, forced down or deleted, however far behind
+  the scheduler's stream is.
 """
 
 from __future__ import annotations
@@ -170,7 +173,7 @@ class ApiPublisher:
         reporter.start()
         if self.publish_timeout > 0:
             timeout = self.publish_timeout
-            source.confirm = lambda: reporter.publish_now(timeout)
+            source.confirm = lambda: reporter.publish_now(timeout, fence=True)
         api_source.install(source)
         self.source, self.reporter, self._pid = source, reporter, pid
         LOG.info("API-side source %s publishing (%s, pid %d)", name, self.role, pid)

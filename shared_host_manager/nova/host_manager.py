@@ -720,6 +720,9 @@ class SharedHostManager(nova_host_manager.HostManager):
         cache = self.cache
         logged_spec = self._steps.spec(spec_obj)
         with cache.lock:
+            # a service change an API call has returned from counts in this request (its
+            # fence, design §2); the lock is released while the stream brings it
+            cache.await_fences()
             # the peers' claims that arrived while the lock was taken count in this request
             cache.apply_peer_claims()
             sources = cache.receiver.sources

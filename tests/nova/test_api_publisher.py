@@ -111,6 +111,9 @@ def test_a_change_is_on_the_stream_when_the_call_returns(world):
     # published by the call itself (the reporter's publish_now), not a minute later
     assert not machine.has_pending and pub.reporter.stats["published"] > published
     assert pub.source.unconfirmed == 0
+    # and fenced: every scheduler holds its next decision until it has applied the change
+    assert pub.reporter.stats["fences"] == 1
+    wait_for(lambda: sched.cache.fence_stats["received"] == 1, timeout=5.0, what="the fence")
     wait_for(lambda: "host3" in ((_doc(sched, pub.name) or {}).get(hostdoc.API_SERVICES) or {}),
              timeout=5.0, what="the force-down on the stream")
 

@@ -317,3 +317,46 @@ def test_a_fresh_api_source_is_applied_from_its_first_change(order, change):
     else:
         assert "host1" not in hosts
     assert compute_filter.ComputeFilter().host_passes(hosts["host0"], None)
+
+
+# -- read your writes: a fenced change counts in the next decision ---------------------------
+
+def test_a_decision_after_a_fenced_force_down_never_places_on_the_host():
+    """The API call returned once its force-down was on the stream and fenced; this
+    scheduler's stream is behind (the change arrives 0.3 s later): the next decision waits
+    for it instead of deciding on the old state."""
+    import threading
+    import time
+
+    from protocol.codec import Encoder
+    from protocol.messages import Fence
+
+    nodes, cache, manager = _world()
+    cache.fence_timeout = 10.0
+    api = api_source.ApiStateSource("nova-api-0", role="nova-api")
+    _receive(cache, _snapshot(api, 1, 0))
+    _force_down(api, "host1")
+    assert cache.ingest_control(Encoder().encode(Fence(api.source, 1, 1))) is not None
+
+    late = threading.Timer(0.3, lambda: _receive(cache, _snapshot(api, 1, 1)))
+    late.start()
+    started = time.monotonic()
+    hosts = _hosts(manager)
+    late.join()
+    assert not compute_filter.ComputeFilter().host_passes(hosts["host1"], None)
+    assert time.monotonic() - started >= 0.25  # it waited for the stream
+    assert cache.fence_stats["met"] == 1 and cache.fence_stats["waits"] == 1
+    assert not cache.fences
+
+
+def test_a_fence_the_stream_never_brings_is_given_up_after_its_timeout():
+    from protocol.codec import Encoder
+    from protocol.messages import Fence
+
+    nodes, cache, manager = _world()
+    cache.fence_timeout = 0.05
+    cache.ingest_control(Encoder().encode(Fence("nova-api-9", 1, 3)))
+    assert set(_hosts(manager)) == {"host0", "host1", "host2"}  # decided, not stuck
+    assert cache.fence_stats["expired"] == 1 and not cache.fences
+    cache.ingest_control(Encoder().encode(Fence(nodes[0].uuid, 1, 0)))  # already held
+    assert cache.fence_stats["met"] == 1 and not cache.fences

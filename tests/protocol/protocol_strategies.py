@@ -20,6 +20,7 @@ from protocol.messages import (
     Claim,
     ClaimResult,
     Delta,
+    Fence,
     Heartbeat,
     ResyncAnswer,
     ResyncRequest,
@@ -176,9 +177,11 @@ instance_tables = st.dictionaries(names, st.text(chars, max_size=40), max_size=3
 scarce_answers = st.builds(ScarceAnswer, claim_ids, names, names, instance_tables, instance_tables,
                            st.integers(0, 100), st.integers(0, 100))
 
+fences = st.builds(Fence, names, st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1))
+
 messages = st.one_of(
     snapshots(), deltas(), heartbeats(), batches, resync_requests, resync_answers(), claims,
-    claim_results(), scarce_requests, scarce_answers,
+    claim_results(), scarce_requests, scarce_answers, fences,
 )
 
 

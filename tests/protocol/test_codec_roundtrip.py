@@ -21,6 +21,7 @@ from protocol.messages import (
     Claim,
     ClaimResult,
     Delta,
+    Fence,
     Heartbeat,
     ResyncAnswer,
     ResyncRequest,
@@ -81,6 +82,7 @@ def _examples() -> dict[str, object]:
             "instance_uuids": ["inst-6"]}),
         "scarce_answer": ScarceAnswer("scheduler-2:r-1", SCHED, "scheduler-2", {"inst-6": HOST_A},
                                       {"inst-7": "No valid host was found."}, 2, 1),
+        "fence": Fence("nova-api-0", 1_700_000_000_000_000_000, 12),
     }
 
 
