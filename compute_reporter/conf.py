@@ -26,8 +26,14 @@ published at once regardless.
 Seconds between heartbeats of each host (version and digest, for liveness and
 anti-entropy). Related options: [cache] down_interval should be >= 3x this.
 """),
-    cfg.IntOpt("ring_size", default=512, min=1,
-               help="Recent deltas kept per host to answer resyncs; older gaps get a snapshot."),
+    cfg.IntOpt("ring_size", default=256, min=1,
+               help="""
+Recent deltas kept per host to answer resyncs; older gaps get a
+snapshot. At most 256 are kept (a resync answer carries no more). Their
+memory is bounded by hosts x ring_size x the size of a delta (about 400
+bytes for a delta of two ops); it fills in ring_size changes of each
+host, then stays.
+"""),
     cfg.IntOpt("max_batch_items", default=500, min=1,
                help="Most data items (deltas, heartbeats; a snapshot counts 20) in one stream message."),
     cfg.StrOpt("state_dir",

@@ -51,7 +51,7 @@ class ReporterManager:
         *,
         coalesce_window: float = 0.05,
         heartbeat_interval: float = 10.0,
-        ring_size: int = 512,
+        ring_size: int = 256,
         max_batch_items: int = 500,
     ) -> None:
         self.name = name
@@ -119,6 +119,12 @@ class ReporterManager:
         with self._lock:
             return {source: (m.epoch, m.seq, None if m.has_pending else m.published_digest())
                     for source, m in self.machines.items()}
+
+    def ring_deltas(self) -> int:
+        """Deltas the hosts' rings keep to answer resyncs, summed: grows to hosts x
+        min(ring_size, 256) and stays there (docs/design.md §4.3)."""
+        with self._lock:
+            return sum(m.ring_length for m in self.machines.values())
 
     def machine_stats(self) -> dict[str, int]:
         """The source machines' counters, summed (deltas, heartbeats, claims, resyncs answered)."""

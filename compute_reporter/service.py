@@ -139,7 +139,7 @@ class ReporterService:
         state_dir: str | None = None,
         coalesce_window: float = 0.05,
         heartbeat_interval: float = 10.0,
-        ring_size: int = 512,
+        ring_size: int = 256,
         max_batch_items: int = 500,
         clock: Callable[[], float] = time.monotonic,
         wall_ns: Callable[[], int] = time.time_ns,
@@ -241,6 +241,7 @@ class ReporterService:
             "invalid": dict(self.invalid),
             "manager": dict(manager.stats) if manager is not None else {},
             "machines": manager.machine_stats() if manager is not None else {},
+            "ring_deltas": manager.ring_deltas() if manager is not None else 0,
         }
 
     def stream_stats(self) -> StreamPublisherStats | None:

@@ -99,7 +99,7 @@ class SourceMachine:
         *,
         coalesce_window: float = 0.05,
         heartbeat_interval: float = 10.0,
-        ring_size: int = 512,
+        ring_size: int = 256,
         max_resync_deltas: int = 256,
         claim_memory: int = 4096,
         heartbeat_phase: float = 1.0,
@@ -121,7 +121,10 @@ class SourceMachine:
         self._pending: dict[tuple[str, str | None], Op] = {}
         self._pending_claims: list[str] = []
         self._pending_since: float | None = None
-        self._ring: deque[Delta] = deque(maxlen=ring_size)
+        # A resync answer carries at most max_resync_deltas deltas, so a delta older than
+        # that is never sent again: the ring keeps no more (the reporter's memory bound,
+        # docs/design.md §4.3).
+        self._ring: deque[Delta] = deque(maxlen=min(ring_size, max_resync_deltas))
         self._results: OrderedDict[str, ClaimResult] = OrderedDict()
         self._claim_memory = claim_memory
         #: accepted claims still worth listing in a snapshot (newest last); a restarted
@@ -152,6 +155,11 @@ class SourceMachine:
     def version(self) -> tuple[int, int]:
         """The last *published* version."""
         return self.epoch, self.seq
+
+    @property
+    def ring_length(self) -> int:
+        """Deltas kept to answer resyncs (at most ``min(ring_size, max_resync_deltas)``)."""
+        return len(self._ring)
 
     @property
     def has_pending(self) -> bool:
