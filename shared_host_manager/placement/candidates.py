@@ -1,0 +1,212 @@
+"""Allocation candidates from memory: the body of placement's ``GET /allocation_candidates``.
+
+Role: given a :class:`~.state.ProviderState` and a :class:`~.query.CandidateQuery`,
+return exactly the JSON object placement returns (parsed: lists and dicts),
+or an :class:`~.query.Unanswered` when the state or the query is outside the
+covered set (see :mod:`.query` for the reasons).
+
+What placement does for the covered set -- root providers only, no sharing
+provider, the unsuffixed group alone (``AllocationCandidates._get_by_requests``
+takes ``get_provider_ids_matching`` and ``_alloc_candidates_single_provider``
+then, since no tree and no sharing provider exists) -- and how it is
+reproduced here:
+
+* a provider is a candidate when it has, for every requested class, an
+  inventory with ``min_unit <= amount <= max_unit``, ``amount % step_size == 0``
+  and ``used + amount <= (total - reserved) * allocation_ratio`` (SQL,
+  in doubles: ``_capacity_check_clause``); every required any-of trait set
+  meets its traits, no forbidden trait, every ``member_of`` any-of set meets
+  its aggregates, no forbidden aggregate, ``in_tree``'s root is the
+  provider, and the ``root_required`` traits hold on it (it is its own root);
+* then the merge step's capacity check on the Python side
+  (``RequestWideSearchContext.exceeds_capacity``: ``used + amount >
+  int((total - reserved) * ratio)``, or, with ``[workarounds]
+  optimize_for_wide_provider_trees``, ``amount > capacity``), which differs
+  from the SQL one only where the database keeps the ratio in single
+  precision (``allocation_ratio_storage = "single"``);
+* one allocation request per candidate, ``{"allocations": {rp: {"resources":
+  {rc: amount}}}, "mappings": {"": [rp]}}``, and one provider summary per
+  candidate: every inventory's capacity and usage, its traits, its parent
+  and root (microversion >= 1.29, so all of them here);
+* ``[placement] max_allocation_candidates`` stops the generation after that
+  many, then ``limit`` keeps ``limit`` of them -- a random sample when
+  ``randomize_allocation_candidates`` is set, the first ones otherwise -- and
+  without a limit (or a larger one) randomize shuffles them
+  (``RequestWideSearchContext.limit_results``).
+
+Order: placement's candidates come out of Python sets keyed by string hashes,
+so their order (and which ones the first ``limit`` are) is unspecified; here
+they follow the state's slot order, and the random choices come from the
+``rng`` the caller passes (sans-IO: nothing here reads a clock or a global
+random source).
+
+Life cycle: none; :func:`allocation_candidates` is a pure function of its
+arguments (the state's summaries are cached in the state, per provider).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from shared_host_manager.placement.query import (
+    CandidateQuery,
+    Unanswered,
+    parse_querystring,
+)
+from shared_host_manager.placement.state import BoolArray, ProviderState
+
+
+class RandomSource(Protocol):
+    """What placement's limit_results uses of the random module."""
+
+    def sample(self, population: Sequence[Any], k: int) -> list[Any]: ...
+
+    def shuffle(self, x: list[Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """The placement options that change the answer (names as in placement.conf)."""
+
+    #: [placement] randomize_allocation_candidates
+    randomize_allocation_candidates: bool = False
+    #: [placement] max_allocation_candidates (-1: no limit)
+    max_allocation_candidates: int = -1
+    #: [workarounds] optimize_for_wide_provider_trees
+    optimize_for_wide_provider_trees: bool = False
+
+
+def state_reason(state: ProviderState) -> Unanswered | None:
+    """Why no request can be answered from this state, or None."""
+    if state.nested:
+        return Unanswered("nested_provider", f"{len(state.nested)} tree member(s), e.g. "
+                          f"{min(state.nested)}")
+    if state.sharing:
+        return Unanswered("sharing_provider", f"{len(state.sharing)} sharing provider(s), e.g. "
+                          f"{min(state.sharing)}")
+    if state.noncanonical:
+        return Unanswered("noncanonical_uuid", f"provider or aggregate uuid of {min(state.noncanonical)}")
+    return None
+
+
+def _any_of(masks: list[BoolArray | None], n: int) -> BoolArray:
+    out = np.zeros(n, dtype=np.bool_)
+    for m in masks:
+        if m is not None:
+            out |= m
+    return out
+
+
+def matching_slots(state: ProviderState, query: CandidateQuery,
+                   config: PlacementConfig = PlacementConfig()) -> np.ndarray:
+    """Slots of the providers placement returns a candidate for, in slot order."""
+    n = state.capacity
+    ok = state.alive.copy()
+    for rc, amount in query.resources:
+        cols = state.columns(rc)
+        if cols is None:
+            return np.zeros(0, dtype=np.int64)
+        want = cols.used + amount
+        ok &= cols.has
+        ok &= cols.min_unit <= amount
+        ok &= cols.max_unit >= amount
+        ok &= np.remainder(amount, cols.step) == 0
+        ok &= want <= cols.avail
+        if config.optimize_for_wide_provider_trees:
+            ok &= amount <= cols.cap
+        else:
+            ok &= want <= cols.cap
+    # a trait no provider carries has no mask: any-of over nothing matches nothing
+    for any_of in query.required:
+        ok &= _any_of([state.trait_mask(t) for t in any_of], n)
+    for t in query.forbidden | query.root_forbidden:
+        m = state.trait_mask(t)
+        if m is not None:
+            ok &= ~m
+    for t in query.root_required:
+        m = state.trait_mask(t)
+        if m is None:
+            return np.zeros(0, dtype=np.int64)
+        ok &= m
+    for any_aggs in query.member_of:
+        ok &= _any_of([state.aggregate_mask(a) for a in any_aggs], n)
+    if query.forbidden_aggregates:
+        ok &= ~_any_of([state.aggregate_mask(a) for a in query.forbidden_aggregates], n)
+    if query.in_tree is not None:
+        p = state.get(query.in_tree)
+        if p is None:
+            return np.zeros(0, dtype=np.int64)
+        root = state.slot_of(p.root_provider_uuid)
+        if root is None:
+            return np.zeros(0, dtype=np.int64)
+        only = np.zeros(n, dtype=np.bool_)
+        only[root] = True
+        ok &= only
+    return np.flatnonzero(ok)
+
+
+def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswered,
+                          config: PlacementConfig = PlacementConfig(),
+                          rng: RandomSource | None = None) -> dict[str, Any] | Unanswered:
+    """Placement's ``GET /allocation_candidates`` body for ``query`` on ``state``, or why not.
+
+    ``rng`` is used only with ``randomize_allocation_candidates`` (required then).
+    The provider summaries are the state's own (shared, read-only).
+    """
+    if isinstance(query, Unanswered):
+        return query
+    why = state_reason(state)
+    if why is not None:
+        return why
+    for rc, _ in query.resources:
+        if not state.resource_class_known(rc):
+            return Unanswered("unknown_resource_class", rc)
+    for t in sorted(query.trait_names):
+        if not state.trait_known(t):
+            return Unanswered("unknown_trait", t)
+    if config.randomize_allocation_candidates and rng is None:
+        raise ValueError("randomize_allocation_candidates needs a random source")
+
+    slots: list[int] = matching_slots(state, query, config).tolist()
+    if config.max_allocation_candidates >= 0:
+        slots = slots[:config.max_allocation_candidates]
+    limit = query.limit
+    if limit and limit < len(slots):
+        if config.randomize_allocation_candidates:
+            assert rng is not None
+            slots = rng.sample(slots, limit)
+        else:
+            slots = slots[:limit]
+    elif config.randomize_allocation_candidates:
+        assert rng is not None
+        rng.shuffle(slots)
+
+    requested = dict(query.resources)
+    mappings = query.microversion >= (1, 34)
+    areqs: list[dict[str, Any]] = []
+    summaries: dict[str, Any] = {}
+    for slot in slots:
+        u = state.provider_at(slot).uuid
+        # a fresh dict per candidate: nova hands each one on as a PUT /allocations body
+        ar: dict[str, Any] = {"allocations": {u: {"resources": dict(requested)}}}
+        if mappings:
+            ar["mappings"] = {"": [u]}
+        areqs.append(ar)
+        summaries[u] = state.summary(slot)
+    return {"allocation_requests": areqs, "provider_summaries": summaries}
+
+
+def answer(state: ProviderState, querystring: str, microversion: str = "1.36",
+           config: PlacementConfig = PlacementConfig(),
+           rng: random.Random | None = None) -> dict[str, Any] | Unanswered:
+    """:func:`allocation_candidates` of a querystring as nova sends it."""
+    return allocation_candidates(state, parse_querystring(querystring, microversion), config, rng)
+
+
+__all__ = ["PlacementConfig", "RandomSource", "allocation_candidates", "answer", "matching_slots",
+           "state_reason"]

@@ -1,0 +1,475 @@
+"""Placement's resource providers in memory: what ``GET /allocation_candidates`` reads, kept per provider.
+
+Role: the state side of allocation candidates from memory.  It holds, for
+every resource provider, what placement's candidate queries read from its
+database -- the provider's identity and tree, its inventories, its usages (the
+sums of its allocations), its traits and its placement aggregates -- and keeps
+the columns those queries filter on as numpy arrays, one slot per provider, so
+a request is a handful of vector operations however many providers there are.
+
+The dict form (one provider; the names are placement's own, so the bodies of
+``GET /resource_providers/{uuid}``, ``.../inventories``, ``.../usages``,
+``.../traits`` and ``.../aggregates`` fill it as they are)::
+
+    {
+      "uuid": "4e8e5957-...",              # canonical lowercase form
+      "name": "compute-1",
+      "generation": 7,                     # placement's resource provider generation
+      "parent_provider_uuid": None,        # optional, default None
+      "root_provider_uuid": "4e8e5957-...",# optional, default the provider itself
+      "inventories": {                     # per resource class; fields default as
+        "VCPU": {"total": 32,              # placement's PUT does (reserved 0,
+                 "reserved": 0,            # min_unit 1, max_unit 2147483647,
+                 "min_unit": 1,            # step_size 1, allocation_ratio 1.0)
+                 "max_unit": 32,
+                 "step_size": 1,
+                 "allocation_ratio": 16.0},
+      },
+      "usages": {"VCPU": 6},               # sum of the allocations, per resource class
+      "traits": ["HW_CPU_X86_AVX2", "COMPUTE_STATUS_DISABLED"],
+      "aggregates": ["d9c5b3a4-..."],
+    }
+
+The whole state (``from_dict``/``to_dict``)::
+
+    {
+      "providers": [<provider>, ...],
+      "traits": [...],            # optional: every trait placement defines
+      "resource_classes": [...],  # optional: every resource class placement defines
+      "allocation_ratio_storage": "double",   # optional: "double" or "single"
+    }
+
+``traits`` and ``resource_classes`` tell which names placement knows: a
+request naming an unknown one gets placement's 400, so the candidates refuse
+it (reason ``unknown_trait`` / ``unknown_resource_class``).  Without them a
+name is known when a provider carries it or it is standard (os-traits,
+os-resource-classes, when installed).
+
+``allocation_ratio_storage`` is how placement's database holds an
+allocation ratio: ``double`` on SQLite and PostgreSQL; ``single`` on MySQL and
+MariaDB, whose FLOAT column keeps a 32-bit float: their SQL capacity filter
+computes with that float, while placement's Python side reads it back as
+the server prints it (six significant digits).  With ``single`` the dict's
+``allocation_ratio`` is the stored value widened to double (``CAST(... AS
+DOUBLE)``, or placement's reading of a ratio written with at most six
+significant digits); both of placement's capacities are derived from it.
+
+Life cycle of one provider::
+
+    apply(doc) ---> held (slot assigned, columns, masks and counters set)
+    apply(doc) ---> replaced when doc's generation is newer than the held one;
+                    an older or equal generation is ignored (returns False)
+    delete(uuid) -> gone (slot freed for the next new provider)
+
+Providers outside the covered set (a tree member, a sharing provider, a
+non-canonical uuid) are held like any other and counted: while any is held,
+the candidates refuse every request with that reason.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+#: placement's db_const.MAX_INT: the default max_unit of an inventory
+MAX_INT = 2147483647
+#: the fields an inventory of placement's PUT takes by default
+INVENTORY_DEFAULTS: Mapping[str, Any] = {
+    "reserved": 0, "min_unit": 1, "max_unit": MAX_INT, "step_size": 1, "allocation_ratio": 1.0,
+}
+RATIO_STORAGES = ("double", "single")
+#: the trait marking a sharing provider (os_traits.MISC_SHARES_VIA_AGGREGATE)
+SHARING_TRAIT = "MISC_SHARES_VIA_AGGREGATE"
+_CANONICAL_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def is_canonical_uuid(value: str) -> bool:
+    """The lowercase 8-4-4-4-12 form: compared as placement's SQL compares it on every backend."""
+    return bool(_CANONICAL_UUID.match(value)) and len(value) == 36
+
+
+def _standard_names() -> tuple[frozenset[str], frozenset[str]]:
+    # os-traits and os-resource-classes come with nova and placement, not with this package:
+    # without them the standard names are simply not known in advance
+    try:
+        import os_traits  # type: ignore[import-untyped]
+        traits = frozenset(os_traits.get_traits())
+    except ImportError:
+        traits = frozenset()
+    try:
+        import os_resource_classes  # type: ignore[import-untyped]
+        rcs = frozenset(os_resource_classes.STANDARDS)
+    except ImportError:
+        rcs = frozenset()
+    return traits, rcs
+
+
+@dataclass(frozen=True)
+class Inventory:
+    total: int
+    reserved: int
+    min_unit: int
+    max_unit: int
+    step_size: int
+    allocation_ratio: float
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Inventory:
+        f = {**INVENTORY_DEFAULTS, **d}
+        inv = cls(total=int(f["total"]), reserved=int(f["reserved"]), min_unit=int(f["min_unit"]),
+                  max_unit=int(f["max_unit"]), step_size=int(f["step_size"]),
+                  allocation_ratio=float(f["allocation_ratio"]))
+        if inv.step_size < 1:
+            # placement's schema refuses it; the capacity filter divides by it
+            raise ValueError(f"step_size must be >= 1, got {inv.step_size}")
+        return inv
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "reserved": self.reserved, "min_unit": self.min_unit,
+                "max_unit": self.max_unit, "step_size": self.step_size,
+                "allocation_ratio": self.allocation_ratio}
+
+
+@dataclass(frozen=True)
+class Provider:
+    uuid: str
+    name: str
+    generation: int
+    parent_provider_uuid: str | None
+    root_provider_uuid: str
+    inventories: Mapping[str, Inventory]
+    usages: Mapping[str, int]
+    traits: frozenset[str]
+    aggregates: frozenset[str]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Provider:
+        uuid = str(d["uuid"])
+        return cls(
+            uuid=uuid, name=str(d.get("name", uuid)), generation=int(d["generation"]),
+            parent_provider_uuid=d.get("parent_provider_uuid"),
+            root_provider_uuid=str(d.get("root_provider_uuid") or uuid),
+            inventories={rc: Inventory.from_dict(v) for rc, v in (d.get("inventories") or {}).items()},
+            usages={rc: int(v) for rc, v in (d.get("usages") or {}).items()},
+            traits=frozenset(d.get("traits") or ()),
+            aggregates=frozenset(d.get("aggregates") or ()),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "name": self.name, "generation": self.generation,
+                "parent_provider_uuid": self.parent_provider_uuid,
+                "root_provider_uuid": self.root_provider_uuid,
+                "inventories": {rc: inv.to_dict() for rc, inv in self.inventories.items()},
+                "usages": dict(self.usages), "traits": sorted(self.traits),
+                "aggregates": sorted(self.aggregates)}
+
+    @property
+    def nested(self) -> bool:
+        return self.parent_provider_uuid is not None or self.root_provider_uuid != self.uuid
+
+    @property
+    def canonical(self) -> bool:
+        return is_canonical_uuid(self.uuid) and all(is_canonical_uuid(a) for a in self.aggregates)
+
+
+def ratios(allocation_ratio: float, storage: str) -> tuple[float, float]:
+    """(ratio placement's SQL filter computes with, ratio its Python side reads back).
+
+    ``single``: a MySQL/MariaDB FLOAT column holds the nearest 32-bit float; SQL
+    widens it exactly to DOUBLE; the client receives it printed with six
+    significant digits (FLT_DIG) and parses that.
+    """
+    if storage == "double":
+        return allocation_ratio, allocation_ratio
+    f32 = float(np.float32(allocation_ratio))
+    return f32, float(f"{f32:.6g}")
+
+
+class _Columns:
+    """One resource class's inventory columns, one slot per provider (has=False: no inventory)."""
+
+    __slots__ = ("has", "min_unit", "max_unit", "step", "used", "avail", "cap")
+
+    def __init__(self, capacity: int) -> None:
+        self.has: BoolArray = np.zeros(capacity, dtype=np.bool_)
+        self.min_unit: IntArray = np.zeros(capacity, dtype=np.int64)
+        self.max_unit: IntArray = np.zeros(capacity, dtype=np.int64)
+        # 1 where there is no inventory: the step test divides by it
+        self.step: IntArray = np.ones(capacity, dtype=np.int64)
+        self.used: IntArray = np.zeros(capacity, dtype=np.int64)
+        # (total - reserved) * ratio as placement's SQL computes it (a double, not truncated)
+        self.avail: FloatArray = np.zeros(capacity, dtype=np.float64)
+        # int((total - reserved) * ratio) as placement's Python side computes it: the
+        # provider summary's capacity and the merge step's capacity check
+        self.cap: IntArray = np.zeros(capacity, dtype=np.int64)
+
+    def grow(self, capacity: int) -> None:
+        for name in self.__slots__:
+            old = getattr(self, name)
+            new = np.ones(capacity, dtype=old.dtype) if name == "step" else np.zeros(capacity, old.dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+
+    def set(self, slot: int, inv: Inventory, used: int, storage: str) -> None:
+        sql_ratio, py_ratio = ratios(inv.allocation_ratio, storage)
+        self.has[slot] = True
+        self.min_unit[slot] = inv.min_unit
+        self.max_unit[slot] = inv.max_unit
+        self.step[slot] = inv.step_size
+        self.used[slot] = used
+        self.avail[slot] = (inv.total - inv.reserved) * sql_ratio
+        self.cap[slot] = int((inv.total - inv.reserved) * py_ratio)
+
+    def clear(self, slot: int) -> None:
+        self.has[slot] = False
+        self.min_unit[slot] = self.max_unit[slot] = self.used[slot] = self.cap[slot] = 0
+        self.step[slot] = 1
+        self.avail[slot] = 0.0
+
+
+class ProviderState:
+    """Every resource provider placement holds, indexed for the candidate queries (see the module)."""
+
+    def __init__(self, *, allocation_ratio_storage: str = "double",
+                 traits: Iterable[str] | None = None,
+                 resource_classes: Iterable[str] | None = None,
+                 capacity: int = 64) -> None:
+        if allocation_ratio_storage not in RATIO_STORAGES:
+            raise ValueError(f"allocation_ratio_storage must be one of {RATIO_STORAGES}")
+        self.allocation_ratio_storage = allocation_ratio_storage
+        std_traits, std_rcs = _standard_names()
+        self._explicit_traits = frozenset(traits) if traits is not None else None
+        self._explicit_rcs = frozenset(resource_classes) if resource_classes is not None else None
+        self._std_traits, self._std_rcs = std_traits, std_rcs
+        self._capacity = max(1, capacity)
+        self._slot: dict[str, int] = {}
+        self._providers: list[Provider | None] = [None] * self._capacity
+        self._free: list[int] = []
+        self._next = 0
+        self.alive: BoolArray = np.zeros(self._capacity, dtype=np.bool_)
+        self._cols: dict[str, _Columns] = {}
+        self._trait_masks: dict[str, BoolArray] = {}
+        self._agg_masks: dict[str, BoolArray] = {}
+        # providers carrying each trait / inventory of each class: a name on some provider is known
+        self._trait_count: dict[str, int] = {}
+        self._rc_count: dict[str, int] = {}
+        # providers outside the covered set
+        self.nested: set[str] = set()
+        self.sharing: set[str] = set()
+        self.noncanonical: set[str] = set()
+        # provider summaries, built on first use after each change of the provider
+        self._summaries: list[dict[str, Any] | None] = [None] * self._capacity
+
+    # -- building ------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any], *,
+                  allocation_ratio_storage: str | None = None) -> ProviderState:
+        providers = list(doc.get("providers") or ())
+        state = cls(allocation_ratio_storage=allocation_ratio_storage
+                    or doc.get("allocation_ratio_storage") or "double",
+                    traits=doc.get("traits"), resource_classes=doc.get("resource_classes"),
+                    capacity=max(64, len(providers)))
+        for p in providers:
+            state.apply(p)
+        return state
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"providers": [p.to_dict() for p in self],
+                               "allocation_ratio_storage": self.allocation_ratio_storage}
+        if self._explicit_traits is not None:
+            doc["traits"] = sorted(self._explicit_traits)
+        if self._explicit_rcs is not None:
+            doc["resource_classes"] = sorted(self._explicit_rcs)
+        return doc
+
+    def set_known_names(self, *, traits: Iterable[str] | None = None,
+                        resource_classes: Iterable[str] | None = None) -> None:
+        """Replace the names placement defines (its ``GET /traits`` and ``GET /resource_classes``)."""
+        if traits is not None:
+            self._explicit_traits = frozenset(traits)
+        if resource_classes is not None:
+            self._explicit_rcs = frozenset(resource_classes)
+
+    def apply(self, doc: Mapping[str, Any]) -> bool:
+        """Hold ``doc``'s provider unless the held one is as new; True when it was applied."""
+        new = Provider.from_dict(doc)
+        slot = self._slot.get(new.uuid)
+        if slot is not None:
+            old = self._providers[slot]
+            assert old is not None
+            if new.generation <= old.generation:
+                return False
+            self._unindex(slot, old)
+        else:
+            slot = self._take_slot()
+            self._slot[new.uuid] = slot
+        self._index(slot, new)
+        return True
+
+    def delete(self, uuid: str) -> bool:
+        """Forget the provider; False when it was not held."""
+        slot = self._slot.pop(uuid, None)
+        if slot is None:
+            return False
+        old = self._providers[slot]
+        assert old is not None
+        self._unindex(slot, old)
+        self._providers[slot] = None
+        self._free.append(slot)
+        return True
+
+    # -- reading -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def __contains__(self, uuid: object) -> bool:
+        return uuid in self._slot
+
+    def __iter__(self) -> Iterator[Provider]:
+        for slot in sorted(self._slot.values()):
+            p = self._providers[slot]
+            assert p is not None
+            yield p
+
+    def get(self, uuid: str) -> Provider | None:
+        slot = self._slot.get(uuid)
+        return None if slot is None else self._providers[slot]
+
+    def slot_of(self, uuid: str) -> int | None:
+        return self._slot.get(uuid)
+
+    def provider_at(self, slot: int) -> Provider:
+        p = self._providers[slot]
+        assert p is not None
+        return p
+
+    @property
+    def capacity(self) -> int:
+        """Length of every column (slots in use and free ones)."""
+        return self._capacity
+
+    def trait_known(self, name: str) -> bool:
+        if self._trait_count.get(name):
+            return True
+        known = self._explicit_traits if self._explicit_traits is not None else self._std_traits
+        return name in known
+
+    def resource_class_known(self, name: str) -> bool:
+        if self._rc_count.get(name):
+            return True
+        known = self._explicit_rcs if self._explicit_rcs is not None else self._std_rcs
+        return name in known
+
+    def columns(self, rc: str) -> _Columns | None:
+        return self._cols.get(rc)
+
+    def trait_mask(self, name: str) -> BoolArray | None:
+        return self._trait_masks.get(name)
+
+    def aggregate_mask(self, agg: str) -> BoolArray | None:
+        return self._agg_masks.get(agg)
+
+    def summary(self, slot: int) -> dict[str, Any]:
+        """Placement's provider summary of the provider in ``slot`` (microversion >= 1.29).
+
+        Built once per state of the provider and shared by every answer that
+        names it: read-only for the caller.
+        """
+        s = self._summaries[slot]
+        if s is None:
+            p = self.provider_at(slot)
+            resources = {}
+            for rc in p.inventories:
+                cols = self._cols[rc]
+                resources[rc] = {"capacity": int(cols.cap[slot]), "used": int(cols.used[slot])}
+            s = {"resources": resources, "traits": sorted(p.traits),
+                 "parent_provider_uuid": p.parent_provider_uuid,
+                 "root_provider_uuid": p.root_provider_uuid}
+            self._summaries[slot] = s
+        return s
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _take_slot(self) -> int:
+        if self._free:
+            return self._free.pop()
+        if self._next == self._capacity:
+            self._grow(self._capacity * 2)
+        slot = self._next
+        self._next += 1
+        return slot
+
+    def _grow(self, capacity: int) -> None:
+        for cols in self._cols.values():
+            cols.grow(capacity)
+        for masks in (self._trait_masks, self._agg_masks):
+            for name, mask in masks.items():
+                new = np.zeros(capacity, dtype=np.bool_)
+                new[:len(mask)] = mask
+                masks[name] = new
+        alive = np.zeros(capacity, dtype=np.bool_)
+        alive[:len(self.alive)] = self.alive
+        self.alive = alive
+        self._providers.extend([None] * (capacity - self._capacity))
+        self._summaries.extend([None] * (capacity - self._capacity))
+        self._capacity = capacity
+
+    def _mask(self, masks: dict[str, BoolArray], name: str) -> BoolArray:
+        mask = masks.get(name)
+        if mask is None:
+            mask = masks[name] = np.zeros(self._capacity, dtype=np.bool_)
+        return mask
+
+    def _index(self, slot: int, p: Provider) -> None:
+        self._providers[slot] = p
+        self._summaries[slot] = None
+        self.alive[slot] = True
+        for rc, inv in p.inventories.items():
+            cols = self._cols.get(rc)
+            if cols is None:
+                cols = self._cols[rc] = _Columns(self._capacity)
+            # placement sums allocations per provider and class; a class without inventory
+            # has no usage row in the candidate queries
+            cols.set(slot, inv, p.usages.get(rc, 0), self.allocation_ratio_storage)
+            self._rc_count[rc] = self._rc_count.get(rc, 0) + 1
+        for t in p.traits:
+            self._mask(self._trait_masks, t)[slot] = True
+            self._trait_count[t] = self._trait_count.get(t, 0) + 1
+        for a in p.aggregates:
+            self._mask(self._agg_masks, a)[slot] = True
+        if p.nested:
+            self.nested.add(p.uuid)
+        if SHARING_TRAIT in p.traits:
+            self.sharing.add(p.uuid)
+        if not p.canonical:
+            self.noncanonical.add(p.uuid)
+
+    def _unindex(self, slot: int, p: Provider) -> None:
+        self.alive[slot] = False
+        self._summaries[slot] = None
+        for rc in p.inventories:
+            self._cols[rc].clear(slot)
+            self._rc_count[rc] -= 1
+        for t in p.traits:
+            self._trait_masks[t][slot] = False
+            self._trait_count[t] -= 1
+        for a in p.aggregates:
+            self._agg_masks[a][slot] = False
+        self.nested.discard(p.uuid)
+        self.sharing.discard(p.uuid)
+        self.noncanonical.discard(p.uuid)
+
+
+__all__ = ["INVENTORY_DEFAULTS", "MAX_INT", "RATIO_STORAGES", "SHARING_TRAIT", "Inventory", "Provider",
+           "ProviderState", "is_canonical_uuid", "ratios"]
