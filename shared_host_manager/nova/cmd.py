@@ -35,10 +35,13 @@ nova-compute-shared::
     ComputeManager.graceful_shutdown += stop it (last changes flushed)
     nova.cmd.compute.main(), checked right after it parses nova.conf (see below)
 
-nova-api and nova-conductor (:func:`install_api`, called in each process)::
+nova-api (uWSGI ``module = shared_host_manager.nova.wsgi.osapi_compute:application``)
+and nova-conductor-shared::
 
     Service.create/save/destroy, ComputeNode.create/destroy, Aggregate changes
-        -> the API-side source (shared_host_manager.nova.api_source) on the stream
+        -> the API-side source (shared_host_manager.nova.api_source) on the stream,
+           started in each worker after the fork (shared_host_manager.nova.api_publisher)
+    nova-conductor-shared: nova.service.Service.start/stop += start it / say goodbye
 
 Errors at start
 ---------------
@@ -495,37 +498,106 @@ def install_compute() -> Any:
 
 # -- API and conductor ------------------------------------------------------------------------
 
-_api_reporter: Any = None
-
-
-def install_api() -> Any:
-    """Publish what this nova-api or nova-conductor process changes and no compute owns:
-    service state, service and compute-node deletions, aggregates (the API-side source,
-    design §2).  Call once per process after nova's configuration is parsed (in nova-api's
-    WSGI script, in a wrapper of nova-conductor); the reporter's ``[reporter] name`` gets
-    ``-api-<pid>`` appended (one source per process: a source has a single writer) and no
-    ``state_dir``.  Returns the running reporter (idempotent); it says goodbye at exit.
-    """
-    global _api_reporter
-    if _api_reporter is not None:
-        return _api_reporter
-    _register_nova_opts()
-    import atexit
-
+def install_api(role: str = "nova-api") -> Any:
+    """Publish what this nova-api or nova-conductor process (and each worker it forks)
+    changes and no compute owns: service state, service and compute-node deletions,
+    aggregates (the API-side source, design §2; :mod:`.api_publisher`).  Returns the
+    process's :class:`~.api_publisher.ApiPublisher` (idempotent); it starts in each
+    worker on its first use there (the WSGI application's first request, the conductor
+    service's start) and says goodbye when the worker stops."""
+    conf = _register_nova_opts()
     from compute_reporter import service as reporter_service
-    from shared_host_manager.nova import api_source
+    from shared_host_manager.nova import api_publisher
 
-    ours = _stream_conf(reporter_service.register_service_opts)
-    name = f"{ours.reporter.name}-api-{os.getpid()}"
-    ours.set_override("name", name, group="reporter")
-    ours.set_override("state_dir", None, group="reporter")
-    source = api_source.ApiStateSource(name)
-    reporter = reporter_service.service_from_conf(ours, source)
-    reporter.start()
-    api_source.install(source)
-    atexit.register(reporter.stop)
-    _api_reporter = reporter
-    return reporter
+    group = conf.shared_host_manager
+    return api_publisher.install(
+        role, lambda: _stream_conf(reporter_service.register_service_opts),
+        publish_timeout=group.api_publish_timeout, lock_dir=group.api_lock_dir)
+
+
+def api_wsgi_application() -> Any:
+    """nova's compute API WSGI application with the API-side source (the module
+    ``shared_host_manager.nova.wsgi.osapi_compute`` operators point uWSGI at)."""
+    from nova.wsgi import osapi_compute
+
+    from shared_host_manager.nova import api_publisher
+
+    return api_publisher.wsgi_application(osapi_compute.application, install_api("nova-api"))
+
+
+def install_conductor() -> Any:
+    """Everything nova-conductor-shared changes in nova: the API-side source, started in
+    each conductor worker when its service starts and stopped (a goodbye) when it stops
+    (oslo.service's workers leave with ``os._exit``, which runs no ``atexit``)."""
+    publisher = install_api("nova-conductor")
+    from nova import service as nova_service
+
+    cls = nova_service.Service
+    if not getattr(cls, "_shm_api_installed", False):
+        original_start, original_stop = cls.start, cls.stop
+
+        def start(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original_start(self, *args, **kwargs)
+            if self.binary == "nova-conductor":
+                from transport.startup import OperatorError
+
+                try:
+                    publisher.ensure_started()
+                except OperatorError as exc:  # changed since the parent's check
+                    _end_worker(CONDUCTOR_PROG, exc)
+                except Exception:  # the conductor itself still serves nova
+                    LOG.exception("API-side source not started: the service and aggregate "
+                                  "changes this conductor makes do not reach the schedulers")
+            return result
+
+        def stop(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return original_stop(self, *args, **kwargs)
+            finally:
+                if self.binary == "nova-conductor":
+                    publisher.stop()
+
+        cls.start, cls.stop = start, stop
+        cls._shm_api_installed = True
+    return publisher
+
+
+CONDUCTOR_PROG = "nova-conductor-shared"
+
+
+def check_conductor() -> None:
+    """What can stop nova-conductor-shared's API-side source, checked before nova builds its
+    service and forks its workers (see "Errors at start"); OperatorError."""
+    from compute_reporter import service as reporter_service
+    from shared_host_manager.conf import updatelog as updatelog_conf
+
+    def register(conf: Any) -> None:
+        updatelog_conf.register_opts(conf)  # read by the common checks; the source keeps no log
+        reporter_service.register_service_opts(conf)
+
+    def local(conf: Any) -> None:
+        from transport.startup import check_state_dir
+
+        group = _register_nova_opts().shared_host_manager
+        lock_dir = group.api_lock_dir or conf.reporter.state_dir
+        if lock_dir:
+            option = ("[shared_host_manager] api_lock_dir" if group.api_lock_dir
+                      else "[reporter] state_dir")
+            check_state_dir(lock_dir, option)
+
+    _check_before_start(register, local)
+
+
+def conductor_main() -> None:
+    """Entry point ``nova-conductor-shared`` (same command line as nova-conductor)."""
+    from nova import monkey_patch
+
+    monkey_patch.patch(backend="threading")
+    install_conductor()
+    from nova.cmd import conductor as nova_conductor
+
+    _stop_on_a_fatal_worker()
+    sys.exit(run_checked(CONDUCTOR_PROG, nova_conductor.main, check_conductor))
 
 
 def compute_main() -> None:

@@ -127,8 +127,10 @@ def test_compute_entry_point_hooks_the_tracker_and_starts_a_reporter(tmp_path):
 
 
 def test_api_side_source_publishes_what_the_api_changes(tmp_path):
-    """install_api(): nova's Service/Aggregate writes in this process reach the stream."""
-    shm_conf, nova_conf = _configs(tmp_path, "reporter", "api-host")
+    """install_api(): nova's Service/Aggregate writes in this process reach the stream, from
+    a source named by its slot (stable across restarts), started on its first use."""
+    shm_conf, nova_conf = _configs(tmp_path, "reporter", "api-host",
+                                   shared=f"api_lock_dir = {tmp_path}\n")
     code = textwrap.dedent(f"""
         import os, sys, warnings
         warnings.simplefilter("ignore")
@@ -138,13 +140,16 @@ def test_api_side_source_publishes_what_the_api_changes(tmp_path):
         from shared_host_manager.nova import cmd
         original = objects.Service.save
         objects.Service.save = lambda self: None  # no database here: nova's write "succeeds"
-        reporter = cmd.install_api()
-        assert cmd.install_api() is reporter and reporter.name == f"api-host-api-{{os.getpid()}}"
+        publisher = cmd.install_api()
+        assert cmd.install_api() is publisher and publisher.reporter is None  # not before use
+        reporter = publisher.ensure_started()  # nothing to load: no database here
+        assert reporter.name == "api-host-api-0" and publisher.started_in == os.getpid()
         service = objects.Service(host="host1", binary="nova-compute", disabled=False, forced_down=True)
         service.save()
         doc = reporter.manager.machines[reporter.name].document
         assert doc["services"]["host1"]["forced_down"] is True, doc
-        reporter.stop()
+        assert doc["api"]["role"] == "nova-api"
+        publisher.stop()
         print("ok")
     """)
     result = subprocess.run([sys.executable, "-c", code], cwd=TOP, capture_output=True, text=True,

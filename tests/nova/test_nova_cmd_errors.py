@@ -138,11 +138,13 @@ def _script(name: str) -> str:
 
 
 SCHEDULER, COMPUTE = "nova-scheduler-shared", "nova-compute-shared"
+CONDUCTOR = "nova-conductor-shared"
 WRONG_PASSWORD = "the broker at 127.0.0.1:5672 refused the login of user 'guest'"
 
 
 @needs_rabbit
-@pytest.mark.parametrize("prog,section", [(SCHEDULER, "cache"), (COMPUTE, "reporter")])
+@pytest.mark.parametrize("prog,section", [(SCHEDULER, "cache"), (COMPUTE, "reporter"),
+                                          (CONDUCTOR, "reporter")])
 def test_a_wrong_broker_password_is_one_line_and_78(prog, section, tmp_path, databases):
     """A login the broker refuses is a configuration mistake, as for ``shm scheduler`` (78: a
     restart would be refused again); nova's own broker, and the database, are never reached."""
@@ -153,7 +155,8 @@ def test_a_wrong_broker_password_is_one_line_and_78(prog, section, tmp_path, dat
     assert f"[data_plane] stream_url: {WRONG_PASSWORD}" in line
 
 
-@pytest.mark.parametrize("prog,section", [(SCHEDULER, "cache"), (COMPUTE, "reporter")])
+@pytest.mark.parametrize("prog,section", [(SCHEDULER, "cache"), (COMPUTE, "reporter"),
+                                          (CONDUCTOR, "reporter")])
 def test_an_inline_comment_is_one_line_and_78_without_a_worker(prog, section, tmp_path, databases):
     stream = _stream() + "[signing]\nenabled = false  # true in production\n"
     code, stderr, log = _run([_script(prog), "--config-file",
