@@ -7,12 +7,14 @@ one table, a column per process: health, broker connection, sources, stream
 offset and lag, staleness, what was published, resyncs, claims, invalid input.
 
 ``--verify`` is the operator's convergence check: it reads every source's
-``(epoch, seq, digest)`` from each reporter (what it published) and from each
+``(epoch, seq, digest)`` from each reporter (what it published), then from each
 scheduler (what it holds), and checks that every scheduler holds every
-reporter's source at the reporter's version with the same digest.  Sources
-in flight (a delta published but not yet applied, or changed but not yet
-published) are read again, every ``--interval`` seconds for up to
-``--timeout``, so that normal churn is not reported; the sources that never
+reporter's source at or after the version the reporter had published at its
+read, and the same document wherever both are seen at one version with known
+digests (:class:`Convergence`).  Sources a scheduler does not hold yet are
+read again every ``--interval`` seconds for up to ``--timeout``, against what
+the reporter had published one read earlier, so that normal churn (a delta in
+flight, a change not yet published) is not reported; the sources that never
 agreed are named, with what each party holds.
 
 Exit status: 0 all reachable (and, with --verify, converged); 1 a process is
@@ -45,8 +47,8 @@ def build_parser(prog: str = "shm status") -> argparse.ArgumentParser:
     p.add_argument("urls", nargs="+", metavar="URL",
                    help="metrics endpoint of a process: http://HOST:PORT or HOST:PORT")
     p.add_argument("--verify", action="store_true",
-                   help="check that every scheduler holds every reporter's sources at the same "
-                        "(epoch, seq, digest)")
+                   help="check that every scheduler holds every reporter's sources at or after "
+                        "the published (epoch, seq), with the same digest at the same version")
     p.add_argument("--timeout", type=float, default=15.0, metavar="S",
                    help="--verify: seconds to wait for sources in flight to agree (default 15)")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
@@ -182,6 +184,94 @@ def _version(v: list[Any] | None) -> str:
     return f"{v[0]}:{v[1]} {digest}"
 
 
+class Convergence:
+    """What ``--verify`` has concluded so far, fed one round of reads at a time (no I/O, no
+    clock: the unit tests drive it with scripted reads).
+
+    A round reads every reporter first, then every scheduler.  A source *agrees* once every
+    scheduler holds a version at or after the reporter's published version at the round's
+    read -- the previous round's read when there was one: what was published a round ago has
+    had that long to arrive, so a delta in flight at one read is not a divergence, and a
+    scheduler still catching up is.  Versions order by (epoch, seq): a restarted source's
+    newer epoch is after its old one.  Digests are compared wherever a reporter and a
+    scheduler are seen at the same (epoch, seq) with both digests known, at any round (a
+    reporter's digest is pending while it holds unpublished changes): the same version with
+    different digests is a divergence whatever the versions say.
+    """
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+        self.rounds = 0
+        self.sources: set[str] = set()
+        self.agreed: set[str] = set()
+        #: why a source does not agree yet (the last round), and divergences of content
+        self.last: dict[str, str] = {}
+        self.content: dict[str, str] = {}
+        #: sources whose digests were compared (and matched) at some version
+        self.compared: set[str] = set()
+        self._previous: dict[str, list[Any]] = {}
+        self._published: dict[tuple[str, int, int], tuple[str, str]] = {}  # -> (reporter, digest)
+        self._held: dict[tuple[str, int, int], dict[str, str]] = {}  # -> {scheduler: digest}
+
+    @property
+    def pending(self) -> set[str]:
+        return self.sources - self.agreed
+
+    def observe(self, truth: dict[str, tuple[str, list[Any]]],
+                held: dict[str, dict[str, list[Any]]]) -> None:
+        """One round: ``truth`` each source's (reporter url, published [epoch, seq, digest])
+        read first, then ``held`` each scheduler url's {source: [epoch, seq, digest, ...]}."""
+        self.rounds += 1
+        self.sources = set(truth)
+        for source, (rurl, version) in truth.items():
+            if version[2]:
+                self._published[(source, version[0], version[1])] = (rurl, version[2])
+                self._compare(source, version[0], version[1])
+        for url, views in held.items():
+            for source, mine in views.items():
+                if source in self.sources and len(mine) > 2 and mine[2]:
+                    self._held.setdefault((source, mine[0], mine[1]), {})[url] = mine[2]
+                    self._compare(source, mine[0], mine[1])
+        for source, (rurl, version) in truth.items():
+            if source in self.agreed:
+                continue
+            target = self._previous.get(source, version)
+            behind = [f"{self.names.get(url, url)} holds {_version(views.get(source))}"
+                      for url, views in held.items()
+                      if not _at_or_after(views.get(source), target)]
+            if behind:
+                self.last[source] = (f"{self.names.get(rurl, rurl)} at {_version(version)}"
+                                     f"{'' if target is version else f' (read before: {_version(target)})'}"
+                                     f"; " + ", ".join(behind))
+            else:
+                self.agreed.add(source)
+                self.last.pop(source, None)
+        self._previous = {source: version for source, (_, version) in truth.items()}
+
+    def differ(self) -> list[str]:
+        """The sources that do not agree, or whose documents differ at one version."""
+        return sorted(self.pending | set(self.content))
+
+    def _compare(self, source: str, epoch: int, seq: int) -> None:
+        published = self._published.get((source, epoch, seq))
+        held = self._held.get((source, epoch, seq))
+        if published is None or not held:
+            return
+        rurl, digest = published
+        for url, mine in held.items():
+            if mine != digest:
+                self.content[source] = (
+                    f"{self.names.get(url, url)} holds {epoch}:{seq} {mine[:12]}, "
+                    f"{self.names.get(rurl, rurl)} published {epoch}:{seq} {digest[:12]}: "
+                    "same version, different documents")
+                return
+        self.compared.add(source)
+
+
+def _at_or_after(mine: list[Any] | None, target: list[Any]) -> bool:
+    return mine is not None and (mine[0], mine[1]) >= (target[0], target[1])
+
+
 def verify(urls: list[str], timeout: float, interval: float, console: Console, limit: int) -> int:
     roles = {url: fetch(url).get("role", "?") for url in urls}
     reporters = [u for u in urls if roles[u] in REPORTER_ROLES]
@@ -191,65 +281,45 @@ def verify(urls: list[str], timeout: float, interval: float, console: Console, l
                       f"(got {', '.join(f'{u} ({r})' for u, r in roles.items())})")
         return EXIT_USAGE
     started = time.monotonic()
-    agreed: set[str] = set()
-    content: dict[str, str] = {}
-    last: dict[str, str] = {}
-    rounds = 0
     names: dict[str, str] = {}
-    truth_sources: set[str] = set()
+    state = Convergence(names)
     extra: set[str] = set()
     while True:
-        rounds += 1
-        held: dict[str, dict[str, list[Any]]] = {}
-        for url in schedulers:  # schedulers first: the reporters, read after, are never older
-            st = fetch(url, sources=True)
-            names[url] = st.get("name", url)
-            held[url] = st.get("views", {})
+        # the reporters first: what a scheduler holds is compared with what was published
+        # before it was read, never with what was published after
         truth: dict[str, tuple[str, list[Any]]] = {}
         for url in reporters:
             st = fetch(url, sources=True)
             names[url] = st.get("name", url)
             for source, version in st.get("views", {}).items():
                 truth[source] = (url, version)
-        truth_sources = set(truth)
-        extra = {s for views in held.values() for s in views} - truth_sources
-        for source, (rurl, version) in truth.items():
-            if source in agreed:
-                continue
-            parts, ok = [], True
-            for url in schedulers:
-                mine = held[url].get(source)
-                same_version = mine is not None and list(mine[:2]) == list(version[:2])
-                if same_version and mine is not None and version[2] and mine[2] and mine[2] != version[2]:
-                    content[source] = (f"{names[url]} holds {_version(mine)}, {names[rurl]} published "
-                                       f"{_version(version)}: same version, different documents")
-                if not (same_version and version[2] is not None and mine is not None
-                        and mine[2] == version[2]):
-                    ok = False
-                    parts.append(f"{names[url]} holds {_version(mine)}")
-            if ok:
-                agreed.add(source)
-                last.pop(source, None)
-            else:
-                last[source] = f"{names[rurl]} at {_version(version)}; " + ", ".join(parts)
-        pending = truth_sources - agreed
-        if not pending or time.monotonic() - started >= timeout:
+        held: dict[str, dict[str, list[Any]]] = {}
+        for url in schedulers:
+            st = fetch(url, sources=True)
+            names[url] = st.get("name", url)
+            held[url] = st.get("views", {})
+        state.observe(truth, held)
+        extra = {s for views in held.values() for s in views} - set(truth)
+        if not state.pending or time.monotonic() - started >= timeout:
             break
         time.sleep(interval)
     elapsed = time.monotonic() - started
-    differ = sorted((truth_sources - agreed) | set(content))
-    head = (f"verify: {len(truth_sources)} sources of {len(reporters)} reporter(s), "
+    differ = state.differ()
+    rounds, total = state.rounds, len(state.sources)
+    head = (f"verify: {total} sources of {len(reporters)} reporter(s), "
             f"{len(schedulers)} scheduler(s)")
     if not differ:
-        console.print(f"{head}: [green]all {len(truth_sources)} agree[/green] on (epoch, seq, digest) "
-                      f"({rounds} read{'s' * (rounds != 1)}, {elapsed:.1f} s)")
+        console.print(f"{head}: [green]all {total} agree[/green]: every scheduler holds each "
+                      f"source at or after the version its reporter had published, digests "
+                      f"compared for {len(state.compared)} ({rounds} read{'s' * (rounds != 1)}, "
+                      f"{elapsed:.1f} s)")
         if extra:
             console.print(f"  ({len(extra)} sources held by schedulers are served by reporters not "
                           "given here; not checked)")
         return EXIT_OK
     console.print(f"{head}: [red]{len(differ)} differ[/red] after {elapsed:.1f} s ({rounds} reads)")
     for source in differ if limit <= 0 else differ[:limit]:
-        console.print(f"  {source}: {content.get(source) or last.get(source, '')}")
+        console.print(f"  {source}: {state.content.get(source) or state.last.get(source, '')}")
     if 0 < limit < len(differ):
         console.print(f"  ... and {len(differ) - limit} more (--limit 0 lists all)")
     return EXIT_DIFFERENT
