@@ -77,6 +77,10 @@ setup(
         "nova-sim": [*SIM, "nova>=34.0.0,<35", "SQLAlchemy>=2.0,<2.1", "openstack-placement",
                      "wsgi-intercept"],
         "eventlet": ["eventlet>=0.36"],
+        # tests/deployment: nova and placement as processes, nova-api and placement under uWSGI
+        # (built from source: needs a C compiler), on MariaDB
+        "deploy": ["nova>=34.0.0,<35", "SQLAlchemy>=2.0,<2.1", "openstack-placement", "PyMySQL>=1.1",
+                   "uwsgi>=2.0", "requests", "pytest>=8", "pytest-timeout>=2"],
         # shm fuzz: coverage-guided fuzzing of every door for untrusted bytes
         "fuzz": ["atheris>=2.3"],
     },

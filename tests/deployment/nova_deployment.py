@@ -1,0 +1,739 @@
+"""A real multi-process nova 34 deployment on MariaDB and RabbitMQ, for the deployment tests.
+
+:class:`Deployment` starts, each as a process of its own: placement and nova-api
+under uWSGI, nova-conductor, one scheduler and N computes with nova's
+``fake.FakeDriver`` (one ``host`` each), plus a small WSGI process standing in for
+glance and neutron (``deployment_fakes.py``). There is no keystone: placement runs
+with ``[api] auth_strategy = noauth2``, nova-api with a paste pipeline whose
+``noauth`` filter takes ``X-Auth-Token: user:project`` as the identity
+(``deployment_fakes.NoAuth``). Every run has fresh databases (``<prefix>_nova_api``,
+``_nova_cell0``, ``_nova_cell1``, ``_placement``, made by ``nova-manage`` and
+``placement-manage``) and a fresh RabbitMQ virtual host, both removed by
+:meth:`Deployment.stop`.
+
+Two modes:
+
+* ``stock``: ``nova-scheduler``, ``nova-compute``, ``nova-conductor`` and
+  ``nova.wsgi.osapi_compute:application``.
+* ``dropin``: ``nova-scheduler-shared``, ``nova-compute-shared``,
+  ``nova-conductor-shared`` and ``shared_host_manager.nova.wsgi.osapi_compute:application``,
+  with ``[shared_host_manager] config_files`` pointing at one file of the project's
+  own options per process (the stream on the run's virtual host, a ``[metrics]``
+  endpoint each: :meth:`Deployment.verify` runs ``shm status --verify`` on them).
+
+The client side (:meth:`Deployment.compute`, :meth:`Deployment.placement` and the
+helpers built on them) is plain HTTP with ``requests``.
+
+``python nova_deployment.py [--mode stock|dropin] [--computes N]`` starts one and
+keeps it running until interrupted (its endpoints and run directory are printed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import requests
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+BIN = Path(sys.executable).parent
+
+MYSQL = dict(host="127.0.0.1", port=3306, user="root", password="")
+RABBIT = dict(host="127.0.0.1", port=5672, user="guest", password="guest")
+
+MODES = {
+    "stock": dict(scheduler="nova-scheduler", compute="nova-compute",
+                  conductor="nova-conductor", api="nova.wsgi.osapi_compute:application"),
+    "dropin": dict(scheduler="nova-scheduler-shared", compute="nova-compute-shared",
+                   conductor="nova-conductor-shared",
+                   api="shared_host_manager.nova.wsgi.osapi_compute:application"),
+}
+
+# what the deployment tests measured, per mode (tests/deployment/conftest.py prints it)
+FIGURES: dict[str, dict[str, Any]] = {}
+
+COMPUTE_MICROVERSION = "2.53"  # PUT /os-services/{uuid} with forced_down / status
+ADMIN_TOKEN = "admin:admin"
+
+
+class DeploymentError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
+               interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (requests.RequestException, DeploymentError) as exc:
+            last_exc, value = exc, None
+        if value:
+            return value
+        time.sleep(interval)
+    raise DeploymentError(f"timed out after {timeout:.0f}s waiting for {what}"
+                          + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def missing_requirements(mode: str) -> list[str]:
+    """What this machine lacks to run a deployment in ``mode`` (empty: nothing)."""
+    missing = []
+    try:
+        with socket.create_connection((MYSQL["host"], MYSQL["port"]), timeout=2):
+            pass
+    except OSError as exc:
+        missing.append(f"MariaDB at {MYSQL['host']}:{MYSQL['port']} ({exc})")
+    try:
+        with socket.create_connection((RABBIT["host"], RABBIT["port"]), timeout=2):
+            pass
+    except OSError as exc:
+        missing.append(f"RabbitMQ at {RABBIT['host']}:{RABBIT['port']} ({exc})")
+    if not shutil.which("rabbitmqctl"):
+        missing.append("rabbitmqctl (a fresh virtual host per run)")
+    for tool in ("uwsgi", "nova-manage", "placement-manage"):
+        if not (BIN / tool).exists():
+            missing.append(f"{BIN / tool} (pip install -e '.[deploy]')")
+    names = MODES[mode]
+    for script in (names["scheduler"], names["compute"], names["conductor"]):
+        if not (BIN / script).exists():
+            missing.append(f"console script {script}")
+    module = names["api"].split(":")[0]
+    probe = subprocess.run([sys.executable, "-c",
+                            f"import importlib.util, sys; "
+                            f"sys.exit(importlib.util.find_spec({module!r}) is None)"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        missing.append(f"WSGI module {module}")
+    return missing
+
+
+class Process:
+    """One service process: its command, environment and log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path,
+                 stop_signal: int = signal.SIGTERM) -> None:
+        self.name, self.argv, self.env, self.log = name, argv, env, log
+        self.stop_signal = stop_signal
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        with open(self.log, "ab") as out:
+            out.write(f"\n==== start {self.starts}: {' '.join(self.argv)}\n".encode())
+            out.flush()
+            self.popen = subprocess.Popen(self.argv, env=self.env, stdout=out,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, cwd=self.log.parent)
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> None:
+        popen = self.popen
+        if popen is None or popen.poll() is not None:
+            return
+        try:
+            os.killpg(popen.pid, self.stop_signal)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        # the group's other processes (uWSGI's workers, oslo.service's children) too:
+        # a restart binds the same port
+        while True:
+            try:
+                os.killpg(popen.pid, signal.SIGKILL if time.monotonic() > deadline else 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        popen.wait(10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+class Deployment:
+    """A nova deployment of ``computes`` fake-driver computes in ``mode`` (see the module doc)."""
+
+    def __init__(self, mode: str = "stock", *, computes: int = 4, workdir: str | None = None,
+                 api_workers: int = 2, debug: bool = False) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {sorted(MODES)}")
+        self.mode = mode
+        self.names = MODES[mode]
+        self.run_id = uuid.uuid4().hex[:8]
+        self.prefix = f"shmdep_{self.run_id}"
+        self.vhost = f"shmdep-{self.run_id}"
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix=f"shm-deployment-{mode}-"))
+        self.hosts = [f"compute-{i}" for i in range(1, computes + 1)]
+        self.api_workers = api_workers
+        self.debug = debug
+        self.ports = {name: free_port() for name in ("api", "placement", "fakes")}
+        self.metrics_ports = {name: free_port() for name in ["scheduler", *self.hosts]}
+        self.processes: dict[str, Process] = {}
+        self.cell1_uuid: str | None = None
+        self.flavor_id: str | None = None
+        self.timings: dict[str, float] = {}
+        self._session = requests.Session()
+        self._created_dbs: list[str] = []
+        self._vhost_created = False
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['api']}"
+
+    @property
+    def placement_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['placement']}"
+
+    @property
+    def fakes_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['fakes']}"
+
+    def metrics_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.metrics_ports.values()]
+
+    def db_url(self, name: str) -> str:
+        return (f"mysql+pymysql://{MYSQL['user']}:{MYSQL['password']}@{MYSQL['host']}:"
+                f"{MYSQL['port']}/{self.prefix}_{name}?charset=utf8")
+
+    @property
+    def transport_url(self) -> str:
+        return (f"rabbit://{RABBIT['user']}:{RABBIT['password']}@{RABBIT['host']}:"
+                f"{RABBIT['port']}/{self.vhost}")
+
+    @property
+    def stream_url(self) -> str:
+        return (f"amqp://{RABBIT['user']}:{RABBIT['password']}@{RABBIT['host']}:"
+                f"{RABBIT['port']}/{self.vhost}")
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> Deployment:
+        t0 = time.monotonic()
+        try:
+            for sub in ("etc", "logs", "state", "state/api-slots", "lock"):
+                (self.dir / sub).mkdir(parents=True, exist_ok=True)
+            self._create_backends()
+            self._write_config()
+            self._sync_databases()
+            self.timings["databases"] = time.monotonic() - t0
+            self._start_control()
+            self.timings["control"] = time.monotonic() - t0
+            self._start_computes()
+            self.flavor_id = self._ensure_flavor()
+            self.timings["ready"] = time.monotonic() - t0
+        except BaseException:
+            self.stop(keep=True)
+            raise
+        return self
+
+    def stop(self, keep: bool = False) -> None:
+        """Stop every process (computes first), drop the databases and the virtual host;
+        ``keep`` keeps the run directory (its logs)."""
+        computes = [p for n, p in self.processes.items() if n.startswith("compute-")]
+        others = [p for n, p in self.processes.items() if not n.startswith("compute-")]
+        for group in (computes, others):
+            self._parallel([proc.stop for proc in group])
+        self._drop_backends()
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop(keep=exc[0] is not None)
+
+    # -- backends --------------------------------------------------------------------------
+
+    def _mysql(self) -> Any:
+        import pymysql
+
+        return pymysql.connect(host=MYSQL["host"], port=MYSQL["port"], user=MYSQL["user"],
+                               password=MYSQL["password"], autocommit=True)
+
+    def _create_backends(self) -> None:
+        conn = self._mysql()
+        try:
+            with conn.cursor() as cur:
+                for name in ("nova_api", "nova_cell0", "nova_cell1", "placement"):
+                    db = f"{self.prefix}_{name}"
+                    cur.execute(f"CREATE DATABASE `{db}` CHARACTER SET utf8")
+                    self._created_dbs.append(db)
+        finally:
+            conn.close()
+        self._rabbitmqctl("add_vhost", self.vhost)
+        self._vhost_created = True
+        self._rabbitmqctl("set_permissions", "-p", self.vhost, RABBIT["user"], ".*", ".*", ".*")
+
+    def _drop_backends(self) -> None:
+        if self._created_dbs:
+            conn = self._mysql()
+            try:
+                with conn.cursor() as cur:
+                    for db in self._created_dbs:
+                        cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+            finally:
+                conn.close()
+            self._created_dbs = []
+        if self._vhost_created:
+            self._rabbitmqctl("delete_vhost", self.vhost, check=False)
+            self._vhost_created = False
+
+    @staticmethod
+    def _rabbitmqctl(*args: str, check: bool = True) -> None:
+        proc = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                              timeout=60)
+        if check and proc.returncode != 0:
+            raise DeploymentError(f"rabbitmqctl {' '.join(args)}: {proc.stderr.strip()}")
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def _env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "OS_NOVA_DISABLE_EVENTLET_PATCHING": "1",
+            "OS_NOVA_CONFIG_DIR": str(self.dir / "etc"),
+            "OS_PLACEMENT_CONFIG_DIR": str(self.dir / "etc"),
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)]
+                                          + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
+            "PATH": os.pathsep.join([str(BIN), env.get("PATH", "")]),
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.pop("OS_NOVA_CONFIG_FILES", None)
+        env.update(extra)
+        return env
+
+    @staticmethod
+    def _ini(sections: dict[str, dict[str, Any]]) -> str:
+        out = []
+        for section, options in sections.items():
+            out.append(f"[{section}]")
+            out += [f"{key} = {value}" for key, value in options.items() if value is not None]
+            out.append("")
+        return "\n".join(out)
+
+    def _nova_conf(self, **extra_sections: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        token_auth = dict(auth_type="admin_token", endpoint=None, token=ADMIN_TOKEN)
+        conf: dict[str, dict[str, Any]] = {
+            "DEFAULT": dict(
+                transport_url=self.transport_url, state_path=self.dir / "state",
+                compute_driver="fake.FakeDriver", my_ip="127.0.0.1", debug=self.debug,
+                use_stderr=True, graceful_shutdown_timeout=10,
+                # servers boot and go away within seconds; nothing periodic in between
+                heal_instance_info_cache_interval=-1, instance_build_timeout=0,
+            ),
+            "api": dict(),
+            "wsgi": dict(api_paste_config=self.dir / "etc" / "api-paste.ini"),
+            "api_database": dict(connection=self.db_url("nova_api")),
+            "database": dict(connection=self.db_url("nova_cell1")),
+            "placement": dict(token_auth, endpoint=self.placement_url,
+                              endpoint_override=self.placement_url, region_name="RegionOne"),
+            "glance": dict(endpoint_override=self.fakes_url),
+            "neutron": dict(token_auth, endpoint=self.fakes_url, endpoint_override=self.fakes_url,
+                            region_name="RegionOne"),
+            "scheduler": dict(workers=1, discover_hosts_in_cells_interval=-1),
+            "conductor": dict(workers=1),
+            "oslo_concurrency": dict(lock_path=self.dir / "lock"),
+            "oslo_messaging_notifications": dict(driver="noop"),
+            "notifications": dict(notification_format="unversioned"),
+            "vnc": dict(enabled=False),
+            "os_vif_ovs": dict(),
+        }
+        if self.mode == "dropin":
+            conf["shared_host_manager"] = dict(default_cell_uuid=self.cell1_uuid,
+                                               cell_uuid=self.cell1_uuid,
+                                               api_lock_dir=self.dir / "state" / "api-slots")
+        for section, options in extra_sections.items():
+            conf.setdefault(section, {}).update(options)
+        return conf
+
+    def _shm_conf(self, *, cache: str | None = None, reporter: str | None = None,
+                  metrics_port: int | None = None) -> str:
+        sections: dict[str, dict[str, Any]] = {
+            "data_plane": dict(backend="rabbit", stream_url=self.stream_url),
+            "control_plane": dict(backend="oslo", transport_url=self.transport_url),
+        }
+        if cache:
+            sections["cache"] = dict(name=cache)
+        if reporter:
+            sections["reporter"] = dict(name=reporter)
+        # the API-side sources (nova-api's workers, nova-conductor) serve no endpoint
+        sections["metrics"] = dict(bind_port=metrics_port if metrics_port is not None else 0)
+        return self._ini(sections)
+
+    def _write_config(self) -> None:
+        etc = self.dir / "etc"
+        (etc / "nova.conf").write_text(self._ini(self._nova_conf()))
+        # the cell0 database, synced apart from the cell1 one (db sync --local_cell)
+        (etc / "nova-cell0.conf").write_text(self._ini(self._nova_conf(
+            database=dict(connection=self.db_url("nova_cell0")))))
+        (etc / "placement.conf").write_text(self._ini({
+            "DEFAULT": dict(debug=self.debug),
+            "api": dict(auth_strategy="noauth2"),
+            "placement_database": dict(connection=self.db_url("placement")),
+            "oslo_concurrency": dict(lock_path=self.dir / "lock"),
+        }))
+        paste = (Path(sys.prefix) / "etc" / "nova" / "api-paste.ini").read_text()
+        paste = paste.replace("authtoken keystonecontext", "noauth keystonecontext")
+        paste += "\n[filter:noauth]\npaste.filter_factory = deployment_fakes:NoAuth.factory\n"
+        (etc / "api-paste.ini").write_text(paste)
+
+    def _write_service_config(self) -> None:
+        """The per-process files, once the cell's uuid is known."""
+        etc = self.dir / "etc"
+        shm = self.mode == "dropin"
+
+        def nova(name: str, shm_text: str | None, **sections: dict[str, Any]) -> None:
+            if shm:
+                (etc / f"shm-{name}.conf").write_text(shm_text or "")
+                sections.setdefault("shared_host_manager", {})["config_files"] = \
+                    etc / f"shm-{name}.conf"
+            (etc / f"nova-{name}.conf").write_text(self._ini(self._nova_conf(**sections)))
+
+        nova("api", self._shm_conf(reporter="api"))
+        nova("conductor", self._shm_conf(reporter="conductor"))
+        nova("scheduler", self._shm_conf(cache="sched-1",
+                                         metrics_port=self.metrics_ports["scheduler"]))
+        for host in self.hosts:
+            state = self.dir / "state" / host
+            state.mkdir(parents=True, exist_ok=True)
+            nova(host, self._shm_conf(reporter=host, metrics_port=self.metrics_ports[host]),
+                 DEFAULT=dict(host=host, state_path=state, instances_path=state / "instances"),
+                 # a compute reaches the databases through the conductor only
+                 database=dict(connection=None), api_database=dict(connection=None))
+
+    # -- databases -------------------------------------------------------------------------
+
+    def _manage(self, *args: str, conf: str = "nova.conf", tool: str = "nova-manage") -> str:
+        argv = [str(BIN / tool), "--config-file", str(self.dir / "etc" / conf), *args]
+        proc = subprocess.run(argv, env=self._env(), capture_output=True, text=True, timeout=600)
+        with open(self.dir / "logs" / "manage.log", "a") as log:
+            log.write(f"==== {' '.join(argv)} -> {proc.returncode}\n{proc.stdout}{proc.stderr}\n")
+        if proc.returncode != 0:
+            raise DeploymentError(f"{tool} {' '.join(args)} failed ({proc.returncode}):\n"
+                                  f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        return proc.stdout
+
+    def _parallel(self, calls: Iterable[Callable[[], Any]]) -> list[Any]:
+        results: list[Any] = []
+        errors: list[BaseException] = []
+
+        def run(call: Callable[[], Any]) -> None:
+            try:
+                results.append(call())
+            except BaseException as exc:  # noqa: BLE001 - raised below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(c,)) for c in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def _sync_databases(self) -> None:
+        self._parallel([
+            lambda: self._manage("api_db", "sync"),
+            lambda: self._manage("db", "sync", "--local_cell"),
+            lambda: self._manage("db", "sync", "--local_cell", conf="nova-cell0.conf"),
+            lambda: self._manage("db", "sync", conf="placement.conf", tool="placement-manage"),
+        ])
+        self._manage("cell_v2", "map_cell0", "--database_connection", self.db_url("nova_cell0"))
+        out = self._manage("cell_v2", "create_cell", "--name", "cell1", "--verbose")
+        match = re.search(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", out)
+        if not match:
+            raise DeploymentError(f"nova-manage cell_v2 create_cell printed no uuid: {out!r}")
+        self.cell1_uuid = match.group(0)
+        self._write_service_config()
+
+    # -- processes -------------------------------------------------------------------------
+
+    def _uwsgi(self, name: str, module: str, port: int, workers: int) -> Process:
+        argv = [str(BIN / "uwsgi"), "--master", "--die-on-term", "--need-app",
+                "--http-socket", f"127.0.0.1:{port}", "--processes", str(workers),
+                "--threads", "1", "--enable-threads", "--virtualenv", sys.prefix,
+                "--buffer-size", "65535", "--worker-reload-mercy", "10", "--module", module,
+                # uWSGI's http-socket closes every connection after its answer: say so, or
+                # clients that keep connections alive reuse a closed one
+                "--add-header", "Connection: close"]
+        if name == "api" and self.mode == "dropin":
+            pass  # as etc/uwsgi/nova-api-shared.ini: the app loads in the master, workers fork
+        else:
+            argv.append("--lazy-apps")  # as devstack runs nova-api and placement
+        env = self._env()
+        if name == "api":
+            env["OS_NOVA_CONFIG_FILES"] = "api-paste.ini;nova-api.conf"
+        return Process(name, argv, env, self.dir / "logs" / f"{name}.log")
+
+    def _service(self, name: str, script: str) -> Process:
+        argv = [str(BIN / script), "--config-file", str(self.dir / "etc" / f"nova-{name}.conf")]
+        return Process(name, argv, self._env(), self.dir / "logs" / f"{name}.log")
+
+    def _start_control(self) -> None:
+        procs = self.processes
+        procs["fakes"] = Process("fakes", [sys.executable, str(HERE / "deployment_fakes.py"),
+                                           str(self.ports["fakes"])],
+                                 self._env(), self.dir / "logs" / "fakes.log")
+        procs["placement"] = self._uwsgi("placement", "placement.wsgi.api:application",
+                                         self.ports["placement"], 2)
+        procs["api"] = self._uwsgi("api", self.names["api"], self.ports["api"], self.api_workers)
+        procs["conductor"] = self._service("conductor", self.names["conductor"])
+        procs["scheduler"] = self._service("scheduler", self.names["scheduler"])
+        for proc in procs.values():
+            proc.start()
+        self._wait_http("fakes", self.fakes_url + "/v2/images")
+        self._wait_http("placement", self.placement_url + "/")
+        self.wait_api()
+        self.wait_service("nova-conductor", "conductor")
+        self.wait_service("nova-scheduler", "scheduler")
+
+    def _start_computes(self) -> None:
+        for host in self.hosts:
+            self.processes[host] = self._service(host, self.names["compute"])
+            self.processes[host].start()
+        for host in self.hosts:
+            self.wait_service("nova-compute", host, timeout=180)
+        wait_until(lambda: len(self.resource_providers()) >= len(self.hosts), 120,
+                   "every compute's resource provider")
+        self._manage("cell_v2", "discover_hosts", "--verbose")
+        # the hypervisors API lists the nodes of mapped hosts only
+        wait_until(lambda: len(self.compute("GET", "/os-hypervisors").json()["hypervisors"])
+                   >= len(self.hosts), 60, "every compute's hypervisor")
+        if self.mode == "dropin":
+            self.verify(timeout=60)
+
+    def _check_alive(self, *names: str) -> None:
+        for name in names:
+            proc = self.processes[name]
+            if not proc.alive():
+                raise DeploymentError(f"{name} exited ({proc.popen and proc.popen.returncode});"
+                                      f" its log {proc.log}:\n{proc.tail()}")
+
+    def _wait_http(self, name: str, url: str, timeout: float = 120) -> None:
+        def ok() -> bool:
+            self._check_alive(name)
+            return self._session.get(url, timeout=5,
+                                     headers={"X-Auth-Token": ADMIN_TOKEN}).status_code < 500
+        wait_until(ok, timeout, f"{name} at {url}")
+
+    def wait_api(self, timeout: float = 180) -> None:
+        def ok() -> bool:
+            self._check_alive("api")
+            return self.compute("GET", "/os-services", check=False).status_code == 200
+        wait_until(ok, timeout, "nova-api")
+
+    def wait_service(self, binary: str, name: str, timeout: float = 120) -> dict[str, Any]:
+        host = name if name.startswith("compute-") else None
+
+        def up() -> dict[str, Any] | None:
+            self._check_alive(name)
+            for svc in self.services(binary):
+                if (host is None or svc["host"] == host) and svc["state"] == "up":
+                    return svc
+            return None
+        return wait_until(up, timeout, f"{binary} {name} up")
+
+    def restart(self, *names: str) -> None:
+        """Restart processes by name (``api``, ``conductor``, ``scheduler``, ``compute-N``)
+        and wait until they serve again."""
+        procs = [self.processes[name] for name in names]
+        self._parallel([proc.stop for proc in procs])
+        markers = {proc.name: proc.log.stat().st_size for proc in procs}
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            name = proc.name
+            if name == "api":
+                self.wait_api()
+            elif name == "placement":
+                self._wait_http(name, self.placement_url + "/")
+            else:
+                # nova's Service logs this once its RPC server is about to start
+                def started(proc: Process = proc) -> bool:
+                    self._check_alive(proc.name)
+                    log = proc.log.read_bytes()[markers[proc.name]:]
+                    return b"Starting " in log
+                wait_until(started, 120, f"{name} started")
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def compute(self, method: str, path: str, body: Any = None, *,
+                microversion: str = COMPUTE_MICROVERSION, check: bool = True,
+                timeout: float = 60) -> requests.Response:
+        headers = {"X-Auth-Token": ADMIN_TOKEN, "OpenStack-API-Version": f"compute {microversion}",
+                   "Accept": "application/json"}
+        resp = self._session.request(method, f"{self.api_url}/v2.1{path}", json=body,
+                                     headers=headers, timeout=timeout)
+        if check and resp.status_code >= 400:
+            raise DeploymentError(f"{method} {path} -> {resp.status_code}: {resp.text[:1000]}")
+        return resp
+
+    def placement(self, method: str, path: str, body: Any = None, *,
+                  check: bool = True) -> requests.Response:
+        headers = {"X-Auth-Token": ADMIN_TOKEN, "OpenStack-API-Version": "placement 1.39",
+                   "Accept": "application/json"}
+        resp = self._session.request(method, f"{self.placement_url}{path}", json=body,
+                                     headers=headers, timeout=60)
+        if check and resp.status_code >= 400:
+            raise DeploymentError(f"placement {method} {path} -> {resp.status_code}: "
+                                  f"{resp.text[:1000]}")
+        return resp
+
+    # -- what the tests do -----------------------------------------------------------------
+
+    def _ensure_flavor(self) -> str:
+        flavors = self.compute("GET", "/flavors").json()["flavors"]
+        for flavor in flavors:
+            if flavor["name"] == "shm.tiny":
+                return flavor["id"]
+        body = {"flavor": {"name": "shm.tiny", "ram": 64, "vcpus": 1, "disk": 1}}
+        return self.compute("POST", "/flavors", body).json()["flavor"]["id"]
+
+    def services(self, binary: str = "nova-compute") -> list[dict[str, Any]]:
+        return self.compute("GET", f"/os-services?binary={binary}").json()["services"]
+
+    def service_id(self, host: str) -> str:
+        for svc in self.services():
+            if svc["host"] == host:
+                return svc["id"]
+        raise DeploymentError(f"no nova-compute service on {host}")
+
+    def force_down(self, host: str, down: bool = True) -> None:
+        self.compute("PUT", f"/os-services/{self.service_id(host)}", {"forced_down": down})
+
+    def disable(self, host: str, disabled: bool = True) -> None:
+        body: dict[str, Any] = {"status": "disabled" if disabled else "enabled"}
+        if disabled:
+            body["disabled_reason"] = "deployment test"
+        self.compute("PUT", f"/os-services/{self.service_id(host)}", body)
+
+    def create_group(self, name: str, policy: str = "anti-affinity") -> str:
+        body = {"server_group": {"name": name, "policies": [policy]}}
+        return self.compute("POST", "/os-server-groups", body).json()["server_group"]["id"]
+
+    def boot(self, name: str, count: int = 1, *, group: str | None = None) -> None:
+        """One create request for ``count`` servers named ``name-<i>``."""
+        server = {"name": name, "imageRef": _fakes().IMAGE_ID, "flavorRef": self.flavor_id,
+                  "networks": "none", "min_count": count, "max_count": count}
+        body: dict[str, Any] = {"server": server}
+        if group:
+            body["os:scheduler_hints"] = {"group": group}
+        self.compute("POST", "/servers", body)
+
+    def servers(self, name: str | None = None) -> list[dict[str, Any]]:
+        path = "/servers/detail" + (f"?name=^{name}" if name else "")
+        return self.compute("GET", path).json()["servers"]
+
+    def wait_servers(self, name: str, count: int, timeout: float = 180) -> list[dict[str, Any]]:
+        """The ``count`` servers whose name starts with ``name`` once none is building."""
+        def settled() -> list[dict[str, Any]] | None:
+            found = self.servers(name)
+            if len(found) == count and all(s["status"] in ("ACTIVE", "ERROR") for s in found):
+                return found
+            return None
+        return wait_until(settled, timeout, f"{count} servers {name}* to settle")
+
+    def delete_servers(self, servers: list[dict[str, Any]], timeout: float = 180) -> None:
+        ids = {s["id"] for s in servers}
+        for sid in ids:
+            self.compute("DELETE", f"/servers/{sid}", check=False)
+        wait_until(lambda: not ids & {s["id"] for s in self.servers()}, timeout,
+                   f"{len(ids)} servers deleted")
+
+    def resource_providers(self) -> list[dict[str, Any]]:
+        return self.placement("GET", "/resource_providers").json()["resource_providers"]
+
+    def usages(self) -> dict[str, dict[str, int]]:
+        """Placement's usages per provider name."""
+        return {rp["name"]: self.placement("GET", f"/resource_providers/{rp['uuid']}/usages")
+                .json()["usages"] for rp in self.resource_providers()}
+
+    def verify(self, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """``shm status --verify`` on the scheduler's and the computes' endpoints."""
+        argv = [str(BIN / "shm"), "status", "--verify", "--timeout", str(timeout),
+                *self.metrics_urls()]
+        proc = subprocess.run(argv, env=self._env(), capture_output=True, text=True,
+                              timeout=timeout + 60)
+        if proc.returncode != 0:
+            raise DeploymentError(f"shm status --verify -> {proc.returncode}:\n"
+                                  f"{proc.stdout}{proc.stderr}")
+        return proc
+
+    def logs(self, *names: str, lines: int = 30) -> str:
+        names = names or tuple(self.processes)
+        return "\n".join(f"--- {n} ({self.processes[n].log})\n{self.processes[n].tail(lines)}"
+                         for n in names if n in self.processes)
+
+
+def _fakes() -> Any:
+    sys.path.insert(0, str(HERE)) if str(HERE) not in sys.path else None
+    import deployment_fakes
+
+    return deployment_fakes
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=sorted(MODES), default="stock")
+    parser.add_argument("--computes", type=int, default=4)
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+    missing = missing_requirements(args.mode)
+    if missing:
+        sys.exit("cannot deploy: " + "; ".join(missing))
+    dep = Deployment(args.mode, computes=args.computes, debug=args.debug).start()
+    print(json.dumps({"mode": dep.mode, "dir": str(dep.dir), "compute_api": dep.api_url + "/v2.1",
+                      "placement": dep.placement_url, "metrics": dep.metrics_urls(),
+                      "auth": f"X-Auth-Token: {ADMIN_TOKEN}", "timings": dep.timings}, indent=2),
+          flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dep.stop(keep=True)
+
+
+if __name__ == "__main__":
+    main()

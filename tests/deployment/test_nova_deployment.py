@@ -1,0 +1,189 @@
+"""Checks on a real nova deployment, stock nova and the drop-in alike (see conftest.py).
+
+Every server boots with ``networks = none`` and the ``shm.tiny`` flavor; every
+check deletes what it made, and begins with no server left over.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+import uuid
+from typing import Any
+
+import pytest
+from nova_deployment import FIGURES
+
+REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
+SERVERS = int(os.environ.get("SHM_DEPLOYMENT_SERVERS", "6"))
+
+pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1800)]
+
+
+def _name() -> str:
+    return "t" + uuid.uuid4().hex[:8]
+
+
+def _hosts(servers: list[dict[str, Any]]) -> collections.Counter[str]:
+    return collections.Counter(s.get("OS-EXT-SRV-ATTR:host") or "-" for s in servers)
+
+
+def _faults(servers: list[dict[str, Any]]) -> list[str]:
+    return [f"{s['name']}: {(s.get('fault') or {}).get('message', '?')}"
+            for s in servers if s["status"] != "ACTIVE"]
+
+
+def _clean(dep: Any) -> None:
+    """No server left, every compute enabled and up."""
+    left = dep.servers()
+    if left:
+        dep.delete_servers(left)
+    for svc in dep.services():
+        if svc["forced_down"]:
+            dep.force_down(svc["host"], False)
+        if svc["status"] != "enabled":
+            dep.disable(svc["host"], False)
+    for host in dep.hosts:
+        dep.wait_service("nova-compute", host)
+
+
+def _wait_zero_usage(dep: Any, timeout: float = 60) -> dict[str, dict[str, int]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        usages = dep.usages()
+        used = {rp: u for rp, u in usages.items() if any(u.values())}
+        if not used or time.monotonic() > deadline:
+            return used
+        time.sleep(1)
+
+
+def test_boot_servers_active(deployment: Any) -> None:
+    """One request for two servers per compute: all ACTIVE, spread over every compute
+    (nova's default weighers), each with its allocation in placement on its own host."""
+    dep = deployment
+    _clean(dep)
+    name, count = _name(), 2 * len(dep.hosts)
+    dep.boot(name, count)
+    servers = dep.wait_servers(name, count)
+    hosts = _hosts(servers)
+    FIGURES[dep.mode]["boot_hosts"] = dict(sorted(hosts.items()))
+    try:
+        assert not _faults(servers), _faults(servers)
+        assert set(hosts) == set(dep.hosts), f"servers per host: {dict(hosts)}"
+        providers = {rp["uuid"]: rp["name"] for rp in dep.resource_providers()}
+        for server in servers:
+            allocs = dep.placement("GET", f"/allocations/{server['id']}").json()["allocations"]
+            assert [providers[rp] for rp in allocs] == [server["OS-EXT-SRV-ATTR:host"]], \
+                f"{server['name']}: allocations {allocs}"
+    finally:
+        dep.delete_servers(servers)
+
+
+def test_anti_affinity(deployment: Any) -> None:
+    """One server per compute in an anti-affinity group, requested back to back: all on
+    different hosts; one more has no host left and goes to ERROR."""
+    dep = deployment
+    _clean(dep)
+    group = dep.create_group(_name())
+    name = _name()
+    for i in range(len(dep.hosts)):
+        dep.boot(f"{name}-{i}", group=group)
+    servers = dep.wait_servers(name, len(dep.hosts))
+    hosts = _hosts(servers)
+    FIGURES[dep.mode]["anti_affinity_hosts"] = dict(sorted(hosts.items()))
+    extra: list[dict[str, Any]] = []
+    try:
+        assert not _faults(servers), _faults(servers)
+        assert sorted(hosts) == sorted(dep.hosts) and max(hosts.values()) == 1, \
+            f"anti-affinity group members per host: {dict(hosts)}"
+        dep.boot(f"{name}-extra", group=group)
+        extra = dep.wait_servers(f"{name}-extra", 1)
+        assert extra[0]["status"] == "ERROR", \
+            f"a member beyond one per host went to {_hosts(extra)} ({extra[0]['status']})"
+    finally:
+        dep.delete_servers(servers + extra)
+        dep.compute("DELETE", f"/os-server-groups/{group}")
+
+
+def _excluded_host_check(dep: Any, what: str, exclude: Any, include: Any) -> None:
+    """REPEATS times: exclude a compute (a different one each time), at once request
+    SERVERS servers one by one, count those on it; nova-api and nova-conductor restart
+    between repetitions."""
+    reps = []
+    booted: list[dict[str, Any]] = []
+    _clean(dep)
+    try:
+        for rep in range(REPEATS):
+            host = dep.hosts[rep % len(dep.hosts)]
+            name = _name()
+            t0 = time.monotonic()
+            exclude(host)
+            t1 = time.monotonic()
+            for i in range(SERVERS):
+                dep.boot(f"{name}-{i}")
+            t2 = time.monotonic()
+            servers = dep.wait_servers(name, SERVERS)
+            booted += servers
+            t3 = time.monotonic()
+            hosts = _hosts(servers)
+            include(host)
+            if rep + 1 < REPEATS:
+                dep.restart("api", "conductor")
+                for h in dep.hosts:  # a compute's report through the restarted conductor
+                    dep.wait_service("nova-compute", h)
+            reps.append(dict(host=host, on_host=hosts.get(host, 0), servers=SERVERS,
+                             errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
+                             faults=_faults(servers)[:3],
+                             seconds=dict(exclude=round(t1 - t0, 2), requests=round(t2 - t1, 2),
+                                          settle=round(t3 - t2, 2),
+                                          restart=round(time.monotonic() - t3, 2))))
+    finally:
+        if booted:
+            dep.delete_servers(booted)
+        FIGURES[dep.mode][what] = dict(
+            on_host=sum(r["on_host"] for r in reps), servers=sum(r["servers"] for r in reps),
+            errors=sum(r["errors"] for r in reps), repetitions=len(reps), per_repetition=reps)
+    bad = [r for r in reps if r["on_host"] or r["errors"]]
+    assert not bad, (f"{what}: {sum(r['on_host'] for r in reps)} of "
+                     f"{sum(r['servers'] for r in reps)} servers on the {what} host, "
+                     f"{sum(r['errors'] for r in reps)} in ERROR; repetitions: {bad}")
+
+
+def test_forced_down_host_gets_nothing(deployment: Any) -> None:
+    dep = deployment
+    _excluded_host_check(dep, "forced_down", lambda h: dep.force_down(h, True),
+                         lambda h: dep.force_down(h, False))
+
+
+def test_disabled_host_gets_nothing(deployment: Any) -> None:
+    dep = deployment
+    _excluded_host_check(dep, "disabled", lambda h: dep.disable(h, True),
+                         lambda h: dep.disable(h, False))
+
+
+def test_deleted_servers_leave_no_usage(deployment: Any) -> None:
+    """Servers booted and deleted: every provider's usages back to zero, no allocation
+    left for any of them."""
+    dep = deployment
+    _clean(dep)
+    name = _name()
+    dep.boot(name, SERVERS)
+    servers = dep.wait_servers(name, SERVERS)
+    assert not _faults(servers), _faults(servers)
+    dep.delete_servers(servers)
+    used = _wait_zero_usage(dep)
+    FIGURES[dep.mode]["usage_after_delete"] = used
+    assert not used, f"placement usages left after deleting every server: {used}"
+    for server in servers:
+        allocs = dep.placement("GET", f"/allocations/{server['id']}").json()["allocations"]
+        assert not allocs, f"{server['name']}: allocations left {allocs}"
+
+
+def test_shm_status_verify(deployment: Any) -> None:
+    """The drop-in's scheduler holds every compute's sources as the computes do."""
+    dep = deployment
+    if dep.mode != "dropin":
+        pytest.skip("stock nova has no host-state stream to verify")
+    proc = dep.verify(timeout=30)
+    FIGURES[dep.mode]["shm_status_verify"] = proc.stdout.strip().splitlines()[-1:]
