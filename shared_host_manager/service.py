@@ -24,8 +24,9 @@ Life cycle::
                                   back
                claims         --> cast to the reporter of the host; with
                                   ``announce_claims``, then one fanout cast to
-                                  the peers (design §5.2: they deduct it until
-                                  the host's delta lists it)
+                                  the peers, or a cast to the only one (design
+                                  §5.2: they deduct it until the host's delta
+                                  lists it)
                announcer      --> the host's rejection of a claim, forwarded to
                                   the peers off the control server's thread
       stop():  publish "leaving" (peers take this scheduler's hosts over), stop
@@ -286,18 +287,25 @@ class SchedulerService:
         self.scheduler_api.send(scheduler, message)
 
     def announce(self, claim: Claim) -> None:
-        """With ``announce_claims`` and live peers: one fanout cast of ``claim`` to them, from
-        this thread (advice, at most once; never raises).  The engine's claims are announced
-        by :meth:`send_claim`; the nova drop-in's, which placement arbitrates, through
-        ``cache.claim_announcer`` once placement accepted them."""
-        if self._announcer is None or not any(p != self.name for p in self.peers):
+        """With ``announce_claims`` and live peers: one fanout cast of ``claim`` to them (a
+        cast to the only one, see :func:`_one_recipient`), from this thread (advice, at most
+        once; never raises).  The engine's claims are announced by :meth:`send_claim`; the
+        nova drop-in's, which placement arbitrates, through ``cache.claim_announcer`` once
+        placement accepted them."""
+        if self._announcer is None:
+            return
+        others = self._other_peers()
+        if not others:
             return
         try:
-            self.peer_api.announce(claim)
+            self.peer_api.announce(claim, _one_recipient(others))
             self.claims_announced += 1
         except Exception as exc:  # advice only: the claim itself is on its way
             LOG.debug("scheduler %s could not announce claim %s: %s", self.name,
                       claim.claim_id, exc)
+
+    def _other_peers(self) -> list[str]:
+        return [p for p in self.peers if p != self.name]
 
     def _on_control(self, body: bytes) -> None:
         """The control server's handler: the cache ingests; the host's rejection of a claim
@@ -316,10 +324,11 @@ class SchedulerService:
         """The announcer thread: forwarded rejections to the peers, in order, one fanout
         publish each (alone, nobody listens: nothing is sent)."""
         while (item := self._announcements.get()) is not None:
-            if not any(p != self.name for p in self.peers):
+            others = self._other_peers()
+            if not others:
                 continue
             try:
-                self.peer_api.forward(item)
+                self.peer_api.forward(item, _one_recipient(others))
             except Exception as exc:  # advice only: peers drop it at its ttl
                 LOG.debug("scheduler %s could not forward a rejection: %s", self.name, exc)
 
@@ -470,6 +479,17 @@ class SchedulerService:
 
 
 # -- built from a configuration file -------------------------------------------------
+
+def _one_recipient(others: list[str]) -> str | None:
+    """The peer to cast to directly when it is the only one, else None (one fanout).
+
+    A fanout reaches every scheduler on the peer topic, the sender too, which decodes
+    its own echo only to drop it: with one peer, that echo is half of what each
+    announcement costs the schedulers (over RabbitMQ, an oslo.messaging delivery), while
+    a direct cast is the same one publish.  With two peers or more, one fanout publish
+    is cheaper than a cast to each."""
+    return others[0] if len(others) == 1 else None
+
 
 def register_service_opts(conf: cfg.ConfigOpts) -> None:
     """Every option group a scheduler's cache reads: [cache], [signing], [data_plane], [control_plane]."""

@@ -95,14 +95,22 @@ class SchedulerAPI:
              message: ClaimResult | ResyncAnswer | ScarceRequest | ScarceAnswer) -> None:
         self._client.cast(self.topic, scheduler, self._encoder.encode(message))
 
-    def announce(self, claim: Claim) -> None:
+    def announce(self, claim: Claim, to: str | None = None) -> None:
         """Fan ``claim`` (a scheduler's own, its build request left out) out to every
-        scheduler listening on this topic: one publish, whatever their number."""
-        self._client.fanout(self.topic, self._encoder.encode(dataclasses.replace(claim, request={})))
+        scheduler listening on this topic: one publish, whatever their number; or, ``to``
+        named, cast it to that scheduler alone."""
+        self._peer_cast(self._encoder.encode(dataclasses.replace(claim, request={})), to)
 
-    def forward(self, body: bytes) -> None:
-        """Fan a message out as received (a host's signed rejection of one of our claims)."""
-        self._client.fanout(self.topic, body)
+    def forward(self, body: bytes, to: str | None = None) -> None:
+        """Fan a message out as received (a host's signed rejection of one of our claims);
+        or, ``to`` named, cast it to that scheduler alone."""
+        self._peer_cast(body, to)
+
+    def _peer_cast(self, body: bytes, to: str | None) -> None:
+        if to is None:
+            self._client.fanout(self.topic, body)
+        else:
+            self._client.cast(self.topic, to, body)
 
     def fence(self, fence: Fence) -> None:
         """Fan ``fence`` out to every scheduler on this topic (a source whose caller waits for
