@@ -1,0 +1,411 @@
+"""Differential: allocation candidates from memory equal placement's own ``GET /allocation_candidates``.
+
+placement runs in this process (:class:`simulator.placement_real.RealPlacement`:
+its WSGI app on SQLite, and on MariaDB when the server at 127.0.0.1:3306 is
+up).  Hypothesis draws worlds of root providers -- inventories with every
+field (reserved up to total, min_unit above max_unit, step sizes, ratios
+a FLOAT column cannot hold exactly, zero), usages made by real allocations
+(some over the capacity the final inventory leaves: placement accepts a
+smaller inventory under existing allocations), standard and custom traits
+(COMPUTE_STATUS_DISABLED among them), aggregates, custom resource classes --
+created through placement's REST API, and placement options
+(randomize_allocation_candidates, max_allocation_candidates,
+optimize_for_wide_provider_trees); then nova-style requests at 1.36 (nova
+34's) and 1.39, with names placement does not know and malformed values
+mixed in.
+
+For each request:
+
+* answered from memory: placement says 200 and, when nothing was cut (no
+  ``limit`` or ``max_allocation_candidates`` below the number of candidates),
+  the same allocation requests (as a multiset: placement's order is that of
+  Python sets) and the same provider summaries (traits as sets); when
+  something was cut, the same number of candidates, every one of them --
+  placement's and memory's -- among all the candidates, and the summaries of
+  exactly the providers they name;
+* left to placement for a bad request (``invalid_request``,
+  ``unknown_parameter``): placement says 400; for an unknown name: 400, or
+  200 with no candidate (placement looks some names up only after a filter
+  that already matched nothing).
+
+The memory state is read back from placement's tables (``export_state``: what
+a publisher of placement's state would send) and also checked against the
+world as drawn.  The explicit examples are the differences found so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("placement.deploy")
+
+from shared_host_manager.placement import (  # noqa: E402
+    PlacementConfig,
+    ProviderState,
+    Unanswered,
+    allocation_candidates,
+    answer,
+    parse_querystring,
+)
+from simulator.placement_real import RealPlacement, server_available, server_url  # noqa: E402
+
+UUIDS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(1, 7)]
+#: a uuid no provider has (in_tree to nowhere)
+STRANGER = "99999999-0000-4000-8000-999999999999"
+AGGS = ["aaaaaaaa-0000-4000-8000-000000000001", "aaaaaaaa-0000-4000-8000-000000000002",
+        "aaaaaaaa-0000-4000-8000-000000000003"]
+RCS = ["VCPU", "MEMORY_MB", "DISK_GB", "CUSTOM_GOLD", "CUSTOM_SILVER"]
+TRAITS = ["COMPUTE_STATUS_DISABLED", "HW_CPU_X86_AVX2", "HW_CPU_X86_SSE42", "CUSTOM_FAST", "CUSTOM_SLOW"]
+#: defined in placement, carried by no provider
+IDLE_TRAIT = "CUSTOM_IDLE"
+#: defined nowhere
+UNKNOWN_TRAIT = "CUSTOM_NOWHERE"
+UNKNOWN_RC = "CUSTOM_NOWHERE"
+#: 1.1, 0.7, 3.3 ... have no exact 32-bit float; 1.2345678 has more than six significant digits
+RATIOS = [1.0, 16.0, 1.5, 0.5, 1.1, 0.7, 3.3, 0.9, 1.2345678, 0.0, 2.0]
+
+inventory_st = st.fixed_dictionaries({
+    "total": st.integers(1, 40),
+    "reserved": st.integers(0, 12),
+    "min_unit": st.sampled_from([1, 1, 1, 2, 3]),
+    "max_unit": st.sampled_from([1, 4, 8, 16, 40, 2147483647]),
+    "step_size": st.sampled_from([1, 1, 1, 2, 3]),
+    "allocation_ratio": st.sampled_from(RATIOS),
+})
+
+
+@st.composite
+def provider_st(draw: Any, uuid: str) -> dict[str, Any]:
+    rcs = draw(st.lists(st.sampled_from(RCS), unique=True, max_size=4))
+    inventories = {}
+    for rc in rcs:
+        inv = draw(inventory_st)
+        inv["reserved"] = min(inv["reserved"], inv["total"])
+        inventories[rc] = inv
+    usages = {rc: draw(st.sampled_from([0, 0, 1, 2, 5, 9, 30])) for rc in rcs}
+    return {"uuid": uuid, "name": "cn-" + uuid[:8], "inventories": inventories,
+            "usages": {rc: u for rc, u in usages.items() if u},
+            "traits": draw(st.lists(st.sampled_from(TRAITS), unique=True)),
+            "aggregates": draw(st.lists(st.sampled_from(AGGS), unique=True))}
+
+
+@st.composite
+def world_st(draw: Any) -> list[dict[str, Any]]:
+    uuids = draw(st.lists(st.sampled_from(UUIDS), unique=True, max_size=6))
+    return [draw(provider_st(u)) for u in sorted(uuids)]
+
+
+options_st = st.fixed_dictionaries({
+    "randomize": st.booleans(),
+    "max_candidates": st.sampled_from([-1, -1, -1, 1, 2]),
+    "optimize": st.booleans(),
+})
+
+
+@st.composite
+def request_st(draw: Any) -> tuple[str, str]:
+    """(querystring, microversion) as nova's ResourceRequest.to_querystring writes them, mostly."""
+    mv = draw(st.sampled_from(["1.36", "1.36", "1.39"]))
+    pairs: list[tuple[str, str]] = []
+    rcs = draw(st.lists(st.sampled_from(RCS + [UNKNOWN_RC] * (draw(st.integers(0, 9)) == 0)),
+                        unique=True, min_size=1, max_size=3))
+    amounts = [draw(st.sampled_from([1, 1, 2, 3, 4, 6, 8, 12])) for _ in rcs]
+    pairs.append(("resources", ",".join(f"{rc}:{a}" for rc, a in sorted(zip(rcs, amounts, strict=True)))))
+    names = TRAITS + [IDLE_TRAIT] + [UNKNOWN_TRAIT] * (draw(st.integers(0, 9)) == 0)
+    req = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
+    forb = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
+    if req or forb:
+        pairs.append(("required", ",".join(sorted(req) + ["!" + t for t in sorted(forb)])))
+    if mv == "1.39" and draw(st.booleans()):
+        pairs.append(("required", "in:" + ",".join(
+            draw(st.lists(st.sampled_from(names), unique=True, min_size=1, max_size=3)))))
+    for _ in range(draw(st.integers(0, 2))):
+        aggs = draw(st.lists(st.sampled_from(AGGS), unique=True, min_size=1, max_size=2))
+        pairs.append(("member_of", "in:" + ",".join(sorted(aggs))))
+    if draw(st.integers(0, 3)) == 0:
+        aggs = draw(st.lists(st.sampled_from(AGGS), unique=True, min_size=1, max_size=2))
+        pairs.append(("member_of", "!in:" + ",".join(sorted(aggs))))
+    if draw(st.integers(0, 4)) == 0:
+        pairs.append(("in_tree", draw(st.sampled_from(UUIDS + [STRANGER]))))
+    rreq = draw(st.lists(st.sampled_from(names), unique=True, max_size=1))
+    rforb = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
+    if rreq or rforb:
+        pairs.append(("root_required", ",".join(sorted(rreq) + ["!" + t for t in sorted(rforb)])))
+    limit = draw(st.sampled_from([None, None, 1, 2, 3, 1000]))
+    if limit is not None:
+        pairs.append(("limit", str(limit)))
+    if draw(st.integers(0, 5)) == 0:
+        pairs.append(("group_policy", draw(st.sampled_from(["none", "isolate"]))))
+    # now and then something placement refuses or that memory leaves to it
+    odd = draw(st.integers(0, 14))
+    if odd == 0:
+        pairs.append(("resources1", "VCPU:1"))
+    elif odd == 1:
+        pairs.append(("limit", "0"))
+    elif odd == 2:
+        pairs.append(("required", "!"))
+    elif odd == 3:
+        pairs.append(("member_of", "not-a-uuid"))
+    elif odd == 4:
+        pairs.append(("color", "blue"))
+    elif odd == 5:
+        pairs.append(("root_required", "in:HW_CPU_X86_AVX2"))
+    from urllib.parse import urlencode
+
+    return urlencode(sorted(pairs)), mv
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+#: worlds drawn per backend (plus the explicit examples); SHM_PLACEMENT_EXAMPLES scales both up for
+#: a longer hunt.  Each world costs some 15 REST calls of placement (~30 ms each unloaded)
+SCALE = int(os.environ.get("SHM_PLACEMENT_EXAMPLES", "1"))
+EXAMPLES = {"sqlite": 16 * SCALE, "mariadb": 8 * SCALE}
+
+
+def _start(backend: str) -> RealPlacement:
+    if backend == "mariadb":
+        if not server_available():
+            from servers import database_unavailable
+
+            database_unavailable("MariaDB at 127.0.0.1:3306 is not reachable")
+        p = RealPlacement(server_url(f"shm_placement_diff_{random.randrange(1 << 30)}"))
+    else:
+        p = RealPlacement()
+    for t in ("CUSTOM_FAST", "CUSTOM_SLOW", IDLE_TRAIT):
+        p.ok("PUT", f"/traits/{t}")
+    for rc in ("CUSTOM_GOLD", "CUSTOM_SILVER"):
+        p.ok("PUT", f"/resource_classes/{rc}")
+    return p
+
+
+class _OneAtATime:
+    """One placement at a time: its engine facade is process-wide, so the next backend's
+    placement starts after the previous one is closed."""
+
+    def __init__(self) -> None:
+        self.backend: str | None = None
+        self.current: RealPlacement | None = None
+
+    def get(self, backend: str) -> RealPlacement:
+        if self.backend != backend:
+            self.close()
+            self.current, self.backend = _start(backend), backend
+        assert self.current is not None
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+        self.current = self.backend = None
+
+
+@pytest.fixture(scope="module")
+def placements() -> Any:
+    holder = _OneAtATime()
+    yield holder
+    holder.close()
+
+
+def build(p: RealPlacement, world: list[dict[str, Any]]) -> None:
+    """The world through placement's REST API: providers, allocations, final inventories."""
+    p.reset()
+    for i, prov in enumerate(world):
+        u = prov["uuid"]
+        p.ok("POST", "/resource_providers", {"uuid": u, "name": prov["name"]})
+        gen = 0
+        if prov["usages"]:
+            # room for the usages first; the final inventory may leave less (over capacity)
+            roomy = {rc: {"total": 10_000} for rc in prov["inventories"]}
+            gen = p.ok("PUT", f"/resource_providers/{u}/inventories",
+                       {"resource_provider_generation": gen,
+                        "inventories": roomy})["resource_provider_generation"]
+            p.ok("PUT", f"/allocations/{i:08x}-1111-4111-8111-{i:012x}",
+                 {"allocations": {u: {"resources": prov["usages"]}}, "project_id": "p",
+                  "user_id": "u", "consumer_generation": None, "consumer_type": "INSTANCE"})
+            gen += 1
+        if prov["inventories"]:
+            gen = p.ok("PUT", f"/resource_providers/{u}/inventories",
+                       {"resource_provider_generation": gen,
+                        "inventories": prov["inventories"]})["resource_provider_generation"]
+        if prov["traits"]:
+            gen = p.ok("PUT", f"/resource_providers/{u}/traits",
+                       {"resource_provider_generation": gen,
+                        "traits": prov["traits"]})["resource_provider_generation"]
+        if prov["aggregates"]:
+            p.ok("PUT", f"/resource_providers/{u}/aggregates",
+                 {"resource_provider_generation": gen, "aggregates": prov["aggregates"]})
+
+
+def check_export(doc: Mapping[str, Any], world: list[dict[str, Any]]) -> None:
+    """placement's tables read back are the world as drawn (the dict form is placement's)."""
+    single = doc["allocation_ratio_storage"] == "single"
+    got = {p["uuid"]: p for p in doc["providers"]}
+    assert sorted(got) == [p["uuid"] for p in world]
+    for want in world:
+        p = got[want["uuid"]]
+        assert p["parent_provider_uuid"] is None and p["root_provider_uuid"] == want["uuid"]
+        assert p["usages"] == want["usages"]
+        assert sorted(p["traits"]) == sorted(want["traits"])
+        assert sorted(p["aggregates"]) == sorted(want["aggregates"])
+        assert set(p["inventories"]) == set(want["inventories"])
+        for rc, inv in want["inventories"].items():
+            ratio = inv["allocation_ratio"]
+            expected = {**inv, "allocation_ratio": float(np.float32(ratio)) if single else ratio}
+            assert p["inventories"][rc] == expected
+
+
+def canonical(areq: Mapping[str, Any]) -> str:
+    a = {"allocations": areq["allocations"],
+         "mappings": {k: sorted(v) for k, v in areq.get("mappings", {}).items()}}
+    return json.dumps(a, sort_keys=True)
+
+
+def summaries(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {u: {**s, "traits": sorted(s["traits"])} for u, s in body["provider_summaries"].items()}
+
+
+def compare(p: RealPlacement, state: ProviderState, qs: str, mv: str, opts: Mapping[str, Any]) -> str:
+    config = PlacementConfig(randomize_allocation_candidates=opts["randomize"],
+                             max_allocation_candidates=opts["max_candidates"],
+                             optimize_for_wide_provider_trees=opts["optimize"])
+    mem = answer(state, qs, mv, config, random.Random(7))
+    status, body = p.request("GET", "/allocation_candidates?" + qs, version=mv)
+    if isinstance(mem, Unanswered):
+        if mem.reason in ("invalid_request", "unknown_parameter"):
+            assert status == 400, (qs, mv, mem, status, body)
+        elif mem.reason in ("unknown_trait", "unknown_resource_class"):
+            assert status == 400 or (status == 200 and not body["allocation_requests"]), (qs, mem, body)
+        return mem.reason
+    assert status == 200, (qs, mv, status, body)
+    # every candidate: no limit, no max_allocation_candidates, no shuffling
+    query = parse_querystring(qs, mv)
+    assert not isinstance(query, Unanswered)
+    full = allocation_candidates(state, dataclasses.replace(query, limit=None), PlacementConfig(
+        optimize_for_wide_provider_trees=opts["optimize"]))
+    assert not isinstance(full, Unanswered)
+    all_cands = {canonical(a) for a in full["allocation_requests"]}
+    all_sums = summaries(full)
+    mine, theirs = mem["allocation_requests"], body["allocation_requests"]
+    if len(mine) == len(all_cands):
+        assert sorted(map(canonical, mine)) == sorted(map(canonical, theirs)), (qs, mv, mem, body)
+        assert summaries(mem) == summaries(body), (qs, mv, mem, body)
+        return "all"
+    assert len(mine) == len(theirs), (qs, mv, mem, body)
+    for side in (mem, body):
+        cands = [canonical(a) for a in side["allocation_requests"]]
+        assert len(set(cands)) == len(cands) and set(cands) <= all_cands, (qs, side, full)
+        named = {u for a in side["allocation_requests"] for u in a["allocations"]}
+        assert summaries(side) == {u: all_sums[u] for u in named}, (qs, side, full)
+    return "cut"
+
+
+OUTCOMES: dict[str, int] = {}
+
+
+def run_world(p: RealPlacement, world: list[dict[str, Any]], opts: Mapping[str, Any],
+              requests: list[tuple[str, str]]) -> None:
+    build(p, world)
+    p.set_options(placement__randomize_allocation_candidates=opts["randomize"],
+                  placement__max_allocation_candidates=opts["max_candidates"],
+                  workarounds__optimize_for_wide_provider_trees=opts["optimize"])
+    doc = p.export_state()
+    check_export(doc, world)
+    state = ProviderState.from_dict(doc)
+    for qs, mv in requests:
+        outcome = compare(p, state, qs, mv, opts)
+        OUTCOMES[outcome] = OUTCOMES.get(outcome, 0) + 1
+
+
+PLAIN = {"randomize": False, "max_candidates": -1, "optimize": False}
+
+
+def _prov(uuid: str, inventories: dict[str, Any], usages: dict[str, int] | None = None,
+          traits: list[str] | None = None, aggregates: list[str] | None = None) -> dict[str, Any]:
+    return {"uuid": uuid, "name": "cn-" + uuid[:8], "inventories": inventories, "usages": usages or {},
+            "traits": traits or [], "aggregates": aggregates or []}
+
+
+def _inv(total: int, **kw: Any) -> dict[str, Any]:
+    return {"total": total, "reserved": 0, "min_unit": 1, "max_unit": 2147483647, "step_size": 1,
+            "allocation_ratio": 1.0, **kw}
+
+
+def differences_found(test: Any) -> Any:
+    """The differences found so far, as explicit examples of ``test``."""
+    for args in FOUND:
+        test = example(**args)(test)
+    return test
+
+
+FOUND: list[dict[str, Any]] = [
+    # MariaDB keeps a ratio in a 32-bit FLOAT: for 0.7 its SQL computes 10 * 0.699999988 =
+    # 6.9999998 (7 units do not fit: VCPU:2 on 5 used, VCPU:7 on none), while the summary's
+    # capacity is int(10 * 0.7) = 7 from the six-digit text "0.7" placement reads back
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(10, allocation_ratio=0.7)}, {"VCPU": 5}),
+               _prov(UUIDS[1], {"VCPU": _inv(10, allocation_ratio=0.7)})],
+     "opts": PLAIN, "requests": [("resources=VCPU%3A2", "1.36"), ("resources=VCPU%3A7", "1.36")]},
+    # ... and more than six significant digits: the text placement reads back is not the float
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(10, allocation_ratio=1.2345678)}, {"VCPU": 9})],
+     "opts": PLAIN, "requests": [("resources=VCPU%3A3", "1.36"), ("resources=VCPU%3A4", "1.36")]},
+    # used above capacity, reserved == total, min_unit > max_unit, step_size, disabled compute
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(4, reserved=4)}, {"VCPU": 2}),
+               _prov(UUIDS[1], {"VCPU": _inv(8, min_unit=3, max_unit=2)}),
+               _prov(UUIDS[2], {"VCPU": _inv(8, step_size=3)}, {}, ["COMPUTE_STATUS_DISABLED"])],
+     "opts": PLAIN, "requests": [("resources=VCPU%3A3", "1.36"),
+                                 ("resources=VCPU%3A3&root_required=%21COMPUTE_STATUS_DISABLED", "1.36")]},
+    # max_allocation_candidates below the match count, then a random limit over what is left
+    {"world": [_prov(u, {"VCPU": _inv(8)}) for u in UUIDS[:4]],
+     "opts": {"randomize": True, "max_candidates": 3, "optimize": False},
+     "requests": [("limit=2&resources=VCPU%3A1", "1.36"), ("resources=VCPU%3A1", "1.36")]},
+    # optimize_for_wide_provider_trees: the merge check ignores usage (SQL still counts it)
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(10, allocation_ratio=0.7)}, {"VCPU": 5})],
+     "opts": {"randomize": False, "max_candidates": -1, "optimize": True},
+     "requests": [("resources=VCPU%3A2", "1.36"), ("resources=VCPU%3A1", "1.36")]},
+    # before 1.39 only the last required counts; at 1.39 every one (and in:)
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)}, {}, ["CUSTOM_FAST"])], "opts": PLAIN,
+     "requests": [("required=%21&required=CUSTOM_FAST&resources=VCPU%3A1", "1.36"),
+                  ("required=in%3ACUSTOM_SLOW%2CCUSTOM_FAST&required=%21HW_CPU_X86_AVX2"
+                   "&resources=VCPU%3A1", "1.39")]},
+    # an unknown trait behind a member_of that matches nothing: placement answers 200, empty
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)})], "opts": PLAIN,
+     "requests": [(f"member_of={AGGS[0]}&required={UNKNOWN_TRAIT}&resources=VCPU%3A1", "1.36")]},
+]
+
+_SETTINGS = dict(deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+_WORLDS = dict(world=world_st(), opts=options_st, requests=st.lists(request_st(), min_size=1, max_size=6))
+
+
+@differences_found
+@settings(max_examples=EXAMPLES["sqlite"], **_SETTINGS)
+@given(**_WORLDS)
+def test_candidates_equal_placement_sqlite(placements: _OneAtATime, world: list[dict[str, Any]],
+                                           opts: dict[str, Any], requests: list[tuple[str, str]]) -> None:
+    run_world(placements.get("sqlite"), world, opts, requests)
+
+
+@differences_found
+@settings(max_examples=EXAMPLES["mariadb"], **_SETTINGS)
+@given(**_WORLDS)
+def test_candidates_equal_placement_mariadb(placements: _OneAtATime, world: list[dict[str, Any]],
+                                            opts: dict[str, Any], requests: list[tuple[str, str]]) -> None:
+    run_world(placements.get("mariadb"), world, opts, requests)
+
+
+def test_outcomes_cover_every_kind() -> None:
+    """The drawn requests reached every comparison: full equality, a cut, a refusal."""
+    if not OUTCOMES:
+        pytest.skip("the differential test did not run")
+    assert OUTCOMES.get("all", 0) > 0 and OUTCOMES.get("cut", 0) > 0, OUTCOMES
+    assert OUTCOMES.get("invalid_request", 0) > 0, OUTCOMES
