@@ -25,6 +25,10 @@ Namespaces
 ``instances``   ``{instance_uuid: record}``: the instances whose usage ``*_used``
                 includes.  An arbiter-made record is ``{"claim": id,
                 "resources": {...}}``; a nova-tracked one is ``{}``.
+``builds``      ``{instance_uuid: {}}``: builds the host has received and not finished,
+                whose usage ``*_used`` may not include yet (nova-compute queues builds
+                behind its build slots).  A scheduler's pending claim of an instance
+                listed here does not expire (design §5.2).
 ``aggregates``  ``{aggregate_uuid: {"name": str, "metadata": {str: str}, "id"?: int}}``.
 ``stats``       free-form ``{str: str}`` (nova's ComputeNode.stats).
 ``numa``        ``{"cell<id>": NUMA cell}`` (nova's NUMACell primitive).
@@ -63,6 +67,7 @@ from typing import Any
 COMPUTE = "compute"
 SERVICE = "service"
 INSTANCES = "instances"
+BUILDS = "builds"
 AGGREGATES = "aggregates"
 STATS = "stats"
 NUMA = "numa"

@@ -37,7 +37,10 @@ Pending-claim ledger (per source)::
     add_claim() --> PENDING --(delta or snapshot lists it)-----> retired: "included"
                           |---(claim result: rejected)-------> retired: "rejected"
                           |---(source's epoch changes)-------> retired: "epoch_changed"
-                          |---(deadline passes, no word)-----> retired: "expired" (counted)
+                          |---(deadline passes, no word)-----> retired: "expired" (counted);
+                          |    (a claim whose instance the source's document lists under
+                          |     ``builds`` -- received, not counted yet -- is kept: its
+                          |     deadline restarts)
                           +---(cancel_claim(): build given up)-> retired: "cancelled"
 
 (A replay that starts at an update log's checkpoint puts back the claims held there,
@@ -97,7 +100,7 @@ from typing import TypedDict
 
 from protocol.document import CanonicalCache, Document, apply_ops, copy_document
 from protocol.errors import LocalProtocolError
-from protocol.hostdoc import INSTANCES, said_goodbye
+from protocol.hostdoc import BUILDS, INSTANCES, said_goodbye
 from protocol.messages import (
     NO_EPOCH,
     Batch,
@@ -267,7 +270,7 @@ STAT_KEYS = (
     "came_up", "goodbyes", "claims_added", "claims_included", "claims_rejected", "claims_expired",
     "claims_epoch_retired", "claims_cancelled", "claim_results_late", "claim_results_foreign",
     "peer_claims", "peer_claims_included", "peer_claims_rejected", "peer_claims_expired",
-    "peer_claims_ignored",
+    "peer_claims_ignored", "claims_kept_building",
 )
 
 
@@ -795,6 +798,14 @@ class ReceiverMachine:
                 continue
             pending = view.pending.get(claim_id)
             if pending is not None and pending.deadline <= now:
+                if self._building(view, pending.claim):
+                    # the host has the build and has not counted it yet (queued behind its
+                    # build slots): the wall clock says nothing about it, the host's next
+                    # word does -- it lists the instance, or drops the build
+                    pending.deadline = now + self.claim_deadline
+                    heapq.heappush(deadlines, (pending.deadline, claim_id, source))
+                    self.stats["claims_kept_building"] += 1
+                    continue
                 self._retire(view, claim_id, Outcome.EXPIRED)
                 continue
             held = view.peer.get(claim_id)
@@ -815,6 +826,13 @@ class ReceiverMachine:
                     self.stats["went_down"] += 1
                     self._changed.add(view.source)
         return out
+
+    @staticmethod
+    def _building(view: SourceView, claim: Claim) -> bool:
+        """The source's document lists the claim's instance among the builds it received
+        and has not finished (protocol.hostdoc BUILDS)."""
+        return bool(claim.instance) and view.doc is not None \
+            and claim.instance in (view.doc.get(BUILDS) or {})
 
     def next_deadline(self) -> float:
         """Clock value by which :meth:`tick` should run again."""

@@ -26,6 +26,18 @@ with many nodes): each compute host registers its own hook
 (:func:`register`); a tracker feeds the hook of its host, else the one given to
 :func:`install`.
 
+Builds waiting for a slot
+-------------------------
+nova-compute queues a build it received behind its build slots
+(``max_concurrent_builds``) before its tracker claims it; on a busy host that
+can outlast a scheduler's ``claim_deadline``.  :func:`install` wraps
+``ComputeManager.build_and_run_instance`` (the RPC call arriving) and
+``_do_build_and_run_instance`` (the build, run in its slot) so the node's
+``builds`` namespace lists every build received and not finished; a scheduler
+keeps its pending claim of a listed instance past the deadline until the
+tracker counts the instance (the claim is included) or the build ends without
+it (the claim then expires by the clock; design §5.5).
+
 :func:`install` also wraps ``ComputeManager.set_host_enabled``, which the API
 calls when an operator disables or enables the service (nova 34 syncs the
 COMPUTE_STATUS_DISABLED trait through it), so ``service.disabled`` changes at
@@ -83,6 +95,7 @@ The contract: docs/design.md §5.5.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
@@ -125,6 +138,11 @@ class ComputeHook:
         #: a report are the instances of the entries new here (a resize to the same node
         #: adds a move of an instance already counted)
         self._counted: dict[str, frozenset[tuple[str, str]]] = {}
+        #: per node, the builds it received and has not finished (nova's
+        #: build_and_run_instance until _do_build_and_run_instance returns), published as
+        #: the ``builds`` namespace: a scheduler keeps its claim of such an instance
+        #: however long the build waits for a build slot (design §5.5)
+        self._builds: dict[str, set[str]] = {}
         self.counters: Counter[str] = Counter()
 
     # -- reading (the reporter's ResourceTracker interface uses these) ----------------
@@ -163,12 +181,35 @@ class ComputeHook:
                 compute_node, instances=instances, aggregates=self._aggregates.get(host, ()),
                 cell_uuid=self.cell_uuid, reserved=self.reserved)
             doc[hostdoc.SERVICE] = dict(self._service.get(host) or ndoc.service_namespace(None))
+            _set_builds(doc, self._builds.get(source))
             self._host_of[source] = host
             counted = frozenset([*(("instance", u) for u in instances),
                                  *(("move", u) for u in moving_in)])
             before = self._counted.get(source, frozenset())
             self._counted[source] = counted
             return self._publish(source, old, doc, sorted({u for _, u in counted - before}))
+
+    def building(self, host: str, nodename: str | None, instance: str, received: bool) -> None:
+        """A build of ``instance`` for ``host``'s node ``nodename`` was received (``received``)
+        or has finished, built or not: the node's ``builds`` namespace changes at once."""
+        with self._lock:
+            sources = self._sources_of(host)
+            if nodename is not None:
+                sources = [s for s in sources
+                           if (self._docs[s].get(hostdoc.COMPUTE) or {}).get("nodename") == nodename]
+            if len(sources) != 1:
+                self.counters["builds_unknown_node"] += 1
+                return
+            source = sources[0]
+            builds = self._builds.setdefault(source, set())
+            if received:
+                builds.add(instance)
+            else:
+                builds.discard(instance)
+            old = self._docs[source]
+            doc = copy_document(old)
+            _set_builds(doc, builds)
+            self._publish(source, old, doc)
 
     def set_service(self, host: str, **fields: Any) -> None:
         """Change the service state of every node of ``host`` (disabled, disabled_reason, forced_down)."""
@@ -212,6 +253,7 @@ class ComputeHook:
             self._docs.pop(source, None)
             self._host_of.pop(source, None)
             self._counted.pop(source, None)
+            self._builds.pop(source, None)
 
     def knows_service(self, host: str) -> bool:
         with self._lock:
@@ -438,6 +480,55 @@ def install(hook: ComputeHook | None = None, *, resource_tracker_cls: Any = None
     compute_manager_cls.set_host_enabled = set_host_enabled
     _installed["rt"] = (resource_tracker_cls, original_update, publics)
     _installed["cm"] = (compute_manager_cls, original_enabled)
+    builds = {name: getattr(compute_manager_cls, name, None)
+              for name in ("build_and_run_instance", "_do_build_and_run_instance")}
+    if all(builds.values()):
+        compute_manager_cls.build_and_run_instance = _builds_wrapper(
+            builds["build_and_run_instance"], True)
+        compute_manager_cls._do_build_and_run_instance = _builds_wrapper(
+            builds["_do_build_and_run_instance"], False)
+        _installed["builds"] = (compute_manager_cls, builds)
+
+
+def _set_builds(doc: Document, builds: set[str] | None) -> None:
+    if builds:
+        doc[hostdoc.BUILDS] = {instance: {} for instance in sorted(builds)}
+    else:
+        doc.pop(hostdoc.BUILDS, None)
+
+
+def _builds_wrapper(original: Any, received: bool) -> Any:
+    """``original`` (a ComputeManager build method) telling the host's hook that the build
+    of its ``instance`` for its ``node`` was received, or (``received`` False) has finished,
+    when it returns or raises."""
+    signature = inspect.signature(original)
+
+    def tell(manager: Any, args: tuple[Any, ...], kwargs: dict[str, Any], now: bool) -> None:
+        try:
+            target = hook_for(manager.host)
+            arguments = signature.bind_partial(manager, *args, **kwargs).arguments
+            instance = arguments.get("instance")
+            uuid = getattr(instance, "uuid", None)
+            if target is not None and uuid:
+                target.building(manager.host, arguments.get("node"), uuid, now)
+        except Exception:  # the build must never fail for the hook
+            LOG.exception("shared host manager hook failed on %s", original.__name__)
+
+    def wrapper(manager: Any, *args: Any, **kwargs: Any) -> Any:
+        if received:
+            tell(manager, args, kwargs, True)
+            try:
+                return original(manager, *args, **kwargs)
+            except BaseException:
+                tell(manager, args, kwargs, False)  # refused before it was queued
+                raise
+        try:
+            return original(manager, *args, **kwargs)
+        finally:
+            tell(manager, args, kwargs, False)
+
+    functools.update_wrapper(wrapper, original)  # nova's markers (rpc tracking) included
+    return wrapper
 
 
 def uninstall() -> None:
@@ -449,6 +540,10 @@ def uninstall() -> None:
     if "cm" in _installed:
         cls, original = _installed.pop("cm")
         cls.set_host_enabled = original
+    if "builds" in _installed:
+        cls, builds = _installed.pop("builds")
+        for name, value in builds.items():
+            setattr(cls, name, value)
     _default[:] = []
 
 

@@ -291,3 +291,81 @@ def test_install_and_uninstall_restore_nova(installed):
     compute_hook.uninstall()
     assert not hasattr(FakeRT._update, "__wrapped__")
     assert not hasattr(FakeComputeManager.set_host_enabled, "__wrapped__")
+
+
+class FakeBuildingManager(FakeComputeManager):
+    """nova 34's build path: the RPC call queues the build, _do_build_and_run_instance runs it
+    in a build slot (the tracker's instance_claim inside, unless the build fails first)."""
+
+    def __init__(self, host: str, rt: FakeRT, cn: Any) -> None:
+        self.host, self.rt, self.cn = host, rt, cn
+        self.queued: list[tuple[Any, str]] = []
+
+    def build_and_run_instance(self, context, instance, image, request_spec, filter_properties,
+                               accel_uuids, admin_password=None, injected_files=None,
+                               requested_networks=None, security_groups=None,
+                               block_device_mapping=None, node=None, limits=None, host_list=None):
+        self.queued.append((instance, node))
+
+    def _do_build_and_run_instance(self, context, instance, image, request_spec,
+                                   filter_properties, admin_password, injected_files,
+                                   requested_networks, security_groups, block_device_mapping,
+                                   node=None, limits=None, host_list=None, accel_uuids=None,
+                                   fail=False):
+        if fail:
+            return "failed"  # nova's build_results.FAILED: the tracker never claimed it
+        self.rt.instance_claim(self.cn, instance.uuid)
+        return "active"
+
+    def run_next(self, fail: bool = False) -> None:
+        instance, node = self.queued.pop(0)
+        self._do_build_and_run_instance(None, instance, None, None, {}, None, None, None, None,
+                                        None, node=node, fail=fail)
+
+
+def test_a_claim_the_compute_has_queued_stays_deducted_past_its_deadline(installed):
+    """A build waiting for a build slot longer than claim_deadline: the node lists it under
+    ``builds``, the scheduler keeps its claim until the tracker counts the instance (then once,
+    not twice); a build that ends without it frees its claim at the next deadline."""
+    cn = fx.compute_node(5, free_ram_mb=40000)
+    rt = FakeRT(cn.host)
+    rt._update(nova_context.get_admin_context(), cn)
+    compute = FakeBuildingManager(cn.host, rt, cn)
+    compute_hook.install(installed, resource_tracker_cls=FakeRT,
+                         compute_manager_cls=FakeBuildingManager)
+    pipe = Pipeline(installed)
+    manager = shm.SharedHostManager(pipe.cache, register_claims=True)
+    built, failed = fx.uuid_for("inst", 21), fx.uuid_for("inst", 22)
+    for instance in (built, failed):
+        _view(manager, cn).consume_from_request(fx.request_spec(instance_uuid=instance))
+        compute.build_and_run_instance(
+            nova_context.get_admin_context(), instance=objects.Instance(uuid=instance),
+            image={}, request_spec=None, filter_properties={}, accel_uuids=[],
+            node=cn.hypervisor_hostname)
+    pipe.flush()
+    assert sorted(installed.document(cn.uuid)["builds"]) == sorted([built, failed])
+    assert _view(manager, cn).free_ram_mb == 40000 - 2 * 2048
+
+    receiver = pipe.cache.receiver
+
+    def wait(seconds: float) -> None:  # the host heartbeats meanwhile
+        for _ in range(int(seconds / 5)):
+            pipe.now += 5.0
+            pipe.flush()
+            with pipe.cache.lock:
+                receiver.tick(pipe.now)
+
+    wait(95.0)  # three deadlines pass while both wait for a slot
+    assert receiver.pending_claims() == 2 and receiver.stats["claims_expired"] == 0
+    assert _view(manager, cn).free_ram_mb == 40000 - 2 * 2048
+
+    compute.run_next()  # built: the tracker counts it, the delta includes the claim
+    compute.run_next(fail=True)  # failed: no longer among the node's builds
+    pipe.flush()
+    assert "builds" not in installed.document(cn.uuid)
+    assert receiver.stats["claims_included"] == 1 and receiver.pending_claims() == 1
+    wait(35.0)
+    assert receiver.pending_claims() == 0 and receiver.stats["claims_expired"] == 1
+    assert _view(manager, cn).free_ram_mb == cn.free_ram_mb == 40000 - 2048  # once
+    compute_hook.uninstall()
+    assert not hasattr(FakeBuildingManager.build_and_run_instance, "__wrapped__")

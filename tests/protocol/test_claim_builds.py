@@ -1,0 +1,54 @@
+"""A pending claim whose instance the source lists under ``builds`` (received, not counted
+yet) does not expire by the wall clock: it stays deducted until the source's document
+includes it, and once the source drops the build without it, it expires at the next
+deadline (docs/design.md §5.2, §5.5).  Pure: the clock is an argument."""
+
+from __future__ import annotations
+
+from protocol.document import DEL, SET
+from protocol.hostdoc import BUILDS, INSTANCES
+from protocol.messages import Claim, Delta, Snapshot
+from protocol.receiver import Outcome, ReceiverMachine
+
+A, E = "compute-a", 100
+DOC = {"compute": {"vcpus": 8, "vcpus_used": 0, "memory_mb": 4096, "memory_mb_used": 0}}
+
+
+def _receiver() -> ReceiverMachine:
+    r = ReceiverMachine("sched-1", down_interval=1e9, claim_deadline=30.0)
+    r.receive(Snapshot(A, E, 0, {ns: dict(v) for ns, v in DOC.items()}, []), 0.0)
+    return r
+
+
+def _claim(instance: str) -> Claim:
+    return Claim(instance, "sched-1", A, E, 0, {"memory_mb": 1024}, instance)
+
+
+def test_a_claim_listed_among_the_sources_builds_outlives_its_deadline() -> None:
+    r = _receiver()
+    for instance in ("i-listed", "i-silent"):
+        r.add_claim(_claim(instance), 1.0)
+    r.receive(Delta(A, E, 1, [[SET, BUILDS, "i-listed", {}]], []), 2.0)
+    for now in (31.0, 62.0, 93.0):
+        r.tick(now)
+    assert list(r.sources[A].pending) == ["i-listed"]
+    assert r.sources[A].pending_usage == {"memory_mb": 1024}
+    assert r.stats["claims_expired"] == 1 and r.stats["claims_kept_building"] == 3
+    # the source counts the instance: the claim is included, not expired
+    r.receive(Delta(A, E, 2, [[DEL, BUILDS, "i-listed"], [SET, INSTANCES, "i-listed", {}],
+                              [SET, "compute", "memory_mb_used", 1024]], ["i-listed"]), 94.0)
+    assert r.sources[A].pending == {} and r.stats["claims_included"] == 1
+    assert ("i-listed", A, Outcome.INCLUDED) in r.drain_outcomes()
+
+
+def test_a_build_dropped_without_the_instance_frees_its_claim_at_the_next_deadline() -> None:
+    r = _receiver()
+    r.add_claim(_claim("i-1"), 1.0)
+    r.receive(Delta(A, E, 1, [[SET, BUILDS, "i-1", {}]], []), 2.0)
+    r.tick(31.0)
+    assert "i-1" in r.sources[A].pending
+    r.receive(Delta(A, E, 2, [[DEL, BUILDS, "i-1"]], []), 40.0)  # the build failed
+    r.tick(60.0)
+    assert "i-1" in r.sources[A].pending  # its restarted deadline (61) is not there yet
+    r.tick(61.0)
+    assert r.sources[A].pending == {} and r.stats["claims_expired"] == 1
