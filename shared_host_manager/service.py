@@ -163,6 +163,9 @@ class SchedulerService:
         self.announce_claims = announce_claims
         self.claims_announced = 0
         self._peer_server: ControlServer | None = None
+        #: the data plane's own carrier of the peer topic, if it has one (else the control
+        #: plane carries it)
+        self._peer_plane: ControlPlane | None = None
         #: the decider's handler of scarce requests handed over by a peer and of the answers
         #: to ours (design §5.4), called on the control server's thread; None: dropped
         self.on_scarce: Callable[[ScarceRequest | ScarceAnswer], None] | None = None
@@ -202,8 +205,17 @@ class SchedulerService:
             self._scheduler_topic, self.name, self._on_control)
         self._server.start()
         if self.announce_claims and self.membership_interval is not None:
+            # the data plane's broker carries the peer topic where it can (RabbitMQ: kombu
+            # alone, transport.kombu_peers); each announcement through oslo.messaging's
+            # listener cost a scheduler several times its handling
+            make_peer_plane = getattr(self._data_plane, "peer_plane", None)
+            self._peer_plane = make_peer_plane() if make_peer_plane is not None else None
+            plane = self._peer_plane or self._control_plane
+            if self._peer_plane is not None:
+                self.peer_api = SchedulerAPI(self._peer_plane.control_client(), self._encoder,
+                                             peer_topic(self._scheduler_topic))
             # a server of its own: an announcement must not queue behind claim results
-            self._peer_server = self._control_plane.control_server(
+            self._peer_server = plane.control_server(
                 peer_topic(self._scheduler_topic), self.name, self.cache.ingest_peer_claim)
             self._peer_server.start()
             self._announcer = threading.Thread(target=self._announce, daemon=True,
@@ -247,6 +259,9 @@ class SchedulerService:
             self._announcements.put(None)
             self._announcer.join(timeout=10)
             self._announcer = None
+        if self._peer_plane is not None:
+            self._peer_plane.close()
+            self._peer_plane = None
         self._stop.set()
         if self._timer is not None:
             self._timer.join(timeout=10)

@@ -87,6 +87,7 @@ from transport.base import (
     StreamPublisherStats,
     validate_offset,
 )
+from transport.kombu_peers import KombuPeerPlane
 from transport.metrics import Histogram
 from transport.stream_declare import (
     StreamConfigError,
@@ -839,6 +840,14 @@ class KombuStreamDataPlane:
                                        on_retention_gap=on_retention_gap)
         self._made.add(consumer)
         return consumer
+
+    def peer_plane(self) -> KombuPeerPlane:
+        """The schedulers' peer topic on this broker, with kombu alone (see
+        :mod:`transport.kombu_peers`): the claims they announce to each other are advice,
+        and oslo.messaging's listener cost each of them far more than its handling."""
+        plane = KombuPeerPlane(self.settings.url)
+        self._made.add(plane)
+        return plane
 
     def close(self) -> None:
         for obj in list(self._made):
