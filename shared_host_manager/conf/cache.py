@@ -57,11 +57,11 @@ or its answer is lost.
 """),
     cfg.FloatOpt("fence_timeout", default=1.0, min=0.0,
                  help="""
-Seconds a decision waits at most for a change a source fenced (an API call
-that disabled, forced down or deleted a compute service returns only once its
-change is on the stream, and fences it: no decision here may then place on
-that service before this scheduler has applied the change). A fence not met in
-time is logged and the decision goes on.
+Seconds a decision waits at most for a change a source fenced. An API call
+that disables, forces down or deletes a compute service returns only once its
+change is on the stream and fenced: no decision here places on that service
+before this scheduler has applied the change. A fence not met in time is
+logged and the decision goes on.
 
 Possible values: 0 (never wait), or seconds; keep it above the stream's
 staleness p99 (shm_staleness_seconds).
