@@ -368,6 +368,9 @@ class Deployment:
             "glance": dict(endpoint_override=self.fakes_url),
             "neutron": dict(token_auth, endpoint=self.fakes_url, endpoint_override=self.fakes_url,
                             region_name="RegionOne"),
+            # the checks keep dozens of servers at once (nova's default: 10 per project)
+            "quota": dict(instances=-1, cores=-1, ram=-1, server_groups=-1,
+                          server_group_members=-1),
             "scheduler": dict(workers=1, discover_hosts_in_cells_interval=-1),
             "conductor": dict(workers=1),
             "oslo_concurrency": dict(lock_path=self.dir / "lock"),
