@@ -397,7 +397,8 @@ class Deployment:
             sections["cache"] = dict(name=cache)
         if reporter:
             sections["reporter"] = dict(name=reporter)
-        # the API-side sources (nova-api's workers, nova-conductor) serve no endpoint
+        # the API-side sources (nova-api's workers, nova-conductor): any free port each, so
+        # that workers of one process do not collide; verify() reads the others only
         sections["metrics"] = dict(bind_port=metrics_port if metrics_port is not None else 0)
         return self._ini(sections)
 
