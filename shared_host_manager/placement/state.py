@@ -54,6 +54,8 @@ the server prints it (six significant digits).  With ``single`` the dict's
 DOUBLE)``, or placement's reading of a ratio written with at most six
 significant digits); both of placement's capacities are derived from it.
 
+Not thread-safe: the caller serialises changes and answers (one lock).
+
 Life cycle of one provider::
 
     apply(doc) ---> held (slot assigned, columns, masks and counters set)
