@@ -70,6 +70,9 @@ class _ReplayedCache:
     def apply_peer_claims(self) -> None:
         """The peers' claims are in the replayed receiver already (recorded when applied)."""
 
+    def await_fences(self) -> None:
+        """A recorded decision saw what it saw: the stream it waited for is in the log."""
+
 
 class _Request:
     def __init__(self, spec: Any, hosts: list[Any]) -> None:
