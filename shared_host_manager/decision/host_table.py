@@ -2,7 +2,7 @@
 
 Role
 ----
-nova's filters and weighers run as *vector forms* (shared_host_manager/nova/vector.py,
+nova's filters and weighers run as *vector forms* (shared_host_manager/nova/core/vector.py,
 design §5.6): one numpy operation over every host of a request instead of a
 method call per host.  They read their hosts through :class:`HostTable` only,
 so any holder of host documents can feed them:

@@ -27,8 +27,8 @@ from shared_host_manager.decision.request import (  # noqa: E402
     InstanceGroup,
     RequestSpec,
 )
-from shared_host_manager.nova import core_plugins  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from shared_host_manager.nova.core import plugins as core_plugins  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from simulator import bench_decisions  # noqa: E402
 from simulator.synthetic_hosts import host_doc, load_receiver  # noqa: E402
 
