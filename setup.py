@@ -71,6 +71,9 @@ setup(
             "wsgi-intercept",
             # installed in many nova deployments: nova's database layer then reads [profiler]
             "osprofiler",
+            # tests/deployment: nova-api and placement under uWSGI (built from source)
+            "uwsgi>=2.0",
+            "requests",
         ],
         "nova": ["nova>=34.0.0,<35"],
         # shm sim --scheduler nova: nova's scheduler with placement in-process and nova's DB

@@ -4,7 +4,7 @@ A ``prometheus_client`` custom collector reads the service's figures on every
 scrape through the service's read interface (:meth:`ReporterService.figures`,
 :meth:`ReporterService.stream_stats`, :meth:`ReporterManager.versions`); it
 keeps nothing and replaces nothing.  Metric names and meanings are listed in
-the README ("Operating it").
+docs/operating.md ("Health, status and metrics").
 
 Healthy: the reporter is running and its last publish on the stream was
 stored.  While the broker is unreachable the publisher retries, and

@@ -4,7 +4,7 @@ A ``prometheus_client`` custom collector reads the service's figures on every
 scrape through :class:`~shared_host_manager.service.SchedulerService`'s read
 interface (``figures()``, ``stream_stats()``, ``versions()``, the decision
 histogram); it keeps nothing and replaces nothing.  Metric names and meanings
-are listed in the README ("Operating it").
+are listed in docs/operating.md ("Health, status and metrics").
 
 Healthy (``/healthz`` 200) while: the service runs, its stream consumer is
 connected to the broker, its view is within ``[metrics] max_lag_seconds`` of

@@ -25,6 +25,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "simulator.bench_stream:main",
         "over RabbitMQ: staleness, sources per message, restart catch-up vs full resync",
     ),
+    "staleness": (
+        "simulator.bench_staleness:main",
+        "over RabbitMQ: shm sim's staleness p99 and scheduled/s against a stored reference",
+    ),
     "nova": (
         "simulator.bench_nova:main",
         "select_destinations: nova 34's DB-fed HostManager vs SharedHostManager (needs nova)",

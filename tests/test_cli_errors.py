@@ -1,5 +1,5 @@
 """Every configuration or state mistake ends `shm reporter` / `shm scheduler` within seconds, with
-one line naming the option or file and what to do, and a non-zero exit code (README "Mistakes and
+one line naming the option or file and what to do, and a non-zero exit code (docs/operating.md "Mistakes and
 what they print"); a traceback only with --debug; SIGTERM while connecting ends the process.
 
 The processes run for real (subprocesses with config files).  None of these cases reaches a

@@ -19,8 +19,8 @@ class Backoff:
     """Exponential backoff with a cap and multiplicative jitter.
 
     Jitter matters at scale: after a broker restart thousands of compute
-    reporters would otherwise reconnect in lock-step (messaging.md §5,
-    "thundering herd on reconnect").
+    reporters would otherwise reconnect in lock-step (a thundering herd
+    on the broker).
     """
 
     def __init__(self, initial: float = 0.1, maximum: float = 5.0,

@@ -5,7 +5,7 @@ encoded by ``protocol``) through a RabbitMQ stream (``x-queue-type:
 stream``). The broker stores one copy; every scheduler reads it at its own
 offset and can resume where it stopped. Plain kombu/py-amqp is used, not
 oslo.messaging, which cannot carry raw bytes and double-wraps JSON
-(messaging.md §2.5).
+(docs/design.md §7.1).
 
 Life cycles managed here:
 

@@ -1,8 +1,8 @@
 """Keep eventlet out of the process before oslo.messaging is imported.
 
 Role: the project runs on threads only (eventlet is deprecated upstream
-and oslo.messaging's eventlet executor is scheduled for removal,
-messaging.md §2.2), yet with eventlet merely *installed*,
+and oslo.messaging's eventlet executor is scheduled for removal;
+docs/design.md §9.1), yet with eventlet merely *installed*,
 ``import oslo_messaging`` imports it twice over: ``futurist`` tries
 ``import eventlet`` for its green executors, and ``oslo_messaging.server``
 imports ``oslo_service.service``, whose default backend is eventlet.

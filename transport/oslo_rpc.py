@@ -4,7 +4,7 @@ Role: carry opaque control bodies (claims, claim results, resync requests
 and answers) point to point: ``ControlClient.cast(topic, server, body)``
 reaches the one ``ControlServer`` listening as ``Target(topic, server)``
 (RabbitMQ queue ``<topic>.<server>``). oslo.messaging cannot carry raw
-bytes (its JSON envelope fails on non-UTF-8, messaging.md §2.5), so bodies
+bytes (its JSON envelope fails on non-UTF-8; docs/design.md §7.2), so bodies
 travel base64-encoded as the ``body`` argument of the endpoint method
 ``deliver``, in namespace ``shm.transport`` version 1.0.
 
@@ -18,7 +18,7 @@ the plane stops leftover servers and then releases the transport.
 
 Delivery is at most once: oslo.messaging acks an RPC message when it is
 received, before dispatch, and a message received between ``stop()`` and
-the end of ``wait()`` is acked but not dispatched (messaging.md §4). A
+the end of ``wait()`` is acked but not dispatched (docs/design.md §7.2). A
 cast to a target that has never had a server is dropped by the broker.
 The protocol copes through claim deadlines and resync requests; do not
 use this plane for anything that needs guaranteed delivery.
@@ -96,7 +96,7 @@ def prepare_conf(conf: cfg.ConfigOpts) -> cfg.ConfigOpts:
     oslo.messaging 18.x registers its ``[oslo_messaging_tracing]`` and
     ``[oslo_messaging_metrics]`` options only on the global ``cfg.CONF``;
     with any other ConfigOpts the first ``cast()`` raises
-    ``NoSuchOptError`` (messaging.md §2.6). Registering the library's own
+    ``NoSuchOptError``. Registering the library's own
     option objects is idempotent, so this is safe on ``cfg.CONF`` too.
     """
     if om_tracing is not None:
@@ -230,7 +230,7 @@ class OsloRpcControlPlane:
     :param url: transport URL, e.g. ``rabbit://user:pw@host:5672/`` or
         ``fake://``. None uses ``[DEFAULT] transport_url`` of *conf*.
     :param pool_size: handler threads per server. 1 keeps casts to one
-        server in arrival order (a pool of 64 reorders, messaging.md §3).
+        server in arrival order (a pool of 64 threads reorders them).
     :param cast_retry: connection retries per cast (None: forever, which
         can block a caller for the whole broker outage).
     """
@@ -266,6 +266,6 @@ class OsloRpcControlPlane:
         if self.driver == "fake":
             # The fake driver's cleanup() empties a class-level table
             # shared by every fake transport in the process, which would
-            # drop other parties' undelivered casts (messaging.md §3).
+            # drop other parties' undelivered casts.
             return
         self.transport.cleanup()

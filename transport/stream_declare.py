@@ -19,8 +19,8 @@ whole connection with ``(541) INTERNAL_ERROR`` (also on ``basic.publish``,
 whose message is then not stored). Both are transient, so the publisher
 and consumer treat them like a lost connection: reconnect with backoff,
 declare again, retry. A resumed consumer never falls back to ``"last"``
-(which is how oslo.messaging's stream fanout lost messages in
-messaging.md §3).
+(a consumer that resumes at ``"last"`` skips every message published
+while it was away; docs/design.md §7.1).
 """
 
 from __future__ import annotations

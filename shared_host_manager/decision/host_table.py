@@ -66,7 +66,7 @@ def document_numbers(compute: Mapping[str, Any], service: Mapping[str, Any],
     As nova's ``HostState._update_from_compute_node``: free disk is the smaller
     of total - reserved - used and ``disk_available_least``; the used amounts
     include what the compute reserved (the document keeps it apart, see
-    nova/document.py).
+    nova/core/document.py).
     """
     free_gb = free_disk_gb(compute)
     least = compute.get("disk_available_least")

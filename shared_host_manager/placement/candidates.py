@@ -156,7 +156,8 @@ def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswer
     """Placement's ``GET /allocation_candidates`` body for ``query`` on ``state``, or why not.
 
     ``rng`` is used only with ``randomize_allocation_candidates`` (required then).
-    The provider summaries are the state's own (shared, read-only).
+    The allocation requests and provider summaries are the state's cached
+    ones (shared, read-only: see :meth:`ProviderState.body`).
     """
     if isinstance(query, Unanswered):
         return query
@@ -172,33 +173,22 @@ def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswer
     if config.randomize_allocation_candidates and rng is None:
         raise ValueError("randomize_allocation_candidates needs a random source")
 
-    slots: list[int] = matching_slots(state, query, config).tolist()
+    slots: Any = matching_slots(state, query, config)
     if config.max_allocation_candidates >= 0:
         slots = slots[:config.max_allocation_candidates]
     limit = query.limit
     if limit and limit < len(slots):
         if config.randomize_allocation_candidates:
             assert rng is not None
-            slots = rng.sample(slots, limit)
+            slots = rng.sample(slots.tolist(), limit)
         else:
             slots = slots[:limit]
     elif config.randomize_allocation_candidates:
         assert rng is not None
+        slots = slots.tolist()
         rng.shuffle(slots)
 
-    requested = dict(query.resources)
-    mappings = query.microversion >= (1, 34)
-    areqs: list[dict[str, Any]] = []
-    summaries: dict[str, Any] = {}
-    for slot in slots:
-        u = state.provider_at(slot).uuid
-        # a fresh dict per candidate: nova hands each one on as a PUT /allocations body
-        ar: dict[str, Any] = {"allocations": {u: {"resources": dict(requested)}}}
-        if mappings:
-            ar["mappings"] = {"": [u]}
-        areqs.append(ar)
-        summaries[u] = state.summary(slot)
-    return {"allocation_requests": areqs, "provider_summaries": summaries}
+    return state.body(slots, query.resources, query.microversion >= (1, 34))
 
 
 def answer(state: ProviderState, querystring: str, microversion: str = "1.36",

@@ -42,6 +42,7 @@ querystring and the microversion.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid as uuid_mod
 from collections.abc import Mapping
@@ -277,7 +278,17 @@ def _parse(pairs: list[tuple[str, str]], version: tuple[int, int]) -> CandidateQ
 
 def parse_querystring(querystring: str, microversion: str | tuple[int, int] = NOVA_MICROVERSION
                       ) -> CandidateQuery | Unanswered:
-    """The query of ``GET /allocation_candidates?<querystring>`` at ``microversion``, or why not."""
+    """The query of ``GET /allocation_candidates?<querystring>`` at ``microversion``, or why not.
+
+    Pure, and both results are immutable: a scheduler sends the same few
+    querystrings (one per flavor and filter combination) over and over, so
+    the last parses are kept.
+    """
+    return _parse_cached(querystring, microversion)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_cached(querystring: str, microversion: str | tuple[int, int]) -> CandidateQuery | Unanswered:
     version = parse_microversion(microversion)
     if version is None or not MICROVERSION_MIN <= version <= MICROVERSION_MAX:
         return Unanswered("microversion", f"microversion {microversion!r}")

@@ -54,6 +54,8 @@ the server prints it (six significant digits).  With ``single`` the dict's
 DOUBLE)``, or placement's reading of a ratio written with at most six
 significant digits); both of placement's capacities are derived from it.
 
+Not thread-safe: the caller serialises changes and answers (one lock).
+
 Life cycle of one provider::
 
     apply(doc) ---> held (slot assigned, columns, masks and counters set)
@@ -69,7 +71,7 @@ the candidates refuse every request with that reason.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,8 +268,15 @@ class ProviderState:
         self.nested: set[str] = set()
         self.sharing: set[str] = set()
         self.noncanonical: set[str] = set()
-        # provider summaries, built on first use after each change of the provider
-        self._summaries: list[dict[str, Any] | None] = [None] * self._capacity
+        # object columns, so an answer is gathered by fancy indexing instead of a Python loop
+        # per candidate: the uuids, the provider summaries (built on first use after each
+        # change of the provider; _summary_ok says which are current) and, per request shape
+        # (requested resources, mappings or not), the allocation requests: a scheduler sees
+        # few flavors, so most candidates of an answer are already built
+        self._uuid_col: npt.NDArray[np.object_] = np.full(self._capacity, None, dtype=object)
+        self._summary_col: npt.NDArray[np.object_] = np.full(self._capacity, None, dtype=object)
+        self._summary_ok: BoolArray = np.zeros(self._capacity, dtype=np.bool_)
+        self._shapes: dict[tuple[Any, ...], tuple[npt.NDArray[np.object_], BoolArray]] = {}
 
     # -- building ------------------------------------------------------------------------
 
@@ -325,6 +334,10 @@ class ProviderState:
         assert old is not None
         self._unindex(slot, old)
         self._providers[slot] = None
+        # an allocation request names its provider: the slot's next provider needs its own
+        self._uuid_col[slot] = None
+        for _, built in self._shapes.values():
+            built[slot] = False
         self._free.append(slot)
         return True
 
@@ -386,18 +399,54 @@ class ProviderState:
         Built once per state of the provider and shared by every answer that
         names it: read-only for the caller.
         """
-        s = self._summaries[slot]
-        if s is None:
-            p = self.provider_at(slot)
-            resources = {}
-            for rc in p.inventories:
-                cols = self._cols[rc]
-                resources[rc] = {"capacity": int(cols.cap[slot]), "used": int(cols.used[slot])}
-            s = {"resources": resources, "traits": sorted(p.traits),
-                 "parent_provider_uuid": p.parent_provider_uuid,
-                 "root_provider_uuid": p.root_provider_uuid}
-            self._summaries[slot] = s
+        if self._summary_ok[slot]:
+            return self._summary_col[slot]
+        p = self.provider_at(slot)
+        resources = {}
+        for rc in p.inventories:
+            cols = self._cols[rc]
+            resources[rc] = {"capacity": int(cols.cap[slot]), "used": int(cols.used[slot])}
+        s = {"resources": resources, "traits": sorted(p.traits),
+             "parent_provider_uuid": p.parent_provider_uuid,
+             "root_provider_uuid": p.root_provider_uuid}
+        self._summary_col[slot] = s
+        self._summary_ok[slot] = True
         return s
+
+    #: request shapes whose allocation requests are kept (the least recently used goes)
+    SHAPES = 32
+
+    def body(self, slots: Sequence[int] | IntArray, resources: tuple[tuple[str, int], ...],
+             mappings: bool) -> dict[str, Any]:
+        """The response body naming the providers in ``slots``, in that order.
+
+        Its allocation requests and summaries are the state's cached ones,
+        shared by every answer until the provider changes: read-only for the
+        caller (nova's report client deep-copies an allocation request before
+        it claims with it).
+        """
+        idx = np.asarray(slots, dtype=np.int64)
+        shape = (resources, mappings)
+        entry = self._shapes.pop(shape, None)
+        if entry is None:
+            if len(self._shapes) >= self.SHAPES:
+                del self._shapes[next(iter(self._shapes))]
+            entry = (np.full(self._capacity, None, dtype=object), np.zeros(self._capacity, dtype=np.bool_))
+        # most recently used last
+        self._shapes[shape] = entry
+        areq_col, built = entry
+        for slot in idx[~built[idx]].tolist():
+            u = self._uuid_col[slot]
+            ar: dict[str, Any] = {"allocations": {u: {"resources": dict(resources)}}}
+            if mappings:
+                ar["mappings"] = {"": [u]}
+            areq_col[slot] = ar
+            built[slot] = True
+        for slot in idx[~self._summary_ok[idx]].tolist():
+            self.summary(slot)
+        return {"allocation_requests": areq_col[idx].tolist(),
+                "provider_summaries": dict(zip(self._uuid_col[idx].tolist(),
+                                               self._summary_col[idx].tolist(), strict=True))}
 
     # -- internals -----------------------------------------------------------------------
 
@@ -422,7 +471,14 @@ class ProviderState:
         alive[:len(self.alive)] = self.alive
         self.alive = alive
         self._providers.extend([None] * (capacity - self._capacity))
-        self._summaries.extend([None] * (capacity - self._capacity))
+        for name in ("_uuid_col", "_summary_col", "_summary_ok"):
+            old = getattr(self, name)
+            new = np.full(capacity, None, dtype=object) if old.dtype == object else np.zeros(
+                capacity, dtype=old.dtype)
+            new[:len(old)] = old
+            setattr(self, name, new)
+        # the shapes' columns are rebuilt on their next use
+        self._shapes.clear()
         self._capacity = capacity
 
     def _mask(self, masks: dict[str, BoolArray], name: str) -> BoolArray:
@@ -433,7 +489,8 @@ class ProviderState:
 
     def _index(self, slot: int, p: Provider) -> None:
         self._providers[slot] = p
-        self._summaries[slot] = None
+        self._uuid_col[slot] = p.uuid
+        self._summary_ok[slot] = False
         self.alive[slot] = True
         for rc, inv in p.inventories.items():
             cols = self._cols.get(rc)
@@ -457,7 +514,7 @@ class ProviderState:
 
     def _unindex(self, slot: int, p: Provider) -> None:
         self.alive[slot] = False
-        self._summaries[slot] = None
+        self._summary_ok[slot] = False
         for rc in p.inventories:
             self._cols[rc].clear(slot)
             self._rc_count[rc] -= 1

@@ -1,15 +1,15 @@
 """tests/deployment: a real nova deployment per mode (``nova_deployment.Deployment``).
 
-The tests run when selected with ``-m deployment`` (or with ``SHM_DEPLOYMENT=1``);
-otherwise each is skipped with the reason saying so: one run deploys nova twice and
-takes minutes. Without MariaDB, RabbitMQ or uWSGI they are skipped with what is
-missing, unless ``SHM_REQUIRE_DEPLOYMENT=1`` (CI with the services), where they fail.
-A mode whose own processes cannot start (the drop-in's console scripts or WSGI module
-missing) fails.
+The tests run with the rest (marked ``deployment``: ``-m "not deployment"`` leaves them
+out), in drop-in mode: what an operator deploys. Stock nova on the same harness is the
+baseline, run with ``SHM_DEPLOYMENT_MODES=stock,dropin`` (docs/deployment-test.md).
+Without MariaDB, RabbitMQ or uWSGI they are skipped with what is missing, unless
+``SHM_REQUIRE_DEPLOYMENT=1`` (CI with the services), where they fail. A mode whose own
+processes cannot start (the drop-in's console scripts or WSGI module missing) fails.
 
 Sizes: ``SHM_DEPLOYMENT_COMPUTES`` (4), ``SHM_DEPLOYMENT_REPEATS`` (2: repetitions of
 the forced-down and disabled checks), ``SHM_DEPLOYMENT_SERVERS`` (6 per repetition),
-``SHM_DEPLOYMENT_MODES`` (``stock,dropin``). ``SHM_DEPLOYMENT_FIGURES=FILE`` writes the
+``SHM_DEPLOYMENT_MODES`` (``dropin``). ``SHM_DEPLOYMENT_FIGURES=FILE`` writes the
 figures of the run as JSON; ``SHM_DEPLOYMENT_KEEP=1`` keeps every run directory (the
 logs; a failed run's is always kept).
 """
@@ -28,23 +28,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import nova_deployment as nd  # noqa: E402 - from this directory
 
-MODES = [m.strip() for m in os.environ.get("SHM_DEPLOYMENT_MODES", "stock,dropin").split(",")
+MODES = [m.strip() for m in os.environ.get("SHM_DEPLOYMENT_MODES", "dropin").split(",")
          if m.strip()]
 COMPUTES = int(os.environ.get("SHM_DEPLOYMENT_COMPUTES", "4"))
 FIGURES = nd.FIGURES
-
-
-def _selected(config: pytest.Config) -> bool:
-    return os.environ.get("SHM_DEPLOYMENT") == "1" or "deployment" in (config.option.markexpr or "")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _selected(config):
-        return
-    skip = pytest.mark.skip(reason="deploys nova twice (minutes): run with -m deployment")
-    for item in items:
-        if "deployment" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="module", params=MODES)

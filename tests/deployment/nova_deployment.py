@@ -368,6 +368,9 @@ class Deployment:
             "glance": dict(endpoint_override=self.fakes_url),
             "neutron": dict(token_auth, endpoint=self.fakes_url, endpoint_override=self.fakes_url,
                             region_name="RegionOne"),
+            # the checks keep dozens of servers at once (nova's default: 10 per project)
+            "quota": dict(instances=-1, cores=-1, ram=-1, server_groups=-1,
+                          server_group_members=-1),
             "scheduler": dict(workers=1, discover_hosts_in_cells_interval=-1),
             "conductor": dict(workers=1),
             "oslo_concurrency": dict(lock_path=self.dir / "lock"),
@@ -394,7 +397,8 @@ class Deployment:
             sections["cache"] = dict(name=cache)
         if reporter:
             sections["reporter"] = dict(name=reporter)
-        # the API-side sources (nova-api's workers, nova-conductor) serve no endpoint
+        # the API-side sources (nova-api's workers, nova-conductor): any free port each, so
+        # that workers of one process do not collide; verify() reads the others only
         sections["metrics"] = dict(bind_port=metrics_port if metrics_port is not None else 0)
         return self._ini(sections)
 

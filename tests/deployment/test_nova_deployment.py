@@ -128,8 +128,10 @@ def _excluded_host_check(dep: Any, what: str, exclude: Any, include: Any) -> Non
             t3 = time.monotonic()
             hosts = _hosts(servers)
             include(host)
+            t4 = t5 = time.monotonic()
             if rep + 1 < REPEATS:
                 dep.restart("api", "conductor")
+                t5 = time.monotonic()
                 for h in dep.hosts:  # a compute's report through the restarted conductor
                     dep.wait_service("nova-compute", h)
             reps.append(dict(host=host, on_host=hosts.get(host, 0), servers=SERVERS,
@@ -137,7 +139,8 @@ def _excluded_host_check(dep: Any, what: str, exclude: Any, include: Any) -> Non
                              faults=_faults(servers)[:3],
                              seconds=dict(exclude=round(t1 - t0, 2), requests=round(t2 - t1, 2),
                                           settle=round(t3 - t2, 2),
-                                          restart=round(time.monotonic() - t3, 2))))
+                                          include=round(t4 - t3, 2), restart=round(t5 - t4, 2),
+                                          computes_up=round(time.monotonic() - t5, 2))))
     finally:
         if booted:
             dep.delete_servers(booted)

@@ -247,8 +247,9 @@ def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_bro
     _start(s0, s1, reporter)
     try:
         wait_for(lambda: all(s.peers == ("s0", "s1") for s in (s0, s1)), 30, "membership")
-        wait_for(lambda: len([v for v in s1.receiver.sources.values() if v.doc is not None]) >= 7,
-                 30, "sources")
+        # both: the claim below is s0's, on a host s1 holds (on a busy machine either may lag)
+        wait_for(lambda: all(len([v for v in s.receiver.sources.values() if v.doc is not None])
+                             >= 7 for s in (s0, s1)), 30, "sources")
         quiesce([reporter])
         source = sorted(s for s in s0.receiver.sources if not s.startswith("scheduler/"))[0]
         ok = _claim(s0, source, {"vcpus": 1, "memory_mb": 512})

@@ -1,4 +1,4 @@
-"""The engine deciding with nova's own classes through the vector core (nova/core_plugins.py).
+"""The engine deciding with nova's own classes through the vector core (nova/core/plugins.py).
 
 What the differential tests (test_own_core_vs_nova.py, test_nova_vector.py) do not
 pin down: what changes between decisions reaches nova's classes over the index

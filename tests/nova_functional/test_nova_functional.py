@@ -1,6 +1,6 @@
 """nova 34's own functional tests, unmodified, with nova's HostManager and with the drop-in.
 
-The selection (``selection.txt``, README "nova's functional tests") runs twice
+The selection (``selection.txt``, docs/development.md "nova's functional tests") runs twice
 in subprocesses (``worker.py``), ``SHM_NOVA_FUNCTIONAL_WORKERS`` processes per
 side (default 2): once as nova ships it (the baseline), once with every nova
 TestCase using :class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture`.

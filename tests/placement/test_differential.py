@@ -170,7 +170,7 @@ def request_st(draw: Any) -> tuple[str, str]:
 #: worlds drawn per backend (plus the explicit examples); SHM_PLACEMENT_EXAMPLES scales both up for
 #: a longer hunt.  Each world costs some 15 REST calls of placement (~30 ms each unloaded)
 SCALE = int(os.environ.get("SHM_PLACEMENT_EXAMPLES", "1"))
-EXAMPLES = {"sqlite": 16 * SCALE, "mariadb": 8 * SCALE}
+EXAMPLES = {"sqlite": 12 * SCALE, "mariadb": 6 * SCALE}
 
 
 def _start(backend: str) -> RealPlacement:

@@ -223,7 +223,7 @@ class InProcessPlacement:
         # placement retries a claim that lost a provider generation race inside the request's
         # own transaction, where the retry still sees its failed attempt's allocation rows (its
         # "no worse than before" exemption then passes any amount) and, on REPEATABLE READ, the
-        # transaction's first snapshot: concurrent claims overcommit (README, "Known limits";
+        # transaction's first snapshot: concurrent claims overcommit (docs/limits.md;
         # tests/nova/test_placement_claims.py).  One attempt per request: the conflict goes back
         # to nova as 409 placement.concurrent_update, and nova's report client retries the whole
         # claim in a new transaction.

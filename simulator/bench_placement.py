@@ -1,0 +1,231 @@
+"""Allocation candidates from memory vs placement's own query, on the same providers.
+
+What it measures, per provider count (``--providers``, default 1 000 and 10 000):
+
+* ``memory`` -- :func:`shared_host_manager.placement.answer` (querystring
+  parsed, candidates selected, the body built) on a
+  :class:`~shared_host_manager.placement.ProviderState` of the providers;
+* ``placement`` -- placement's own ``GET /allocation_candidates`` through its
+  WSGI application in this process (:mod:`simulator.placement_real`: no
+  socket, no keystone; its query, its objects and its JSON encoding), on
+  SQLite (a file) or MariaDB (``--db mariadb``: 127.0.0.1:3306) holding the
+  same providers (bulk-loaded into placement's tables);
+
+each request timed on its own, wall clock and CPU time of this thread (the
+latter is what the target is read on when the machine is shared: other
+processes' load does not count), medians and p99, and the ratio of
+placement's to memory's.  Before timing, every request's two answers are
+compared (the number of candidates and every memory candidate among
+placement's full set; the bodies are equal when nothing is cut).
+
+Requests are nova 34's for a flavor (``resources=DISK_GB:..,MEMORY_MB:..,VCPU:..``
+at microversion 1.36, ``limit=1000`` = ``[scheduler] max_placement_results``,
+``root_required=!COMPUTE_STATUS_DISABLED`` from the compute-status prefilter),
+a quarter with a required CPU trait, a quarter with an availability zone's
+aggregate (``member_of=in:``), some with a forbidden aggregate
+(``isolate_aggregates``).  Providers are compute nodes with VCPU, MEMORY_MB and
+DISK_GB inventories (nova's ratios and reserved memory), usages up to their
+capacity, 20-40 standard traits, 2 % disabled, one of ten zone aggregates.
+
+Run it as ``python -m simulator.bench_placement`` (options: ``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import random
+import statistics
+import sys
+import time
+import uuid as uuid_mod
+from collections.abc import Callable
+from typing import Any
+
+from shared_host_manager.placement import ProviderState, Unanswered, answer
+
+CPU_TRAITS = ["HW_CPU_X86_AVX", "HW_CPU_X86_AVX2", "HW_CPU_X86_SSE42", "HW_CPU_X86_AVX512F",
+              "HW_CPU_X86_AESNI", "HW_CPU_X86_VMX", "HW_CPU_X86_SVM", "HW_CPU_X86_F16C",
+              "HW_CPU_X86_FMA3", "HW_CPU_X86_BMI", "HW_CPU_X86_BMI2", "HW_CPU_X86_SSE41",
+              "HW_CPU_X86_SSSE3", "HW_CPU_X86_MMX", "HW_CPU_X86_SSE", "HW_CPU_X86_SSE2"]
+COMPUTE_TRAITS = ["COMPUTE_NET_ATTACH_INTERFACE", "COMPUTE_VOLUME_ATTACH_WITH_TAG",
+                  "COMPUTE_VOLUME_EXTEND", "COMPUTE_VOLUME_MULTI_ATTACH", "COMPUTE_TRUSTED_CERTS",
+                  "COMPUTE_IMAGE_TYPE_QCOW2", "COMPUTE_IMAGE_TYPE_RAW", "COMPUTE_IMAGE_TYPE_ISO",
+                  "COMPUTE_DEVICE_TAGGING", "COMPUTE_NET_ATTACH_INTERFACE_WITH_TAG",
+                  "COMPUTE_ACCELERATORS", "COMPUTE_SOCKET_PCI_NUMA_AFFINITY",
+                  "COMPUTE_RESCUE_BFV", "COMPUTE_NODE", "COMPUTE_GRAPHICS_MODEL_VIRTIO",
+                  "COMPUTE_NET_VIF_MODEL_VIRTIO", "COMPUTE_STORAGE_BUS_VIRTIO",
+                  "COMPUTE_SECURITY_UEFI_SECURE_BOOT", "COMPUTE_ADDRESS_SPACE_PASSTHROUGH",
+                  "COMPUTE_ADDRESS_SPACE_EMULATED"]
+ZONES = [str(uuid_mod.UUID(int=0xA9 << 120 | i)) for i in range(10)]
+ISOLATED = str(uuid_mod.UUID(int=0xB9 << 120 | 1))
+FLAVORS = [(1, 512, 1), (1, 2048, 20), (2, 4096, 40), (4, 8192, 80), (8, 16384, 160), (16, 65536, 320)]
+
+
+def providers(n: int, rng: random.Random) -> list[dict[str, Any]]:
+    """``n`` compute-node providers as nova's resource tracker reports them."""
+    out = []
+    for i in range(n):
+        vcpus = rng.choice([32, 48, 64, 96, 128])
+        mem = rng.choice([131072, 262144, 393216, 524288])
+        disk = rng.choice([1000, 2000, 4000])
+        cpu_ratio = rng.choice([4.0, 16.0])
+        fill = rng.random()
+        traits = rng.sample(COMPUTE_TRAITS, rng.randint(10, 20)) + rng.sample(CPU_TRAITS, rng.randint(10, 16))
+        if rng.random() < 0.02:
+            traits.append("COMPUTE_STATUS_DISABLED")
+        aggs = [ZONES[i % len(ZONES)]] + ([ISOLATED] if rng.random() < 0.05 else [])
+        out.append({
+            "uuid": str(uuid_mod.UUID(int=rng.getrandbits(128), version=4)),
+            "name": f"compute-{i:05d}", "generation": 1,
+            "inventories": {
+                "VCPU": {"total": vcpus, "reserved": 0, "min_unit": 1, "max_unit": vcpus,
+                         "step_size": 1, "allocation_ratio": cpu_ratio},
+                "MEMORY_MB": {"total": mem, "reserved": 512, "min_unit": 1, "max_unit": mem,
+                              "step_size": 1, "allocation_ratio": 1.0},
+                "DISK_GB": {"total": disk, "reserved": 0, "min_unit": 1, "max_unit": disk,
+                            "step_size": 1, "allocation_ratio": 1.0},
+            },
+            "usages": {"VCPU": int(vcpus * cpu_ratio * fill), "MEMORY_MB": int((mem - 512) * fill),
+                       "DISK_GB": int(disk * fill * 0.8)},
+            "traits": sorted(traits), "aggregates": aggs,
+        })
+    return out
+
+
+def requests(k: int, rng: random.Random) -> list[str]:
+    """``k`` querystrings as nova 34's ResourceRequest.to_querystring writes them."""
+    from urllib.parse import urlencode
+
+    out = []
+    for _ in range(k):
+        vcpu, mem, disk = rng.choice(FLAVORS)
+        pairs = [("limit", "1000"), ("resources", f"DISK_GB:{disk},MEMORY_MB:{mem},VCPU:{vcpu}"),
+                 ("root_required", "!COMPUTE_STATUS_DISABLED")]
+        if rng.random() < 0.25:
+            pairs.append(("required", rng.choice(["HW_CPU_X86_AVX2", "HW_CPU_X86_AVX512F"])))
+        if rng.random() < 0.25:
+            pairs.append(("member_of", "in:" + rng.choice(ZONES)))
+        if rng.random() < 0.2:
+            pairs.append(("member_of", "!in:" + ISOLATED))
+        out.append(urlencode(sorted(pairs)))
+    return out
+
+
+def _timed(call: Callable[[], Any]) -> tuple[float, float, Any]:
+    w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+    result = call()
+    c1, w1 = time.thread_time_ns(), time.perf_counter_ns()
+    return (w1 - w0) / 1e6, (c1 - c0) / 1e6, result
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, max(0, int(round(0.99 * len(ordered))) - 1))]
+    return {"median": statistics.median(ordered), "p99": p99, "n": len(ordered)}
+
+
+def _agrees(mine: Any, status: int, theirs: Any, full: Any) -> bool:
+    if isinstance(mine, Unanswered) or status != 200:
+        return False
+    key = lambda a: json.dumps(a, sort_keys=True)  # noqa: E731
+    everything = {key(a) for a in full["allocation_requests"]}
+    if len(mine["allocation_requests"]) != len(theirs["allocation_requests"]):
+        return False
+    return all(key(a) in everything for a in theirs["allocation_requests"])
+
+
+def run(counts: list[int], db: str, memory_requests: int, placement_requests: int, seed: int,
+        progress: Callable[[str], None]) -> dict[str, Any]:
+    from simulator.placement_real import RealPlacement, server_url
+
+    result: dict[str, Any] = {"database": db, "microversion": "1.36", "limit": 1000, "sizes": []}
+    for n in counts:
+        rng = random.Random(seed + n)
+        provs = providers(n, rng)
+        qs = requests(max(memory_requests, placement_requests), rng)
+        t0 = time.perf_counter()
+        state = ProviderState.from_dict({"providers": provs})
+        build_s = time.perf_counter() - t0
+        url = server_url(f"shm_bench_placement_{seed}_{n}") if db == "mariadb" else None
+        placement = RealPlacement(url)
+        try:
+            progress(f"{n} providers: loading placement's {placement.backend} database")
+            placement.bulk_load(provs)
+            # the comparison, untimed: every request's answers agree
+            agree = 0
+            for q in qs[:placement_requests]:
+                mine = answer(state, q)
+                status, theirs = placement.request("GET", "/allocation_candidates?" + q, version="1.36")
+                full = answer(state, q.replace("limit=1000&", ""))
+                agree += _agrees(mine, status, theirs, full)
+            progress(f"{n} providers: answers agree on {agree}/{placement_requests} requests")
+            # memory: warm up the summaries cache once, as a running scheduler has it
+            for q in qs[:50]:
+                answer(state, q)
+            mem_wall, mem_cpu, returned = [], [], []
+            for q in (qs * (1 + memory_requests // len(qs)))[:memory_requests]:
+                w, c, body = _timed(functools.partial(answer, state, q))
+                mem_wall.append(w)
+                mem_cpu.append(c)
+                returned.append(len(body["allocation_requests"]))
+            progress(f"{n} providers: memory done")
+            pl_wall, pl_cpu = [], []
+            for q in qs[:placement_requests]:
+                w, c, _ = _timed(functools.partial(
+                    placement.request, "GET", "/allocation_candidates?" + q, version="1.36"))
+                pl_wall.append(w)
+                pl_cpu.append(c)
+            progress(f"{n} providers: placement done")
+        finally:
+            placement.close()
+        size = {
+            "providers": n, "state_build_s": build_s, "agree": f"{agree}/{placement_requests}",
+            "candidates_median": statistics.median(returned),
+            "memory_wall_ms": _stats(mem_wall), "memory_cpu_ms": _stats(mem_cpu),
+            "placement_wall_ms": _stats(pl_wall), "placement_cpu_ms": _stats(pl_cpu),
+        }
+        for kind in ("wall", "cpu"):
+            m, p = size[f"memory_{kind}_ms"], size[f"placement_{kind}_ms"]
+            size[f"ratio_{kind}"] = {"median": p["median"] / m["median"], "p99": p["p99"] / m["p99"]}
+        result["sizes"].append(size)
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [f"GET /allocation_candidates at {result['microversion']}, limit={result['limit']}; "
+             f"placement on {result['database']} (in-process WSGI)",
+             f"{'providers':>9} {'clock':>5} {'memory med':>10} {'p99':>8} {'placement med':>13} "
+             f"{'p99':>9} {'ratio med':>9} {'p99':>7}  candidates  agree"]
+    for s in result["sizes"]:
+        for kind in ("cpu", "wall"):
+            m, p, r = s[f"memory_{kind}_ms"], s[f"placement_{kind}_ms"], s[f"ratio_{kind}"]
+            lines.append(
+                f"{s['providers']:>9} {kind:>5} {m['median']:>8.3f}ms {m['p99']:>6.3f}ms "
+                f"{p['median']:>11.1f}ms {p['p99']:>7.1f}ms {r['median']:>8.0f}x {r['p99']:>6.0f}x  "
+                f"{s['candidates_median']:>10.0f}  {s['agree']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m simulator.bench_placement") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--providers", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--db", choices=["sqlite", "mariadb"], default="sqlite",
+                        help="placement's database (mariadb: root@127.0.0.1:3306, a scratch database)")
+    parser.add_argument("--memory-requests", type=int, default=2000)
+    parser.add_argument("--placement-requests", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    args = parser.parse_args(argv)
+    result = run(args.providers, args.db, args.memory_requests, args.placement_requests, args.seed,
+                 progress=lambda text: print(text, file=sys.stderr))
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
