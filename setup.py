@@ -106,7 +106,7 @@ setup(
         ],
         # whose classes an engine loads ([filter_scheduler] decision_core; "own" is built in)
         "shm.scheduler.cores": [
-            "nova = shared_host_manager.nova.core_plugins:load_core",
+            "nova = shared_host_manager.nova.core.plugins:load_core",
         ],
         # one class per filter / weigher, by nova's names (see shared_host_manager.decision.plugins)
         "shm.scheduler.filters": [

@@ -5,7 +5,7 @@ A compute node's source publishes one document ``{namespace: {key: value}}``
 only place that names its namespaces and knows the dict paths inside them:
 the arbiter (:mod:`protocol.source`), the simulated and nova trackers that
 write documents, the decision core that reads them, and the nova mapping
-(:mod:`shared_host_manager.nova.document`) all go through these names.
+(:mod:`shared_host_manager.nova.core.document`) all go through these names.
 
 Namespaces
 ----------

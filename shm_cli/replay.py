@@ -19,7 +19,7 @@ options:
   the recorded RNG state and report any that now comes out differently
   (``--decision-option NAME=VALUE`` re-runs them with a changed option).  A
   nova-scheduler-shared log holds nova's decisions step by step: they are
-  re-run with the drop-in's own code (:mod:`shared_host_manager.nova.replay`,
+  re-run with the drop-in's own code (:mod:`shared_host_manager.nova.replay.steps`,
   needs the ``nova`` extra), and ``--decision-option GROUP.OPTION=VALUE``
   changes a nova.conf option for the re-run.
 
@@ -435,7 +435,7 @@ _NOVA_MISSING = ("re-running a nova scheduler's decisions needs nova: "
 def _nova_option_problem(name: str) -> str | None:
     """Why GROUP.OPTION is not a nova.conf option (None: it is)."""
     try:
-        from shared_host_manager.nova.replay import option_problem
+        from shared_host_manager.nova.replay.steps import option_problem
     except ImportError:
         return _NOVA_MISSING
     return option_problem(name)
@@ -444,7 +444,7 @@ def _nova_option_problem(name: str) -> str | None:
 def _nova_replayer(options: dict[str, str]) -> Any:
     """The re-runner of a nova scheduler's recorded steps (built at the log's first one)."""
     try:
-        from shared_host_manager.nova.replay import StepReplayer
+        from shared_host_manager.nova.replay.steps import StepReplayer
     except ImportError as exc:
         raise RuntimeError(_NOVA_MISSING) from exc
     return StepReplayer(options)

@@ -150,7 +150,7 @@ def main(argv: list[str], prog: str = "shm sim") -> int:
 
 def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``--scheduler nova``: nova's own SchedulerManager on its whole path (simulator.nova_sim)."""
-    from shared_host_manager.nova import simulation as nova_simulation
+    from shared_host_manager.nova.testing import simulation as nova_simulation
 
     unsupported = [flag for flag, given in (
         ("--processes", args.processes is not None), ("--record", bool(args.record)),

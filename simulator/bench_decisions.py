@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None, prog: str = "shm bench decisions") -> in
 
         if importlib.util.find_spec("nova") is None:
             parser.error(f"--core {args.core} needs nova; pip install 'shared-host-manager[nova]'")
-        from shared_host_manager.nova import fixtures as nova_fixtures
+        from shared_host_manager.nova.testing import fixtures as nova_fixtures
 
         nova_fixtures.setup_nova()
     slow_decisions = args.slow_decisions or max(3, min(args.decisions, 200_000 // args.hosts))

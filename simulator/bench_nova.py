@@ -132,9 +132,9 @@ def run_decision_only(args: argparse.Namespace) -> dict[str, Any]:
     """get_host_states_by_uuids + get_filtered_hosts + get_weighed_hosts of one SharedHostManager,
     with the vector core and with nova's handlers, alternating, on the bench's hosts."""
     from protocol import hostdoc
-    from shared_host_manager.nova import document as ndoc
-    from shared_host_manager.nova import fixtures as fx
     from shared_host_manager.nova import host_manager as shm
+    from shared_host_manager.nova.core import document as ndoc
+    from shared_host_manager.nova.testing import fixtures as fx
 
     filters = args.filters.split(",") if args.filters else list(DEFAULT_FILTERS)
     if args.numa and "NUMATopologyFilter" not in filters:
@@ -247,7 +247,7 @@ def run(args: argparse.Namespace, directory: str) -> dict[str, Any]:
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from shared_host_manager.nova import fixtures as fx
+    from shared_host_manager.nova.testing import fixtures as fx
 
     filters = args.filters.split(",") if args.filters else list(DEFAULT_FILTERS)
     if args.numa and "NUMATopologyFilter" not in filters:

@@ -3,7 +3,7 @@
 Every simulated scheduler is nova's real ``SchedulerManager``, with placement
 (``openstack-placement``, in-process on its own database) and nova's database
 behind it; the computes write what nova's resource tracker writes.  The nova
-side lives in :mod:`shared_host_manager.nova.simulation` (this module imports
+side lives in :mod:`shared_host_manager.nova.testing.simulation` (this module imports
 no nova): ``legacy`` is nova's own HostManager reading nova's database,
 ``shared`` the drop-in fed by the stream.  The cloud and the workload are
 today's ``shm sim``'s (:func:`~simulator.topology.build_cloud`,
@@ -50,7 +50,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shared_host_manager.nova.simulation import PHASES as NOVA_PHASES
+from shared_host_manager.nova.testing.simulation import PHASES as NOVA_PHASES
 from simulator.simulation import RunShape, _Progress, drive_clients, ms, request_figures
 from simulator.topology import build_cloud
 from simulator.workload import Workload
@@ -114,7 +114,7 @@ class _Metrics:
 
 
 def _aggregates(cloud: Any) -> list[Any]:
-    from shared_host_manager.nova.simulation import SimAggregate
+    from shared_host_manager.nova.testing.simulation import SimAggregate
 
     return [SimAggregate(name=a["name"], metadata=dict(a["metadata"]), hosts=list(a["hosts"]))
             for _, a in sorted(cloud.aggregates.items())]
@@ -137,7 +137,7 @@ def _in_place(spec: Any, metadata: list[dict[str, str]]) -> bool:
 
 
 def _hosts(cloud: Any) -> list[Any]:
-    from shared_host_manager.nova.simulation import SimHost
+    from shared_host_manager.nova.testing.simulation import SimHost
 
     out = []
     for source in sorted(cloud.documents):
@@ -157,7 +157,7 @@ class NovaRun:
     """One host manager's run (in its own process); see the module docstring."""
 
     def __init__(self, cfg: NovaSimConfig, mode: str, directory: str) -> None:
-        from shared_host_manager.nova.simulation import NovaCloud
+        from shared_host_manager.nova.testing.simulation import NovaCloud
 
         self.cfg, self.mode = cfg, mode
         self.cloud = build_cloud(cfg.nodes, cfg.seed)
@@ -183,7 +183,7 @@ class NovaRun:
 
     def _request(self) -> tuple[Any, Any] | None:
         """The workload's next request and its nova form (group hosts as the conductor finds them)."""
-        from shared_host_manager.nova.simulation import SimRequest
+        from shared_host_manager.nova.testing.simulation import SimRequest
 
         with self._workload_lock:
             if self.cfg.requests is not None and self.workload.issued >= self.cfg.requests:

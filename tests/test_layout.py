@@ -3,7 +3,9 @@
 Every project module belongs to one layer; a module imports only from its own
 layer or from a lower one, never upward; no two project modules import each
 other in a circle; only ``shared_host_manager/nova/`` imports nova; the
-protocol core imports no I/O, no clock and no randomness.  Imports inside
+protocol core imports no I/O, no clock and no randomness.  Inside
+``shared_host_manager/nova/`` the decision core, the drop-in, the replay of its
+decisions and the test harness import one way only (``NOVA_PARTS``).  Imports inside
 functions count: a lazy upward import is still an upward dependency.
 """
 
@@ -25,10 +27,24 @@ LAYERS: list[tuple[str, ...]] = [
      "shared_host_manager.service"),
     ("shared_host_manager.decision",),
     ("shared_host_manager.updatelog",),
+    # nova/ in four parts, each importing only from itself and the parts below (NOVA_PARTS)
+    ("shared_host_manager.nova.core",),
     ("shared_host_manager.nova",),
+    ("shared_host_manager.nova.replay",),
+    ("shared_host_manager.nova.testing",),
     ("simulator",),
     ("shm_cli",),
 ]
+
+#: nova/'s parts (a module's part is the longest prefix that matches its name) and the parts
+#: each may import: the core at the bottom, the drop-in on it, replay and the test harness on
+#: the drop-in, neither on the other
+NOVA_PARTS: dict[str, tuple[str, frozenset[str]]] = {
+    "shared_host_manager.nova.core": ("core", frozenset({"core"})),
+    "shared_host_manager.nova": ("drop-in", frozenset({"core", "drop-in"})),
+    "shared_host_manager.nova.replay": ("replay", frozenset({"core", "drop-in", "replay"})),
+    "shared_host_manager.nova.testing": ("testing", frozenset({"core", "drop-in", "testing"})),
+}
 
 #: what the sans-IO core may import from outside itself (time is an argument there)
 PROTOCOL_ALLOWED = {
@@ -56,19 +72,31 @@ def _modules() -> dict[str, str]:
 MODULES = _modules()
 
 
+def _package_of(path: str) -> str:
+    """The package a file's relative imports start from."""
+    rel = os.path.relpath(path, TOP)[:-3].replace(os.sep, ".")
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel.rpartition(".")[0]
+
+
 def _imports(path: str) -> list[tuple[str, int]]:
-    """(imported module, line) for every import in the file, at any depth."""
+    """(imported module, line) for every import in the file, at any depth: at module level,
+    inside functions and classes, absolute or relative."""
     tree = ast.parse(open(path, encoding="utf-8").read(), path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.extend((alias.name, node.lineno) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            subs = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # "from . import x", "from ..core import y"
+                base = _package_of(path).split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join([*base, module] if module else base)
+            subs = [f"{module}.{alias.name}" for alias in node.names]
             if all(sub in MODULES for sub in subs):  # "from pkg import module": the modules
                 found.extend((sub, node.lineno) for sub in subs)
             else:
-                found.append((node.module, node.lineno))
+                found.append((module, node.lineno))
     return found
 
 
@@ -156,6 +184,40 @@ def test_no_import_circle():
     assert not circles, f"import circles: {circles}"
 
 
+def _nova_part(module: str) -> str | None:
+    matches = [p for p in NOVA_PARTS if module == p or module.startswith(p + ".")]
+    return NOVA_PARTS[max(matches, key=len)][0] if matches else None
+
+
+def test_nova_parts_import_one_way():
+    """The core imports neither the drop-in, replay nor the test harness; the drop-in imports
+    neither replay nor the harness; replay and the harness not each other."""
+    wrong = []
+    for module, path in MODULES.items():
+        part = _nova_part(module)
+        if part is None:
+            continue
+        allowed = next(a for p, a in NOVA_PARTS.values() if p == part)
+        for name, line in _imports(path):
+            target = _project(name)
+            if target is None or target == module:
+                continue
+            target_part = _nova_part(target)
+            if target_part is not None and target_part not in allowed:
+                wrong.append(f"{os.path.relpath(path, TOP)}:{line}: {module} ({part}) imports "
+                             f"{target} ({target_part})")
+    assert not wrong, "imports against nova/'s direction:\n" + "\n".join(wrong)
+
+
+def test_every_nova_module_has_a_part():
+    """A module added to nova/ lands in one of the four parts; a new subpackage needs a row in
+    NOVA_PARTS (and in LAYERS)."""
+    subpackages = {m for m in MODULES if m.startswith("shared_host_manager.nova.")
+                   and os.path.basename(MODULES[m]) == "__init__.py"}
+    known = set(NOVA_PARTS) | {"shared_host_manager.nova.wsgi"}
+    assert subpackages <= known, f"nova/ subpackages without a part: {sorted(subpackages - known)}"
+
+
 def test_only_the_nova_package_imports_nova():
     outside = []
     for module, path in MODULES.items():
@@ -184,6 +246,50 @@ def test_eventlet_is_imported_only_where_an_operator_asks_for_it():
     bad = [f"{module}: {name}" for module, path in MODULES.items() if module not in allowed
            for name, _ in _imports(path) if name.partition(".")[0] == "eventlet"]
     assert not bad, bad
+
+
+PLANTED_IN_NOVA = [
+    # (the planted module, what it imports, at module level or in a function)
+    ("shared_host_manager.nova.core.planted", "from shared_host_manager.nova import host_manager\n"),
+    ("shared_host_manager.nova.core.planted",
+     "def f():\n    from shared_host_manager.nova.testing import fixtures\n    return fixtures\n"),
+    ("shared_host_manager.nova.core.planted", "from ..replay import steps\n"),
+    ("shared_host_manager.nova.planted",
+     "def f():\n    from shared_host_manager.nova.replay.steps import StepReplayer\n"
+     "    return StepReplayer\n"),
+    ("shared_host_manager.nova.planted", "import shared_host_manager.nova.testing.simulation\n"),
+    ("shared_host_manager.nova.replay.planted", "from shared_host_manager.nova.testing import fixtures\n"),
+    ("shared_host_manager.nova.testing.planted",
+     "def f():\n    from shared_host_manager.nova.replay import steps\n    return steps\n"),
+]
+
+
+def test_a_planted_import_against_novas_direction_is_caught(tmp_path, monkeypatch):
+    """The nova rules can fail: each planted import is reported, at module level, in a function,
+    absolute or relative; and the layers' rule reports the upward ones as well."""
+    for i, (module, source) in enumerate(PLANTED_IN_NOVA):
+        package, _, name = module.rpartition(".")
+        folder = tmp_path.joinpath(str(i), *package.split("."))
+        folder.mkdir(parents=True)
+        planted = folder / f"{name}.py"
+        planted.write_text(source)
+        monkeypatch.setattr(sys.modules[__name__], "TOP", str(tmp_path / str(i)))
+        monkeypatch.setitem(MODULES, module, str(planted))
+        try:
+            test_nova_parts_import_one_way()
+        except AssertionError as exc:
+            assert f"{module} (" in str(exc), (module, str(exc))
+        else:
+            raise AssertionError(f"{module} importing against nova/'s direction went unnoticed: "
+                                 f"{source!r}")
+        if not module.startswith("shared_host_manager.nova.testing"):  # testing sits above replay
+            try:
+                test_imports_only_run_downward()
+            except AssertionError as exc:
+                assert f"{module} imports" in str(exc), (module, str(exc))
+            else:
+                raise AssertionError(f"{module}'s upward import went unnoticed: {source!r}")
+        monkeypatch.undo()
 
 
 def test_a_planted_upward_import_is_caught(tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 Role
 ----
-nova's filters and weighers run as *vector forms* (shared_host_manager/nova/vector.py,
+nova's filters and weighers run as *vector forms* (shared_host_manager/nova/core/vector.py,
 design §5.6): one numpy operation over every host of a request instead of a
 method call per host.  They read their hosts through :class:`HostTable` only,
 so any holder of host documents can feed them:
@@ -66,7 +66,7 @@ def document_numbers(compute: Mapping[str, Any], service: Mapping[str, Any],
     As nova's ``HostState._update_from_compute_node``: free disk is the smaller
     of total - reserved - used and ``disk_available_least``; the used amounts
     include what the compute reserved (the document keeps it apart, see
-    nova/document.py).
+    nova/core/document.py).
     """
     free_gb = free_disk_gb(compute)
     least = compute.get("disk_available_least")

@@ -16,7 +16,7 @@ Entry point groups (setup.py ``entry_points``)::
 A *core* loads the filters and weighers of a whole configuration at once
 (``[filter_scheduler] decision_core``): ``own`` is this module's tables; any
 other name is an entry point only, such as ``nova``
-(``shared_host_manager.nova.core_plugins:load_core``, a layer above this one:
+(``shared_host_manager.nova.core.plugins:load_core``, a layer above this one:
 reached by name, never imported), whose classes share state between the
 filters and weighers of one engine.
 

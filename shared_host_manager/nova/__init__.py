@@ -5,30 +5,40 @@ outside it may import nova, and the rest of the project reaches this package
 only from the simulator's nova commands (``shm bench nova``, ``shm sim
 --scheduler nova``), at call time, so the core runs where nova is not installed.
 
-Modules
--------
-:mod:`.document`      how a nova ComputeNode travels as a host document
-                      (namespaces, NUMA/PCI/metrics primitives) and how the
-                      nova objects are rebuilt from it.
-:mod:`.host_manager`  :class:`SharedHostManager`, the ``HostManager``
-                      subclass that serves nova's SchedulerManager from the
-                      shared cache, and its per-request :class:`SharedHostState`.
-:mod:`.vector`        the decision core: nova's filters and weighers over the
-                      request's hosts as arrays, with nova's exact results.
-:mod:`.compute_hook`  the nova-compute side: ResourceTracker hook that turns
-                      ComputeNodes into document ops once a tracker change is
-                      complete; one hook per compute host in a process.
-:mod:`.api_source`    the nova-api / nova-conductor side: service state,
-                      service and node deletions and aggregates as a source
-                      of their own (design §2), and its merge for schedulers.
-:mod:`.conf`          the ``[shared_host_manager]`` options in nova's config.
-:mod:`.cmd`           ``nova-scheduler-shared`` / ``nova-compute-shared``.
-:mod:`.simulation`    a whole nova cloud in one process (placement, nova's
-                      databases, SchedulerManagers, computes) for ``shm sim
-                      --scheduler nova``.
-:mod:`.fixtures`      nova objects, a cache fed from documents, a fake placement
-                      and a nova database, for the tests, ``shm bench nova``
-                      (simulator/bench_nova.py) and the simulation;
-                      :class:`~.fixtures.SharedHostManagerFixture`, the drop-in
-                      wired into an in-process nova (nova's functional tests).
+Parts
+-----
+Four parts, whose imports run one way (``tests/test_layout.py``): the core at the
+bottom, the drop-in on it, replay and the test harness on the drop-in.
+
+``core/``             the decision core: :mod:`.core.document` (how a nova ComputeNode
+                      travels as a host document and back), :mod:`.core.template`
+                      (a document as nova's objects, per source version),
+                      :mod:`.core.host_state` (one host for one request, nova's
+                      HostState), :mod:`.core.vector` (nova's filters and weighers
+                      over the request's hosts as arrays, with nova's exact results),
+                      :mod:`.core.index_table` (the engine's index as their host
+                      table), :mod:`.core.plugins` (nova's classes as the engine's
+                      plugins), :mod:`.core.nova_setup` (nova's objects outside a
+                      nova service).
+this package          the drop-in a deployment runs: :mod:`.host_manager`
+                      (:class:`SharedHostManager`, the ``HostManager`` subclass that
+                      serves nova's SchedulerManager from the shared cache),
+                      :mod:`.compute_hook` (the ResourceTracker hook on nova-compute),
+                      :mod:`.api_source` and :mod:`.api_publisher` (the nova-api /
+                      nova-conductor side: service state, deletions, aggregates as a
+                      source of their own, design §2), :mod:`.row_entries` (each
+                      source's request row, kept until it changes),
+                      :mod:`.decision_log` (the drop-in's steps in the update log),
+                      :mod:`.conf` (``[shared_host_manager]``), :mod:`.cmd`
+                      (``nova-scheduler-shared``, ``nova-compute-shared``,
+                      ``nova-conductor-shared``), ``wsgi/`` (nova-api), and
+                      :class:`~.fixtures.SharedHostManagerFixture`, the drop-in wired
+                      into an in-process nova (nova's functional tests).
+``replay/``           :mod:`.replay.steps`: the recorded steps re-run through the
+                      drop-in's own code (``shm replay --decisions``).
+``testing/``          :mod:`.testing.fixtures` (nova objects, a cache fed from
+                      documents, a fake placement and a nova database, for the tests,
+                      ``shm bench nova`` and the simulation) and
+                      :mod:`.testing.simulation` (a whole nova cloud in one process for
+                      ``shm sim --scheduler nova``).
 """

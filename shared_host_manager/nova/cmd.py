@@ -456,7 +456,7 @@ def install_compute() -> Any:
     from nova.compute import manager as compute_manager
 
     from shared_host_manager.nova import compute_hook
-    from shared_host_manager.nova import document as ndoc
+    from shared_host_manager.nova.core import document as ndoc
 
     hook = _hook = compute_hook.ComputeHook()
     compute_hook.install(hook)

@@ -15,7 +15,7 @@ the tracker to publish the marked nodes when the outermost one returns, i.e.
 once the tracker's change is complete (design §2, §5.5); an ``_update`` called
 outside any public method publishes at once.  Publishing is
 :meth:`ComputeHook.report`: it builds the node's document
-(:func:`~shared_host_manager.nova.document.document_from_compute_node`) from the
+(:func:`~shared_host_manager.nova.core.document.document_from_compute_node`) from the
 ComputeNode, the tracker's ``tracked_instances`` and the service state, diffs it
 against the last one it built and hands the ops to the sink.  If the original
 raises (placement or DB failure), nothing is published: nova's scheduler would
@@ -106,7 +106,7 @@ from typing import Any
 
 from protocol import hostdoc
 from protocol.document import Document, Op, copy_document, diff
-from shared_host_manager.nova import document as ndoc
+from shared_host_manager.nova.core import document as ndoc
 
 LOG = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ replay --decisions`` can re-run what an operator's scheduler decided, and say
 where a re-run differs, the host manager tells the cache's observer (the update
 log's recorder) each step nova's manager takes on it, as HOST_MANAGER records of
 plain data (:mod:`shared_host_manager.updatelog.format`).  This module writes them
-(:class:`StepLog`) and says their shape; :mod:`shared_host_manager.nova.replay`
+(:class:`StepLog`) and says their shape; :mod:`shared_host_manager.nova.replay.steps`
 reads them back with the same digest and the same host manager.
 
 Steps (``{"step": name, ...}``)::
@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from hashlib import blake2b
 from typing import Any
 
-from shared_host_manager.nova import vector
+from shared_host_manager.nova.core import vector
 
 #: weighed hosts recorded per decision (nova claims the first that fits, alternates follow)
 TOP = 10

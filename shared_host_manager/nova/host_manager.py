@@ -24,7 +24,8 @@ Three kinds of objects, three life times::
         |                   Objects of namespaces the delta did not touch (by
         |                   value identity: values are replaced, never mutated)
         |                   are carried over, NUMA cells one by one, so a counter
-        |                   change costs ~30 us per host instead of ~1 ms.
+        |                   change costs ~30 us per host instead of ~1 ms
+        |                   (core/template.py).
         | every request: one dict.update
         v
     SharedHostState         one per host per request: the template's attributes
@@ -33,7 +34,8 @@ Three kinds of objects, three life times::
                             the manager, NUMATopologyFilter, PciPassthroughFilter),
                             ``instances`` (copied on first access; the manager adds
                             stubs to it), ``updated``; and this scheduler's pending
-                            claims subtracted.  Dropped with the request.
+                            claims subtracted.  Dropped with the request
+                            (core/host_state.py).
 
 Why per request: the manager *assigns* ``allocation_candidates`` and the
 filters write ``limits``; with one shared HostState, concurrent requests (64 RPC
@@ -83,7 +85,6 @@ The contract: docs/design.md §5.5 (recording: §8).
 
 from __future__ import annotations
 
-import copy
 import datetime
 import gc
 import logging
@@ -94,28 +95,23 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import netaddr
 from nova import objects
-from nova.pci import stats as pci_stats
 from nova.scheduler import host_manager as nova_host_manager
 
 from protocol import hostdoc
 from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
-from shared_host_manager.decision.host_table import (
-    allocation_ratio,
-    document_numbers,
-    pending_changes,
-)
 from shared_host_manager.decision.subset import PeerOwnership
-from shared_host_manager.nova import decision_log, vector
-from shared_host_manager.nova import document as ndoc
+from shared_host_manager.nova import decision_log
 from shared_host_manager.nova.api_source import ApiState, is_api_source
+from shared_host_manager.nova.core import document as ndoc
+from shared_host_manager.nova.core import vector
+from shared_host_manager.nova.core.host_state import SharedHostState
+from shared_host_manager.nova.core.template import USAGE_KEY, _Template, build_template, pending_effect
 from shared_host_manager.nova.row_entries import SKIP, RowEntries
 
 LOG = logging.getLogger(__name__)
 
-_UTC = datetime.UTC
 _EMPTY: dict[str, Any] = {}
 
 # -- where the cache comes from ----------------------------------------------------
@@ -154,390 +150,12 @@ def managers() -> list[SharedHostManager]:
     return list(_managers)
 
 
-# -- per-source, per-version nova objects ---------------------------------------------
-
-class _Template:
-    """The nova objects of one source at one document version (immutable once built)."""
-
-    __slots__ = ("version", "numbers", "attrs", "instances", "host", "cell_uuid", "service",
-                 "agg_gen", "aggregates", "doc_instances", "parts", "vec")
-
-    def __init__(self, version: tuple[int, int], numbers: tuple[float, ...], attrs: dict[str, Any],
-                 instances: dict[str, Any], service: dict[str, Any],
-                 doc_instances: Any) -> None:
-        self.version = version
-        #: the vector forms' numbers (decision/host_table.py), before pending claims
-        self.numbers = numbers
-        self.attrs = attrs
-        self.instances = instances
-        self.host = attrs["host"]
-        self.cell_uuid = attrs["cell_uuid"]
-        self.service = service
-        self.doc_instances = doc_instances
-        self.agg_gen = -1
-        self.aggregates: list[Any] = []
-        #: what the nova objects were built from, to reuse them across versions (see _parts)
-        self.parts: dict[str, Any] = {}
-        #: what the vector core derived from this version (group keys, weights), see vector.py
-        self.vec: dict[str, Any] = {}
-
-
-def _ip(value: Any) -> Any:
-    """nova keeps host_ip as a netaddr.IPAddress (SimpleCIDRAffinityFilter accepts either)."""
-    if type(value) is not str:
-        return None
-    try:
-        return netaddr.IPAddress(value)
-    except (netaddr.AddrFormatError, ValueError):
-        return value
-
-
-def _items(ns: Any) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted((ns or _EMPTY).items()))
-
-
-def _unchanged(old: tuple[tuple[str, Any], ...] | None, new: tuple[tuple[str, Any], ...]) -> bool:
-    """Same keys and the *same value objects*: document values are replaced, never mutated,
-    when they change, so identity means "unchanged" (the old tuple keeps them alive)."""
-    return old is not None and len(old) == len(new) and all(
-        a[0] == b[0] and a[1] is b[1] for a, b in zip(old, new, strict=True))
-
-
-def _parts(doc: Any, previous: _Template | None) -> dict[str, Any]:
-    """The NUMA, PCI and metrics objects of ``doc``, reusing the previous version's when their
-    namespace did not change (most deltas change counters only: rebuilding a NUMA topology
-    costs about 1 ms per host).  NUMA cells are reused one by one."""
-    old = previous.parts if previous is not None else _EMPTY
-    parts: dict[str, Any] = {}
-    numa_items = _items(doc.get(hostdoc.NUMA))
-    if _unchanged(old.get("numa_items"), numa_items):
-        numa = old["numa"]
-    else:
-        old_cells = old.get("cells") or _EMPTY
-        cells = {}
-        for key, value in numa_items:
-            hit = old_cells.get(key)
-            if hit is not None and hit[0] is value:
-                cells[key] = hit
-            elif type(value) is dict:
-                cell = objects.NUMACell.obj_from_primitive(value)
-                for page in cell.mempages:
-                    # set the lazily defaulted fields now: NUMATopologyFilter would otherwise set
-                    # them on this shared object from concurrent requests (same values, but a write)
-                    page.obj_set_defaults()
-                cells[key] = (value, cell)
-        parts["cells"] = cells
-        numa = objects.NUMATopology(cells=sorted((c for _, c in cells.values()), key=lambda c: c.id)) \
-            if cells else None
-    parts["numa_items"] = numa_items
-    parts.setdefault("cells", old.get("cells"))
-    parts["numa"] = numa
-    pci_items = _items(doc.get(hostdoc.PCI))
-    if numa is old.get("numa") and _unchanged(old.get("pci_items"), pci_items):
-        parts["pci_stats"] = old["pci_stats"]
-    else:
-        pools = ndoc.pci_pools_from_namespace(doc.get(hostdoc.PCI))
-        parts["pci_stats"] = pci_stats.PciDeviceStats(numa, stats=pools)
-    parts["pci_items"] = pci_items
-    metrics_items = _items(doc.get(hostdoc.METRICS))
-    if _unchanged(old.get("metrics_items"), metrics_items):
-        parts["metrics"] = old["metrics"]
-    else:
-        parts["metrics"] = ndoc.metrics_from_namespace(doc.get(hostdoc.METRICS))
-    parts["metrics_items"] = metrics_items
-    return parts
-
-
-def build_template(source: str, view: Any, default_cell: str | None,
-                   previous: _Template | None) -> _Template | None:
-    doc = view.doc
-    c = doc.get(hostdoc.COMPUTE)
-    if not c:
-        return None  # not a compute node (an aggregate catalogue, a volume backend...)
-    host = c.get("host") or source
-    node = c.get("nodename") or host
-    parts = _parts(doc, previous)
-    numa = parts["numa"]
-    s = doc.get(hostdoc.SERVICE) or _EMPTY
-    # one derivation of the numbers for both the vector forms and nova's per-host classes
-    numbers = document_numbers(c, s, doc.get(hostdoc.PCI))
-    (free_ram, free_disk, disk_used, vcpus_used, num_instances, num_io_ops, vcpus_total,
-     cpu_ratio, failed_builds) = numbers[:9]
-    supported = c.get("supported_instances")
-    attrs = {
-        "host": host,
-        "nodename": node,
-        "uuid": source,
-        "cell_uuid": c.get("cell_uuid") or default_cell,
-        "_lock_name": f"{host}-{node}",
-        "total_usable_ram_mb": c.get("memory_mb", 0),
-        "total_usable_disk_gb": c.get("disk_gb", 0),
-        "disk_mb_used": disk_used,
-        "free_ram_mb": free_ram,
-        "free_disk_mb": free_disk,
-        "vcpus_total": vcpus_total,
-        "vcpus_used": vcpus_used,
-        "numa_topology": numa,
-        "pci_stats": parts["pci_stats"],
-        "num_instances": num_instances,
-        "num_io_ops": num_io_ops,
-        "failed_builds": failed_builds,
-        "host_ip": _ip(c.get("host_ip")),
-        "hypervisor_type": c.get("hypervisor_type"),
-        "hypervisor_version": c.get("hypervisor_version"),
-        "hypervisor_hostname": node,
-        "cpu_info": c.get("cpu_info"),
-        "supported_instances": [list(s) for s in supported] if type(supported) is list else [],
-        "stats": dict(doc.get(hostdoc.STATS) or _EMPTY),
-        "metrics": parts["metrics"],
-        "cpu_allocation_ratio": cpu_ratio,
-        "ram_allocation_ratio": allocation_ratio(c, "ram_allocation_ratio"),
-        "disk_allocation_ratio": allocation_ratio(c, "disk_allocation_ratio"),
-        "_updated": ndoc.parse_time(c.get("updated_at")),
-    }
-    # Instance stubs (nova's scheduler keeps stubs too: filters read the keys only);
-    # reuse the previous version's objects for instances that are still there.
-    doc_instances = doc.get(hostdoc.INSTANCES) or _EMPTY
-    old = previous.instances if previous is not None else _EMPTY
-    instances = {u: old.get(u) or objects.Instance(uuid=u) for u in doc_instances}
-    service = {
-        "host": host, "binary": "nova-compute", "topic": "compute",
-        "disabled": bool(s.get("disabled", False)),
-        "disabled_reason": s.get("disabled_reason"),
-        "forced_down": bool(s.get("forced_down", False)),
-        "version": s.get("version"),
-    }
-    tpl = _Template(view.version, numbers, attrs, instances, service, doc_instances)
-    tpl.parts = parts
-    return tpl
-
-
-def pending_effect(view: Any, doc_instances: Any
-                    ) -> tuple[dict[str, int], int, list[str], list[dict[str, Any]]]:
-    """(resources, claims, instance uuids, NUMA/PCI usages) of the pending claims the
-    document does not include yet."""
-    resources: dict[str, int] = {}
-    claims = 0
-    insts: list[str] = []
-    usages: list[dict[str, Any]] = []
-    for pending in view.pending.values():
-        claim = pending.claim
-        if claim.instance and claim.instance in doc_instances:
-            continue  # the compute already reports it: its usage is in the document
-        claims += 1
-        if claim.instance:
-            insts.append(claim.instance)
-        for resource, amount in claim.resources.items():
-            resources[resource] = resources.get(resource, 0) + amount
-        usage = claim.request.get(USAGE_KEY)
-        if usage:
-            usages.append(usage)
-    return resources, claims, insts, usages
-
-
-#: where a pending claim keeps the NUMA and PCI consumption nova's arithmetic made
-USAGE_KEY = "numa_pci_usage"
-
-
-def _numa_pci_usage(numa_before: Any, numa_after: Any, pci_before: dict[str, int] | None,
-                    pci_after: Any) -> dict[str, Any]:
-    """What one consumption took from the host's NUMA cells and PCI pools (JSON-like).
-
-    Taken as the difference of nova's own before and after, so that the next
-    requests can be shown the same change again (:func:`_apply_numa_pci`) without
-    knowing the request: cpu and memory usage, pinned CPUs and used pages per cell,
-    devices per pool.
-    """
-    usage: dict[str, Any] = {}
-    if numa_before is not None and numa_after is not None and numa_after is not numa_before:
-        before = {c.id: c for c in numa_before.cells}
-        cells = {}
-        for cell in numa_after.cells:
-            old = before.get(cell.id)
-            if old is None:
-                continue
-            pages = {str(p.size_kb): p.used - q.used
-                     for p, q in zip(cell.mempages or (), old.mempages or (), strict=False)
-                     if p.size_kb == q.size_kb and p.used != q.used}
-            entry = {"cpu_usage": cell.cpu_usage - old.cpu_usage,
-                     "memory_usage": cell.memory_usage - old.memory_usage,
-                     "pinned_cpus": sorted(cell.pinned_cpus - old.pinned_cpus), "pages": pages}
-            if entry["cpu_usage"] or entry["memory_usage"] or entry["pinned_cpus"] or pages:
-                cells[str(cell.id)] = entry
-        if cells:
-            usage["numa"] = cells
-    if pci_before is not None and pci_after is not None:
-        counts = vector.pool_counts(pci_after)
-        pools = {key: n - counts.get(key, 0) for key, n in pci_before.items()}
-        pools = {k: n for k, n in pools.items() if n}
-        if pools:
-            usage["pci"] = pools
-    return usage
-
-
-def _apply_numa_pci(numa: Any, pci: Any, usages: list[dict[str, Any]]) -> tuple[Any, Any]:
-    """The host's NUMA topology and PCI stats with the pending usages taken (copies; the
-    template's objects are shared and never written)."""
-    cloned = any("numa" in u for u in usages) and numa is not None
-    if cloned:
-        numa = numa.obj_clone()
-        cells = {str(c.id): c for c in numa.cells}
-        for usage in usages:
-            for cell_id, entry in usage.get("numa", {}).items():
-                cell = cells.get(cell_id)
-                if cell is None:
-                    continue
-                cell.cpu_usage += entry["cpu_usage"]
-                cell.memory_usage += entry["memory_usage"]
-                cell.pinned_cpus = cell.pinned_cpus | set(entry["pinned_cpus"])
-                for page in cell.mempages or ():
-                    page.used += entry["pages"].get(str(page.size_kb), 0)
-    take_pci = any("pci" in u for u in usages)
-    if pci is not None and (take_pci or cloned):
-        own = copy.copy(pci)
-        own.numa_topology = numa  # the PCI NUMA-affinity checks read the cells just changed
-        if take_pci:
-            own.pools = copy.deepcopy(pci.pools)
-            for usage in usages:
-                for key, n in usage.get("pci", {}).items():
-                    for pool in own.pools:  # the same key in two pools: take from the first first
-                        if n <= 0:
-                            break
-                        if vector.pool_key(pool) == key:
-                            took = min(n, pool["count"])
-                            pool["count"] -= took
-                            n -= took
-        pci = own
-    return numa, pci
-
-
 def service_agrees(service: dict[str, Any], api_service: dict[str, Any]) -> bool:
     """True when the API side's record would change nothing of ``service`` (a template's
     service dict) that SharedHostState._make takes from it."""
     return (service["disabled"] is bool(api_service.get("disabled", False))
             and service["forced_down"] is bool(api_service.get("forced_down", False))
             and service["disabled_reason"] == api_service.get("disabled_reason"))
-
-
-# -- the per-request view -------------------------------------------------------------------
-
-class SharedHostState(nova_host_manager.HostState):
-    """A nova HostState for one host and one request (see the module docstring).
-
-    Built by :meth:`SharedHostManager.get_host_states_by_uuids`; nova's
-    ``HostState.__init__`` is not run (the template supplies every attribute it
-    sets).  Reads like nova's HostState; writes stay in this object.
-    """
-
-    @classmethod
-    def _make(cls, tpl: _Template, view: Any, manager: SharedHostManager,
-              wall_offset: float, api_service: dict[str, Any] | None = None,
-              hints: dict[str, Any] | None = None) -> SharedHostState:
-        self = cls.__new__(cls)
-        d = self.__dict__
-        d.update(tpl.attrs)
-        d["limits"] = {}
-        d["allocation_candidates"] = []
-        d["aggregates"] = list(tpl.aggregates)
-        d["_tpl"] = tpl
-        d["_instances"] = None
-        d["_extra_instances"] = ()
-        d["_hidden_instances"] = ()
-        d["_manager"] = manager
-        d["_claim_id"] = None
-        service = dict(tpl.service)
-        if api_service is not None:
-            # the API side owns service state: its newest word wins over the compute's copy
-            for key in ("disabled", "forced_down"):
-                service[key] = bool(api_service.get(key, False))
-            service["disabled_reason"] = api_service.get("disabled_reason")
-        if hints:
-            # nova's instance info fanout, newer than the document until it lists the change
-            listed = tpl.doc_instances
-            d["_extra_instances"] = tuple(u for u, added in hints.items() if added and u not in listed)
-            d["_hidden_instances"] = tuple(u for u, added in hints.items() if not added and u in listed)
-        service["last_seen_up"] = datetime.datetime.fromtimestamp(wall_offset + view.last_heard, _UTC)
-        service["updated_at"] = service["last_seen_up"]
-        svc = nova_host_manager.ReadOnlyDict.__new__(nova_host_manager.ReadOnlyDict)
-        svc.data = service
-        d["service"] = svc
-        if view.pending:
-            resources, claims, insts, usages = pending_effect(view, tpl.doc_instances)
-            if usages:
-                # pinned CPUs, NUMA memory and PCI devices held by our pending claims (design §5.5)
-                d["numa_topology"], d["pci_stats"] = _apply_numa_pci(
-                    d.get("numa_topology"), d.get("pci_stats"), usages)
-            if claims:
-                for name, change in pending_changes(resources, claims, len(insts)):
-                    d[name] += change
-                d["_extra_instances"] = tuple(insts) + d["_extra_instances"]
-        return self
-
-    # ``instances``: copied on first access (the manager adds stubs to the selected
-    # host's dict), so requests that never look at instances copy nothing.
-    @property
-    def instances(self) -> dict[str, Any]:
-        d = self.__dict__
-        insts = d["_instances"]
-        if insts is None:
-            insts = dict(d["_tpl"].instances)
-            for uuid in d["_hidden_instances"]:
-                insts.pop(uuid, None)
-            for uuid in d["_extra_instances"]:
-                if uuid not in insts:
-                    insts[uuid] = objects.Instance(uuid=uuid)
-            d["_instances"] = insts
-        return insts
-
-    @instances.setter
-    def instances(self, value: dict[str, Any]) -> None:
-        self.__dict__["_instances"] = value
-
-    @property
-    def updated(self) -> datetime.datetime | None:
-        return self.__dict__["_updated"]
-
-    @updated.setter
-    def updated(self, value: datetime.datetime | None) -> None:
-        self.__dict__["_updated"] = value
-
-    def update(self, compute=None, service=None, aggregates=None, inst_dict=None):
-        raise TypeError("a SharedHostState is fed by the host-state stream, not by update()")
-
-    def consume_from_request(self, spec_obj: Any) -> None:
-        """nova's consumption, applied to this request's view only.
-
-        As nova's ``set_update_time_on_success``: a failure is logged and
-        swallowed (the compute's claim decides), success sets ``updated``.
-        Then the claim is recorded in the cache's pending ledger.  The NUMA
-        topology and the PCI pools, which nova's consumption changes in place,
-        are copied from the shared template first.
-        """
-        self._manager._steps.consumed(self, spec_obj)
-        numa_before = self.numa_topology
-        pci_before = vector.pool_counts(self.pci_stats.pools) if self.pci_stats is not None else None
-        try:
-            if self.numa_topology is not None and spec_obj.numa_topology:
-                # numa_usage_from_instance_numa updates the host's mempages in place,
-                # and the template shares them
-                self.numa_topology = self.numa_topology.obj_clone()
-            pci_requests = spec_obj.pci_requests
-            if pci_requests and pci_requests.requests and self.pci_stats:
-                # apply_requests mutates the pools, which the template shares
-                shared = self.pci_stats
-                own = copy.copy(shared)
-                own.pools = copy.deepcopy(shared.pools)
-                self.pci_stats = own
-            self._locked_consume_from_request(spec_obj)
-        except Exception as e:
-            LOG.warning("Selected host: %(host)s failed to consume from instance. Error: %(error)s",
-                        {"host": self.host, "error": e})
-            return None
-        self._updated = datetime.datetime.now(_UTC)
-        usage = _numa_pci_usage(numa_before, self.numa_topology, pci_before,
-                                self.pci_stats.pools if self.pci_stats is not None else None)
-        self._manager._consumed(self, spec_obj, usage)
-        return None
 
 
 class LazyHostState(SharedHostState):
@@ -1321,5 +939,4 @@ def _should_filter_by_owner(context: Any) -> bool:
     return True
 
 
-__all__ = ["SharedHostManager", "SharedHostState", "current", "install", "set_cache_provider",
-           "uninstall"]
+__all__ = ["SharedHostManager", "current", "install", "set_cache_provider", "uninstall"]

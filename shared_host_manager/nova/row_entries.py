@@ -3,7 +3,7 @@
 Role
 ----
 ``SharedHostManager.get_host_states_by_uuids`` turns every requested compute
-node into one request row (:class:`~shared_host_manager.nova.vector.HostRows`).
+node into one request row (:class:`~shared_host_manager.nova.core.vector.HostRows`).
 What a row is made of (the template of the source's version, its store slot and
 aggregates, the API side's service record for its host, or that nova would skip
 it) changes only when the source's view changes or when something every host
@@ -31,7 +31,7 @@ Life cycle (all under the cache lock)::
 
 An entry is :data:`SKIP` (nova would not list the source: silent, no document,
 not a compute node, deleted) or ``(record, api_service, view)``, where record
-is :meth:`~shared_host_manager.nova.vector.HostRows.record`'s tuple.  A row
+is :meth:`~shared_host_manager.nova.core.vector.HostRows.record`'s tuple.  A row
 that cannot be kept carries a fourth item, its live instance hints.
 """
 

@@ -23,7 +23,7 @@ What is checked, at every record (docs/design.md §6, invariant 5)::
                     and subset state, picks the same hosts with the same weights
     HOST_MANAGER    (--decisions) a step of a decision made outside the engine (nova's
                     handlers in the drop-in), re-run by the :class:`HostManagerReplayer`
-                    the caller gives (shared_host_manager.nova.replay), which compares it
+                    the caller gives (shared_host_manager.nova.replay.steps), which compares it
 
 A reporter's log is replayed by feeding what it *published*, in order, to a
 receiver: the result is the authoritative sequence of every source's versions

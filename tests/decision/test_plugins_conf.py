@@ -71,7 +71,7 @@ def test_the_decision_core_loads_one_engines_filters_and_weighers():
     with pytest.raises(ValueError, match="decision_core = ours cannot be loaded"):
         plugins.load_core(SchedulerConfig(decision_core="ours"))
     # as without nova: neither nova nor the core that imports it can be imported
-    blocked = {"nova": None, "shared_host_manager.nova.core_plugins": None}
+    blocked = {"nova": None, "shared_host_manager.nova.core.plugins": None}
     with mock.patch.dict("sys.modules", blocked), \
             pytest.raises(ValueError, match=r"decision_core = nova cannot be loaded .*"
                                             r"pip install 'shared-host-manager\[nova\]'"):

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 @pytest.fixture
 def nova_conf():
     """nova's CONF (set up once per process); ``set(**{"group.option": value})`` is undone after the test."""
-    from shared_host_manager.nova import fixtures as fx
+    from shared_host_manager.nova.testing import fixtures as fx
 
     conf = fx.setup_nova()
     touched: list[tuple[str, str | None]] = []

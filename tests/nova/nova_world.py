@@ -15,9 +15,9 @@ from nova import context as nova_context
 from nova import objects
 from nova.scheduler import host_manager as nova_hm
 
-from shared_host_manager.nova import fixtures as fx
 from shared_host_manager.nova import host_manager as shm
 from shared_host_manager.nova.compute_hook import ComputeHook
+from shared_host_manager.nova.testing import fixtures as fx
 
 fx.setup_nova()  # registers nova's objects before the module-level ones below
 

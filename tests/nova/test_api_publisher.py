@@ -18,7 +18,7 @@ from svc_harness import make_scheduler, wait_for  # noqa: E402
 from compute_reporter import service as reporter_service  # noqa: E402
 from protocol import hostdoc  # noqa: E402
 from shared_host_manager.nova import api_publisher, api_source  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from transport import factory  # noqa: E402
 
 fx.setup_nova()

@@ -39,7 +39,8 @@ def test_scheduler_entry_point_runs_nova_with_the_shared_host_manager(tmp_path):
         warnings.simplefilter("ignore")
         sys.argv = ["nova-scheduler-shared", "--config-file", {str(nova_conf)!r}]
         import nova.cmd.scheduler as nova_scheduler
-        from shared_host_manager.nova import cmd, fixtures as fx, host_manager as shm
+        from shared_host_manager.nova import cmd, host_manager as shm
+        from shared_host_manager.nova.testing import fixtures as fx
 
         def fake_nova_main():
             # what nova's main() does up to service.serve(), then the worker's start and stop
@@ -80,7 +81,8 @@ def test_compute_entry_point_hooks_the_tracker_and_starts_a_reporter(tmp_path):
         warnings.simplefilter("ignore")
         sys.argv = ["nova-compute-shared", "--config-file", {str(nova_conf)!r}]
         import nova.cmd.compute as nova_compute
-        from shared_host_manager.nova import cmd, fixtures as fx
+        from shared_host_manager.nova import cmd
+        from shared_host_manager.nova.testing import fixtures as fx
 
         def fake_nova_main():
             from nova import config, objects

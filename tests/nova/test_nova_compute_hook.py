@@ -23,9 +23,9 @@ from compute_reporter.manager import ReporterManager  # noqa: E402
 from protocol.receiver import ReceiverMachine  # noqa: E402
 from shared_host_manager.cache import HostStateCache  # noqa: E402
 from shared_host_manager.nova import compute_hook  # noqa: E402
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 fx.setup_nova()
 

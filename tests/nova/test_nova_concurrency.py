@@ -22,9 +22,9 @@ from nova.scheduler import host_manager as nova_hm  # noqa: E402
 from nova.scheduler import manager as nova_manager  # noqa: E402
 from oslo_serialization import jsonutils  # noqa: E402
 
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 THREADS = 8
 REQUESTS = 4

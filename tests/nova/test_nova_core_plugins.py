@@ -1,4 +1,4 @@
-"""The engine deciding with nova's own classes through the vector core (nova/core_plugins.py).
+"""The engine deciding with nova's own classes through the vector core (nova/core/plugins.py).
 
 What the differential tests (test_own_core_vs_nova.py, test_nova_vector.py) do not
 pin down: what changes between decisions reaches nova's classes over the index
@@ -27,8 +27,8 @@ from shared_host_manager.decision.request import (  # noqa: E402
     InstanceGroup,
     RequestSpec,
 )
-from shared_host_manager.nova import core_plugins  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from shared_host_manager.nova.core import plugins as core_plugins  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from simulator import bench_decisions  # noqa: E402
 from simulator.synthetic_hosts import host_doc, load_receiver  # noqa: E402
 

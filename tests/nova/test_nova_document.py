@@ -12,8 +12,8 @@ from nova.scheduler import host_manager as nova_hm  # noqa: E402
 from protocol.codec import Decoder, Encoder  # noqa: E402
 from protocol.document import check_document, digest  # noqa: E402
 from protocol.messages import Snapshot  # noqa: E402
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 fx.setup_nova()
 

@@ -27,8 +27,8 @@ from nova.scheduler.filters import (  # noqa: E402
 )
 from nova_world import MEMBER, build_world, with_candidates  # noqa: E402
 
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
-from shared_host_manager.nova.document import canonical_primitive  # noqa: E402
+from shared_host_manager.nova.core.document import canonical_primitive  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 FILTERS = {
     "ComputeFilter": compute_filter.ComputeFilter,

@@ -12,9 +12,9 @@ from nova import objects  # noqa: E402
 
 from protocol.document import DEL, SET  # noqa: E402
 from protocol.messages import Delta, Heartbeat  # noqa: E402
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 fx.setup_nova()
 OTHER_CELL = fx.uuid_for("cell", 2)

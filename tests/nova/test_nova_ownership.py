@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
 
 from shared_host_manager.decision.subset import PeerOwnership  # noqa: E402
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
-from shared_host_manager.nova import vector  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.core import vector  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 PEERS = ("s1", "s2", "s3")
 

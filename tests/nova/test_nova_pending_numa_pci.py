@@ -18,8 +18,8 @@ from nova.scheduler.filters import numa_topology_filter, pci_passthrough_filter 
 from nova_world import build_world, with_candidates  # noqa: E402
 
 from protocol.messages import Snapshot  # noqa: E402
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 
 def _state(world, manager, host):

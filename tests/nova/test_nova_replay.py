@@ -20,10 +20,10 @@ from nova import objects  # noqa: E402
 from nova.scheduler import manager as nova_manager  # noqa: E402
 from nova.scheduler.weights import ram  # noqa: E402
 
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
-from shared_host_manager.nova.replay import StepReplayer  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.replay.steps import StepReplayer  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from shared_host_manager.updatelog.recorder import Recorder  # noqa: E402
 from shared_host_manager.updatelog.replay import replay  # noqa: E402
 from shm_cli import main as cli  # noqa: E402

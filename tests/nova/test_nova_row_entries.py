@@ -18,10 +18,10 @@ from nova import objects  # noqa: E402
 
 from protocol.messages import Snapshot  # noqa: E402
 from shared_host_manager.nova import api_source  # noqa: E402
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
 from shared_host_manager.nova.row_entries import RowEntries  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 fx.setup_nova()
 

@@ -20,9 +20,9 @@ from oslo_messaging import ExpectedException  # noqa: E402
 from sqlalchemy import event  # noqa: E402
 from sqlalchemy.engine import Engine  # noqa: E402
 
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 N = 12
 

@@ -18,9 +18,9 @@ from nova.scheduler.filters import compute_filter  # noqa: E402
 from compute_reporter.manager import ReporterManager  # noqa: E402
 from protocol.messages import Snapshot  # noqa: E402
 from shared_host_manager.nova import api_source, compute_hook  # noqa: E402
-from shared_host_manager.nova import document as ndoc  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
+from shared_host_manager.nova.core import document as ndoc  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 fx.setup_nova()
 

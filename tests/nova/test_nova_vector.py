@@ -39,15 +39,15 @@ from nova.scheduler import manager as nova_manager  # noqa: E402
 from nova.scheduler import weights as nova_weights  # noqa: E402
 
 from shared_host_manager.decision.index import HostIndex  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
-from shared_host_manager.nova import vector  # noqa: E402
 from shared_host_manager.nova.compute_hook import ComputeHook  # noqa: E402
-from shared_host_manager.nova.document import (  # noqa: E402
+from shared_host_manager.nova.core import vector  # noqa: E402
+from shared_host_manager.nova.core.document import (  # noqa: E402
     canonical_primitive,
     document_from_compute_node,
 )
-from shared_host_manager.nova.index_table import IndexTable, Templates  # noqa: E402
+from shared_host_manager.nova.core.index_table import IndexTable, Templates  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
 CONF = fx.setup_nova()
 
@@ -603,7 +603,7 @@ def test_bench_decision_only_agrees_with_novas_handlers(capsys, tmp_path) -> Non
     assert set(result["vector"]) >= {"host_states", "filter", "weigh", "total"}
     # --record: a recording drop-in beside, whose log re-runs the same
     assert result["recorded"]["samples"] == 2 and result["update_log_bytes"] > 0
-    from shared_host_manager.nova.replay import StepReplayer
+    from shared_host_manager.nova.replay.steps import StepReplayer
     from shared_host_manager.updatelog.reader import find_logs
     from shared_host_manager.updatelog.replay import replay
 

@@ -63,8 +63,8 @@ from shared_host_manager.decision.request import (  # noqa: E402
 )
 from shared_host_manager.decision.weights import weigh_hosts  # noqa: E402
 from shared_host_manager.decision.world import ReceiverWorld  # noqa: E402
-from shared_host_manager.nova import core_plugins  # noqa: E402
-from shared_host_manager.nova import fixtures as fx  # noqa: E402
+from shared_host_manager.nova.core import plugins as core_plugins  # noqa: E402
+from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from simulator.synthetic_hosts import host_doc, load_receiver  # noqa: E402
 
 CONF = fx.setup_nova()
@@ -458,8 +458,8 @@ def test_novas_classes_over_the_engines_index_decide_as_novas_handlers(
 
     from protocol.messages import Claim
     from shared_host_manager.decision.index import HostIndex
-    from shared_host_manager.nova import vector
-    from shared_host_manager.nova.index_table import IndexTable, Templates
+    from shared_host_manager.nova.core import vector
+    from shared_host_manager.nova.core.index_table import IndexTable, Templates
 
     _with_options(options)
     try:

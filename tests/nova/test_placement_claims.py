@@ -1,6 +1,6 @@
 """Concurrent claims on one provider of the nova simulator's in-process placement never exceed it.
 
-The harness (:class:`shared_host_manager.nova.simulation.InProcessPlacement`) on
+The harness (:class:`shared_host_manager.nova.testing.simulation.InProcessPlacement`) on
 SQLite, MariaDB and PostgreSQL: 12 threads each claim 5 GB of a provider with
 10 GB free (``PUT /allocations/{consumer}``, retried on 409
 ``placement.concurrent_update`` as nova's report client retries), and exactly
@@ -57,7 +57,7 @@ SERVERS = {
 
 def _placement(db_url: str | None, directory: str) -> tuple[Any, str]:
     """The harness's placement on ``db_url`` (None: SQLite) with one provider of CAPACITY_MB."""
-    from shared_host_manager.nova import simulation as sim
+    from shared_host_manager.nova.testing import simulation as sim
 
     p = sim.InProcessPlacement(sim._placement_url(directory, db_url))
     rp = str(uuid.uuid4())
@@ -195,7 +195,7 @@ def server_url(request):
 
     url = _server_url(request.param)
     yield url
-    from shared_host_manager.nova.simulation import _db_url
+    from shared_host_manager.nova.testing.simulation import _db_url
 
     target = make_url(_db_url(url, "placement"))
     admin = target.set(database="postgres" if request.param == "postgresql" else "mysql")

@@ -68,8 +68,8 @@ class FixtureAfterSetUp(test.TestCase, integrated_helpers.InstanceHelperMixin):
         self.assertEqual(1, self.shm.figures()["schedulers"])
 
     def test_figures_count_this_fixtures_managers_only(self) -> None:
-        from shared_host_manager.nova import fixtures as fx
         from shared_host_manager.nova import host_manager
+        from shared_host_manager.nova.testing import fixtures as fx
 
         self._create_server(networks="none")
         served = self.shm.figures()["host_state_requests"]

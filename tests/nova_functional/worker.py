@@ -153,7 +153,7 @@ class _Probe:
     @staticmethod
     def _replayed(logs: list[str]) -> dict:
         """The test's scheduler logs re-run (stopped schedulers: their logs are closed)."""
-        from shared_host_manager.nova.replay import StepReplayer
+        from shared_host_manager.nova.replay.steps import StepReplayer
         from shared_host_manager.updatelog.reader import resolve_log
         from shared_host_manager.updatelog.replay import replay
 

@@ -199,7 +199,7 @@ def test_single_precision_ratios() -> None:
 
 def test_nova_resource_request() -> None:
     pytest.importorskip("nova")
-    from shared_host_manager.nova.fixtures import setup_nova_objects
+    from shared_host_manager.nova.core.nova_setup import setup_nova_objects
 
     setup_nova_objects()
     from nova import objects

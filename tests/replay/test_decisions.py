@@ -96,7 +96,7 @@ def test_decisions_recorded_with_novas_classes_replay_with_them(mini_run):
     engine_records = [r for r in LogReader(resolve_log(run.log("s0"))) if r.kind == ENGINE]
     assert engine_records[0].fields[0]["config"]["decision_core"] == "nova"
     assert engine_records[0].fields[0]["filters"][0] == "ComputeFilter"
-    from shared_host_manager.nova import core_plugins
+    from shared_host_manager.nova.core import plugins as core_plugins
 
     with mock.patch.object(core_plugins, "load_core", wraps=core_plugins.load_core) as loaded:
         result = replay(resolve_log(run.log("s0")), decisions=True)

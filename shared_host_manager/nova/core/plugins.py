@@ -51,8 +51,8 @@ from shared_host_manager.decision.hostview import HasAggregates, HostView
 from shared_host_manager.decision.index import PASS_ALL, HostIndex, VectorResult
 from shared_host_manager.decision.request import RequestView
 from shared_host_manager.decision.weights import BaseHostWeigher
-from shared_host_manager.nova import vector
-from shared_host_manager.nova.index_table import (
+from shared_host_manager.nova.core import vector
+from shared_host_manager.nova.core.index_table import (
     IndexTable,
     Templates,
     heard_by_status,
@@ -382,9 +382,9 @@ def load_core(config: SchedulerConfig) -> tuple[list[BaseHostFilter], list[BaseH
     :class:`Shared`.  For the processes that run the engine (the simulator, replay, the
     benchmarks; never a nova service): nova's objects registered and an empty nova
     configuration parsed first, once per process."""
-    from shared_host_manager.nova import fixtures
+    from shared_host_manager.nova.core import nova_setup
 
-    fixtures.setup_nova_objects()
+    nova_setup.setup_nova_objects()
     shared = Shared()
     return (load_filters(config.enabled_filters, config, shared),
             load_weighers(config.weight_classes, config, shared))

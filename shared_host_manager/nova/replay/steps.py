@@ -41,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from shared_host_manager.nova import vector
+from shared_host_manager.nova.core import vector
 from shared_host_manager.nova.decision_log import code_digests, digest, own_candidate, uuids_of
 from shared_host_manager.nova.host_manager import SharedHostManager
 

@@ -2,9 +2,10 @@
 
 One document per compute node; the source id is ``ComputeNode.uuid``, which
 is also the placement resource provider uuid the scheduler's allocation
-candidates are keyed by.  The compute hook writes it (:mod:`.compute_hook`),
-the host manager reads it (:mod:`.host_manager`); both use only this module
-for the mapping, so the two sides cannot drift apart.
+candidates are keyed by.  The compute hook writes it
+(:mod:`shared_host_manager.nova.compute_hook`), the scheduler side reads it back
+(:mod:`.template`); both use only this module for the mapping, so the two sides
+cannot drift apart.
 
 Namespaces
 ----------

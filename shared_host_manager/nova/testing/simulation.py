@@ -352,8 +352,8 @@ class NovaCloud:
         from nova import context as nova_context
         from nova import objects
 
-        from shared_host_manager.nova import fixtures as fx
         from shared_host_manager.nova import host_manager as shm
+        from shared_host_manager.nova.testing import fixtures as fx
 
         self.mode = mode
         overrides: dict[str, Any] = {"service_down_time": 86400}
@@ -494,8 +494,8 @@ class NovaCloud:
 
         from compute_reporter.service import ReporterService
         from shared_host_manager.nova import compute_hook
-        from shared_host_manager.nova import document as ndoc
-        from shared_host_manager.nova import fixtures as fx
+        from shared_host_manager.nova.core import document as ndoc
+        from shared_host_manager.nova.testing import fixtures as fx
         from transport.inprocess import InProcessBus
 
         self.bus = InProcessBus(threaded=True)
@@ -680,7 +680,7 @@ class NovaCloud:
     def _spec(self, req: SimRequest) -> Any:
         from nova import objects
 
-        from shared_host_manager.nova import fixtures as fx
+        from shared_host_manager.nova.testing import fixtures as fx
 
         group = None
         if req.group_uuid:
@@ -759,7 +759,7 @@ def _compute_node(i: int, h: SimHost) -> Any:
     from nova import objects
     from oslo_serialization import jsonutils
 
-    from shared_host_manager.nova import fixtures as fx
+    from shared_host_manager.nova.testing import fixtures as fx
 
     vcpus = sum(r["vcpus"] for r in h.instances.values())
     memory = h.reserved_memory_mb + sum(r["memory_mb"] for r in h.instances.values())
@@ -802,7 +802,7 @@ def _placement_url(directory: str, db_url: str | None) -> str:
         with sqlite3.connect(path) as conn:  # WAL, as nova's database (fixtures.NovaDatabase)
             conn.execute("PRAGMA journal_mode=WAL")
         return "sqlite:///" + path
-    from shared_host_manager.nova import fixtures as fx
+    from shared_host_manager.nova.testing import fixtures as fx
 
     url = _db_url(db_url, "placement")
     assert url is not None

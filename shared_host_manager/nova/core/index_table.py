@@ -14,8 +14,8 @@ per host per request (design §10, item 13).
   (``decision/host_table.py``), net of pending claims.
 * What only a new document version changes and nova's classes read from a host
   object (capabilities, NUMA topology, metrics) comes from a *template*: the
-  document read back into nova's attributes by the drop-in's own
-  ``host_manager.build_template``, kept per source and version in
+  document read back into nova's attributes by the same
+  :func:`~.template.build_template` as the drop-in's, kept per source and version in
   :class:`Templates` and built only when a form or a per-host class asks.
 * A host object (:meth:`IndexTable.host`) is one of the drop-in's
   ``SharedHostState``\\ s, built on first use in a decision: for a filter or
@@ -38,7 +38,8 @@ from protocol.receiver import SourceView, Status
 from shared_host_manager.decision.host_table import COLUMN, pending_changes
 from shared_host_manager.decision.hostview import Consumption
 from shared_host_manager.decision.index import AGGREGATE_GROUPS, AggregateStub, HostIndex
-from shared_host_manager.nova import host_manager, vector
+from shared_host_manager.nova.core import template, vector
+from shared_host_manager.nova.core.host_state import SharedHostState
 
 BoolArray = vector.BoolArray
 FloatArray = vector.FloatArray
@@ -69,7 +70,7 @@ class Templates:
     def of(self, source: str, view: Any) -> Any:
         tpl = self._by_source.get(source)
         if tpl is None or tpl.version != view.version:
-            tpl = host_manager.build_template(source, view, self.default_cell, tpl)
+            tpl = template.build_template(source, view, self.default_cell, tpl)
             self._by_source[source] = tpl
         return tpl
 
@@ -106,14 +107,14 @@ class Templates:
 
     def _pci_held(self, source: str, view: SourceView, numbers: FloatArray) -> None:
         """Take the PCI devices the host's pending claims hold off its numbers, as the
-        drop-in's host objects take them (their NUMA/PCI usage, host_manager.pending_effect;
+        drop-in's host objects take them (their NUMA/PCI usage, template.pending_effect;
         vector.pci_taken)."""
         ledger = {**view.pending, **view.peer} if view.peer else view.pending
-        if not any(host_manager.USAGE_KEY in p.claim.request for p in ledger.values()):
+        if not any(template.USAGE_KEY in p.claim.request for p in ledger.values()):
             return  # the engine's own claims hold no devices: no template needed
         tpl = self.of(source, view)
-        usages = host_manager.pending_effect(vector.Snap(view.last_heard, ledger),
-                                             tpl.doc_instances)[3]
+        usages = template.pending_effect(vector.Snap(view.last_heard, ledger),
+                                         tpl.doc_instances)[3]
         numbers[COLUMN["pci_free"]] -= vector.pci_taken(tpl, usages)
 
     def column(self, name: str, fn: Callable[[Any], Any]) -> list[Any]:
@@ -193,7 +194,7 @@ def host_state(tpl: Any, view: SourceView, heard: float, aggregates: Sequence[An
     instances of the request took, as nova's consume_from_request counts it); ``heard``
     is the wall-clock time nova's servicegroup sees as its last report."""
     pending = {**view.pending, **view.peer} if view.peer else view.pending
-    hs = host_manager.SharedHostState._make(tpl, vector.Snap(heard, pending), None, 0.0)
+    hs = SharedHostState._make(tpl, vector.Snap(heard, pending), None, 0.0)
     d = hs.__dict__
     d["aggregates"] = list(aggregates)
     if consumed is not None and consumed.claims:
@@ -331,7 +332,7 @@ class IndexTable:
         if not len(live):
             return False
         return name not in self._template(int(live[0])).attrs \
-            and hasattr(host_manager.SharedHostState, name)
+            and hasattr(SharedHostState, name)
 
     def host(self, row: int) -> Any:
         """The row's SharedHostState for this decision (built on first use)."""

@@ -142,7 +142,7 @@ BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
 _T = TypeVar("_T")
 
-#: the numbers this scheduler's pending claims change (host_manager._make does the same)
+#: the numbers this scheduler's pending claims change (host_state.SharedHostState._make does the same)
 _ADJUSTED = frozenset({"free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used",
                        "num_instances", "num_io_ops", "pci_free"})
 
@@ -163,7 +163,7 @@ def pool_counts(pools: Any) -> dict[str, int]:
 
 def pci_taken(tpl: Any, usages: list[dict[str, Any]]) -> int:
     """How many of the host's free devices the pending usages take: per pool identity, what
-    they ask for, at most what is there (host_manager._apply_numa_pci takes them the same way)."""
+    they ask for, at most what is there (host_state._apply_numa_pci takes them the same way)."""
     asked: dict[str, int] = {}
     for usage in usages:
         for key, n in usage.get("pci", {}).items():
@@ -177,7 +177,7 @@ def pci_taken(tpl: Any, usages: list[dict[str, Any]]) -> int:
 
 # -- the per-request rows ---------------------------------------------------------------
 
-#: host_manager.pending_effect: (resources, claims, instances, NUMA/PCI usages) of the
+#: template.pending_effect: (resources, claims, instances, NUMA/PCI usages) of the
 #: pending claims; the usages reach nova's classes through SharedHostState._make only
 PendingEffect = tuple[dict[str, int], int, list[str], list[dict[str, Any]]]
 
@@ -632,7 +632,7 @@ def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> Filter
     if type(f.servicegroup_api._driver).__name__ != "DbDriver":
         return None  # another servicegroup driver: nova's class asks it per host
     # nova: abs(utcnow - last_seen_up) <= service_down_time, with last_seen_up = wall clock of
-    # the last message (host_manager._make); microsecond rounding aside, the same comparison
+    # the last message (host_state.SharedHostState._make); microsecond rounding aside, the same comparison
     up = rows.heard_within(idx, nova_conf.CONF.service_down_time)
     return (rows.col("down")[idx] == 0.0) & up
 
