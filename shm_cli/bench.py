@@ -41,6 +41,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "simulator.bench_decisions:main",
         "scheduling decisions per second (fast columnar path vs per-host path)",
     ),
+    "placement": (
+        "simulator.bench_placement:main",
+        "allocation candidates from memory vs placement's own query on the same providers "
+        "(needs openstack-placement)",
+    ),
 }
 
 
