@@ -27,7 +27,7 @@ The forms read their hosts through
 :class:`~shared_host_manager.decision.host_table.HostTable` only (design §5.8):
 the drop-in's :class:`HostRows` below, or the engine's index
 (:mod:`.index_table`), so the same forms decide for nova-scheduler-shared and,
-when it loads nova's classes (:mod:`.core_plugins`), for the project's engine.
+when it loads nova's classes (:mod:`.plugins`), for the project's engine.
 
 Life cycle (one request)::
 
