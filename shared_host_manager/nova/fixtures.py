@@ -77,6 +77,8 @@ class SharedHostManagerFixture(_FixtureBase):
         self.reporters: dict[str, Any] = {}  # compute host -> its reporter
         self.hooks: dict[str, Any] = {}
         self.decisions = 0
+        #: figures() as of cleanup (None while the test runs)
+        self._final: dict[str, int] | None = None
         self._names = itertools.count(1)
         self.addCleanup(self._stop_all)
 
@@ -223,10 +225,13 @@ class SharedHostManagerFixture(_FixtureBase):
                 break
 
     def figures(self) -> dict[str, int]:
-        """What the drop-in served: decisions, and host-state requests of its host managers."""
+        """What the drop-in served: decisions, and host-state requests of its host managers
+        (during the test, or as they were when cleanup stopped them)."""
         from shared_host_manager.nova import host_manager
 
         with self._lock:
+            if self._final is not None:
+                return dict(self._final)
             caches = {id(service.cache) for service in self.schedulers}
             schedulers = len(self.schedulers)
         requests = sum(m.counters["requests"] for m in host_manager.managers()
@@ -237,7 +242,9 @@ class SharedHostManagerFixture(_FixtureBase):
     def _stop_all(self) -> None:
         from shared_host_manager.nova import compute_hook
 
+        final = self.figures()  # the managers may be gone once nova's services are
         with self._lock:
+            self._final = final
             reporters = list(self.reporters.values())
             self.reporters.clear()
             schedulers, self.schedulers = self.schedulers, []
