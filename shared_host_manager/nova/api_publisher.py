@@ -228,7 +228,18 @@ def install(role: str, stream_conf: Callable[[], Any], *, publish_timeout: float
             uwsgi.atexit = at_exit
             from uwsgidecorators import postfork  # type: ignore[import-not-found]
 
-            postfork(_publisher.ensure_started)
+            publisher_ = _publisher
+
+            def start_after_fork() -> None:
+                # a broker down at fork time must not take the worker down: the WSGI
+                # wrapper tries again on the worker's requests
+                try:
+                    publisher_.ensure_started()
+                except Exception:
+                    LOG.exception("API-side source not started after the fork; the worker's "
+                                  "requests try again")
+
+            postfork(start_after_fork)
         except ImportError:
             pass
     return _publisher
