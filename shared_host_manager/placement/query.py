@@ -35,6 +35,10 @@ answer does not cover:
 ``nested_provider`` / ``sharing_provider``
     the state holds a provider tree member or a sharing provider: placement
     takes another code path (trees, sharing) for every request then
+``no_feed`` / ``stale``
+    a scheduler's :class:`~.view.PlacementView` has received nothing from the
+    placement feed yet, or the feed's source has been silent or down longer
+    than the view's ``max_staleness``
 
 Life cycle: none; :func:`parse_querystring` is a pure function of the
 querystring and the microversion.
@@ -60,7 +64,7 @@ NOVA_MICROVERSION = "1.36"
 REASONS = (
     "microversion", "unknown_parameter", "invalid_request", "duplicate_parameter",
     "noncanonical_uuid", "granular_group", "same_subtree", "unknown_resource_class",
-    "unknown_trait", "nested_provider", "sharing_provider",
+    "unknown_trait", "nested_provider", "sharing_provider", "no_feed", "stale",
 )
 
 # placement's schemas.common.GROUP_PAT_1_33 and lib._QS_KEY_PATTERN_1_33

@@ -309,14 +309,19 @@ class ProviderState:
         if resource_classes is not None:
             self._explicit_rcs = frozenset(resource_classes)
 
-    def apply(self, doc: Mapping[str, Any]) -> bool:
-        """Hold ``doc``'s provider unless the held one is as new; True when it was applied."""
+    def apply(self, doc: Mapping[str, Any], *, replace: bool = False) -> bool:
+        """Hold ``doc``'s provider unless the held one is as new; True when it was applied.
+
+        ``replace``: hold it whatever the held generation (a caller that overlays
+        its own usage on a provider, :class:`~.view.PlacementView`, re-applies
+        the same generation with another usage).
+        """
         new = Provider.from_dict(doc)
         slot = self._slot.get(new.uuid)
         if slot is not None:
             old = self._providers[slot]
             assert old is not None
-            if new.generation <= old.generation:
+            if new.generation <= old.generation and not replace:
                 return False
             self._unindex(slot, old)
         else:

@@ -1,0 +1,237 @@
+"""A scheduler's placement state: the placement feed's providers, answering allocation candidates.
+
+Role: the scheduler side of "placement state on the stream" (docs/design.md
+§11).  The placement feed (:mod:`.feed`) publishes one source whose document
+holds every resource provider in the dict form of :mod:`.state`; the
+scheduler's cache hands every provider that changed in that document to
+:meth:`PlacementView.apply_providers`, and the nova drop-in's report client
+asks :meth:`PlacementView.answer` for the body of placement's
+``GET /allocation_candidates`` instead of asking placement.
+
+Three inputs change a provider here, each newest-generation-wins:
+
+* the feed (``apply_providers``): the provider as placement's database held it
+  when the feed read it.  A provider the feed publishes with another
+  ``created_at`` than the one held was deleted and created again under the
+  same uuid: it replaces the held one whatever its generation;
+* this scheduler's own claims (``note_claim``): placement accepted them, so
+  they are in placement's usages already, but the feed's next read of the
+  provider is up to a poll interval away.  They are added to the provider's
+  usages until a newer generation of it arrives (read-your-writes);
+* a correction (``correct``): the provider as placement returned it after
+  refusing a claim, applied at once when its generation is newer.
+
+Freshness: nothing is answered before the feed's first providers arrived
+(reason ``no_feed``), nor while the feed's source is marked down or has not
+been heard from for ``max_staleness`` seconds (reason ``stale``): placement
+answers those requests itself.  Every message of the source counts as heard,
+heartbeats included (:meth:`heard`).
+
+Thread safety: :attr:`lock` guards :attr:`state` and everything else here;
+every method takes it.  The answer's allocation requests and provider
+summaries are the state's cached objects, shared with later answers:
+read-only for the caller.
+
+Life cycle::
+
+    created --apply_providers / heard--> fed (answers while fresh)
+    fed --source_down, or silent > max_staleness--> stale (answers 'stale')
+    stale --heard / apply_providers--> fed
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from shared_host_manager.placement.candidates import PlacementConfig
+from shared_host_manager.placement.candidates import answer as candidates_answer
+from shared_host_manager.placement.query import Unanswered
+from shared_host_manager.placement.state import ProviderState
+
+#: placement's defaults (PlacementConfig()), the view's when none is given
+DEFAULT_CONFIG = PlacementConfig()
+
+
+class PlacementView:
+    """The placement feed's providers in one scheduler's memory (see the module docstring)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_staleness: float = 5.0,
+                 config: PlacementConfig = DEFAULT_CONFIG) -> None:
+        self.clock = clock
+        self.max_staleness = max_staleness
+        self.config = config
+        self.lock = threading.Lock()
+        self.state = ProviderState()
+        #: uuid -> the provider as the feed (or a correction) last gave it, without claims
+        self._base: dict[str, Mapping[str, Any]] = {}
+        #: uuid -> this scheduler's claims added to the base's usages, per resource class
+        self._claims: dict[str, dict[str, int]] = {}
+        self._last_applied: float | None = None
+        self._last_heard: float | None = None
+        self._down = False
+        #: the random source of randomize_allocation_candidates when the caller gives none
+        self.rng = random.Random()
+        #: "applied", "deleted", "older", "recreated", "claims", "claims_unknown",
+        #: "corrections", "corrections_older"
+        self.counters: Counter[str] = Counter()
+
+    # -- input ---------------------------------------------------------------------
+
+    def apply_providers(self, changed: Mapping[str, Mapping[str, Any] | None], now: float) -> None:
+        """Apply provider dicts (None: deleted) as the feed published them; marks the view fresh at now."""
+        with self.lock:
+            for uuid, doc in changed.items():
+                if doc is None:
+                    self._forget(uuid)
+                    continue
+                held = self._base.get(uuid)
+                if held is not None:
+                    if held.get("created_at") != doc.get("created_at"):
+                        # deleted and created again: the generations start over
+                        self._forget(uuid)
+                        self.counters["recreated"] += 1
+                    elif int(doc["generation"]) <= int(held["generation"]):
+                        self.counters["older"] += 1
+                        continue
+                self._set(uuid, doc)
+                self.counters["applied"] += 1
+            self._last_applied = now
+            self._heard(now)
+
+    def set_known_names(self, *, traits: Iterable[str] | None = None,
+                        resource_classes: Iterable[str] | None = None,
+                        allocation_ratio_storage: str | None = None) -> None:
+        """The names placement defines and how its database stores allocation ratios (the feed's meta)."""
+        with self.lock:
+            if allocation_ratio_storage and allocation_ratio_storage != self.state.allocation_ratio_storage:
+                old = self.state
+                self.state = ProviderState(allocation_ratio_storage=allocation_ratio_storage,
+                                           capacity=max(64, len(self._base)))
+                if old._explicit_traits is not None or old._explicit_rcs is not None:
+                    self.state.set_known_names(traits=old._explicit_traits,
+                                               resource_classes=old._explicit_rcs)
+                for uuid in self._base:
+                    self.state.apply(self._effective(uuid))
+            self.state.set_known_names(traits=traits, resource_classes=resource_classes)
+
+    def heard(self, now: float) -> None:
+        """The feed's source was heard from at ``now`` (any message of it, a heartbeat too)."""
+        with self.lock:
+            self._heard(now)
+
+    def source_down(self) -> None:
+        """The feed's source is down (its goodbye, or silence past the receiver's down interval)."""
+        with self.lock:
+            self._down = True
+
+    def note_claim(self, allocations: Mapping[str, Mapping[str, int]]) -> None:
+        """This scheduler's own claim placement accepted: {rp_uuid: {rc: amount}} added to the providers'
+        usages until a newer generation of that provider arrives from the feed (read-your-writes)."""
+        with self.lock:
+            for uuid, resources in allocations.items():
+                if uuid not in self._base:
+                    self.counters["claims_unknown"] += 1
+                    continue
+                held = self._claims.setdefault(uuid, {})
+                for rc, amount in resources.items():
+                    held[rc] = held.get(rc, 0) + int(amount)
+                self.state.apply(self._effective(uuid), replace=True)
+                self.counters["claims"] += 1
+
+    def correct(self, provider: Mapping[str, Any]) -> None:
+        """A provider as placement returned it after refusing a claim (the scheduler read it): applied at
+        once if its generation is newer."""
+        uuid = str(provider["uuid"])
+        with self.lock:
+            held = self._base.get(uuid)
+            if held is not None and int(provider["generation"]) <= int(held["generation"]):
+                self.counters["corrections_older"] += 1
+                return
+            doc = dict(provider)
+            if held is not None and "created_at" not in doc and "created_at" in held:
+                doc["created_at"] = held["created_at"]
+            self._set(uuid, doc)
+            self.counters["corrections"] += 1
+
+    # -- output --------------------------------------------------------------------
+
+    def answer(self, querystring: str, microversion: str,
+               rng: random.Random | None = None) -> dict[str, Any] | Unanswered:
+        """placement's GET /allocation_candidates body from memory, or why not: the query/candidates
+        reasons, plus 'no_feed' (nothing received yet) and 'stale' (the feed's source silent or down
+        longer than max_staleness)."""
+        with self.lock:
+            why = self._unfresh(self.clock())
+            if why is not None:
+                return why
+            return candidates_answer(self.state, querystring, microversion, self.config,
+                                     rng if rng is not None else self.rng)
+
+    def status(self) -> dict[str, Any]:
+        """providers, last_applied (age in seconds, None: never), fresh, reason (None when fresh)."""
+        with self.lock:
+            now = self.clock()
+            why = self._unfresh(now)
+            return {
+                "providers": len(self.state),
+                "last_applied": None if self._last_applied is None else now - self._last_applied,
+                "last_heard": None if self._last_heard is None else now - self._last_heard,
+                "fresh": why is None,
+                "reason": None if why is None else why.reason,
+                "claims_held": len(self._claims),
+                "counters": dict(self.counters),
+            }
+
+    def provider(self, uuid: str) -> dict[str, Any] | None:
+        """The provider as held (the feed's, with this scheduler's claims added), or None."""
+        with self.lock:
+            return self._effective(uuid) if uuid in self._base else None
+
+    # -- internals (under the lock) ----------------------------------------------------
+
+    def _heard(self, now: float) -> None:
+        if self._last_heard is None or now > self._last_heard:
+            self._last_heard = now
+        self._down = False
+
+    def _unfresh(self, now: float) -> Unanswered | None:
+        if self._last_applied is None:
+            return Unanswered("no_feed", "nothing received from the placement feed yet")
+        if self._down:
+            return Unanswered("stale", "the placement feed's source is down")
+        assert self._last_heard is not None
+        silent = now - self._last_heard
+        if silent > self.max_staleness:
+            return Unanswered("stale", f"the placement feed's source silent for {silent:.1f} s")
+        return None
+
+    def _set(self, uuid: str, doc: Mapping[str, Any]) -> None:
+        self._base[uuid] = doc
+        # a newer generation includes every claim placement accepted before it was read
+        self._claims.pop(uuid, None)
+        self.state.apply(doc, replace=True)
+
+    def _forget(self, uuid: str) -> None:
+        if self._base.pop(uuid, None) is not None:
+            self.counters["deleted"] += 1
+        self._claims.pop(uuid, None)
+        self.state.delete(uuid)
+
+    def _effective(self, uuid: str) -> dict[str, Any]:
+        base = self._base[uuid]
+        claims = self._claims.get(uuid)
+        doc = dict(base)
+        if claims:
+            usages = dict(base.get("usages") or {})
+            for rc, amount in claims.items():
+                usages[rc] = usages.get(rc, 0) + amount
+            doc["usages"] = usages
+        return doc
+
+
+__all__ = ["PlacementView"]
