@@ -10,6 +10,8 @@ nova-scheduler-shared::
     register [shared_host_manager] in nova's CONF
     nova.scheduler.host_manager.HostManager = SharedHostManager
     SchedulerManager.select_destinations: timed (shm_decision_seconds)
+    nova-scheduler's manager: SharedSchedulerManager, whose placement client answers
+        allocation candidates from the service's placement view (report_client.install)
     request_filter._should_filter_by_owner -> answered from the stream
     SchedulerManager.pre_start_hook  += start the host-state cache service and its
                                         [metrics] endpoint (port 9468)
@@ -326,6 +328,11 @@ def _start_scheduler_service(*_: Any) -> None:
         from shared_host_manager import metrics
 
         _endpoint = _serve_metrics(lambda: metrics.serve(service, _serve[-1], role="nova-scheduler"))
+        if _endpoint is not None:
+            from shared_host_manager.nova import report_client
+
+            # the placement client's counters beside the cache's (report_client.py)
+            _endpoint.registry.register(report_client.ReportClientCollector())
 
 
 def _serve_metrics(serve: Any) -> Any:
@@ -365,15 +372,35 @@ def _timed(select_destinations: Any) -> Any:
     return wrapper
 
 
+_no_view_logged = False
+
+
+def _placement_view(_host_manager: Any) -> Any:
+    """The placement view of this process's cache service (None before the service is built, or
+    while the service has none: the report client then asks placement, reason ``no_view``)."""
+    global _no_view_logged
+    service = _service
+    if service is None:
+        return None
+    view = getattr(service, "placement_view", None)
+    if view is None and not _no_view_logged:
+        _no_view_logged = True
+        LOG.warning("the host-state cache service has no placement view: allocation candidates "
+                    "come from placement (shm_allocation_candidates_total{reason=\"no_view\"})")
+    return view
+
+
 def install_scheduler() -> None:
     """Everything nova-scheduler-shared changes in nova (see the module docstring)."""
     _register_nova_opts()
     from nova.scheduler import manager as nova_manager
 
-    from shared_host_manager.nova import host_manager
+    from shared_host_manager.nova import host_manager, report_client
 
     host_manager.install()
     host_manager.set_cache_provider(lambda: scheduler_service().cache)
+    report_client.install()
+    report_client.set_view_provider(_placement_view)
     cls = nova_manager.SchedulerManager
     if not getattr(cls, "_shm_installed", False):
         original_pre_start = cls.pre_start_hook

@@ -80,6 +80,41 @@ collections then cost more than the decisions. With a threshold above what one
 request makes, its objects are freed by reference counting before a collection
 runs. 0 leaves Python's default.
 """),
+    cfg.BoolOpt("placement_from_memory", default=True, help="""
+(nova-scheduler) Answer the scheduler's GET /allocation_candidates from the
+scheduler's copy of placement's resource providers (fed by the placement feed
+through the stream) when that copy answers it exactly, and ask placement only
+otherwise: a request outside the covered set (granular groups, provider
+trees, sharing providers, ...), no feed yet, or a copy older than the feed
+allows.
+Each answer's source and each fallback's reason are counted
+(shm_allocation_candidates_total). The claim still goes to placement, which
+stays the arbiter; a claim it refuses has the providers concerned read back
+from placement into the copy. On is safe without a feed: every request then
+goes to placement, counted with reason no_feed (or no_view).
+
+Related options: placement_randomize_allocation_candidates,
+placement_max_allocation_candidates and
+placement_optimize_for_wide_provider_trees must be placement's own values.
+"""),
+    cfg.BoolOpt("placement_randomize_allocation_candidates", default=False, help="""
+(nova-scheduler) placement's [placement] randomize_allocation_candidates,
+as placement.conf sets it. Answers from memory shuffle (or, with a limit,
+sample) the candidates as placement does when it is set; set it to
+placement's value or the answers from memory are ordered where placement's
+are random.
+"""),
+    cfg.IntOpt("placement_max_allocation_candidates", default=-1, min=-1, help="""
+(nova-scheduler) placement's [placement] max_allocation_candidates, as
+placement.conf sets it: answers from memory stop at that many candidates
+before the request's limit applies, as placement's do. -1: no maximum
+(placement's default). Set it to placement's value.
+"""),
+    cfg.BoolOpt("placement_optimize_for_wide_provider_trees", default=False, help="""
+(nova-scheduler) placement's [workarounds]
+optimize_for_wide_provider_trees, as placement.conf sets it (it changes placement's second capacity check, hence
+which providers are candidates). Set it to placement's value.
+"""),
     cfg.StrOpt("cell_uuid", help="""
 (nova-compute) The uuid of the cell this compute belongs to, published in
 every host document of this service. Find it with 'nova-manage cell_v2

@@ -1,0 +1,431 @@
+"""The drop-in scheduler's placement client: allocation candidates from memory when memory answers exactly.
+
+Role
+----
+nova 34's ``SchedulerManager._select_destinations`` asks placement for
+allocation candidates on every request (``placement_client.
+get_allocation_candidates(context, resources)``), then claims one of them
+(``claim_resources``).  The query is most of a drop-in decision's time.
+:class:`SharedReportClient` is nova's ``SchedulerReportClient`` (the
+scheduler's placement client, nova's shape) with two methods extended:
+
+* ``get_allocation_candidates``: the querystring nova's method would send
+  (``resources.to_querystring()``, microversion ``report.SAME_SUBTREE_VERSION``)
+  goes first to the scheduler's copy of placement's providers, a
+  ``PlacementView`` (``shared_host_manager/placement/view.py``, fed by the
+  placement feed through the stream and held by the
+  :class:`~shared_host_manager.service.SchedulerService` as
+  ``placement_view``).  When the view answers, the result is what nova's own
+  method returns for that body: ``(allocation_requests, provider_summaries,
+  version)``.  When it does not (a request outside the covered set, no feed,
+  a stale view: the view's :class:`~shared_host_manager.placement.Unanswered`
+  reason), nova's own method asks placement.  Both are counted, the
+  fallbacks per reason.
+* ``claim_resources``: nova's own method claims in placement, which stays the
+  arbiter.  An accepted claim is told to the view (``note_claim``: the
+  allocation request's resources per provider), so the next answers count it
+  before the feed does.  A refused one (nova's method returns False: capacity,
+  or provider generation conflicts beyond nova's retries) means the view may
+  have been behind: the providers of that allocation request are read back
+  from placement and given to the view (``correct``), so the same provider is
+  not offered again for what it cannot hold.  nova itself goes on to the next
+  host, as with any refused claim.
+
+The answers' bodies are the view's cached objects, shared by every answer:
+read-only for nova (its manager only reads them; its ``claim_resources``
+deep-copies the allocation request it sends).
+
+Placement's options that change the answer (``[placement]
+randomize_allocation_candidates``, ``max_allocation_candidates``,
+``[workarounds] optimize_for_wide_provider_trees``) are not visible from the
+scheduler: ``[shared_host_manager] placement_*`` repeat them in nova.conf
+(:mod:`.conf`) and the client makes them the view's ``config`` (a
+:class:`~shared_host_manager.placement.PlacementConfig`) when it first
+reaches the view.
+
+How it gets into nova (the hook)
+--------------------------------
+nova's manager reads its client through one property,
+``SchedulerManager.placement_client`` (``report.report_client_singleton()``,
+one client per process).  The drop-in overrides that property in a subclass,
+:class:`SharedSchedulerManager`, and names the subclass in nova's own table of
+the class each service binary runs, ``nova.service.SERVICE_MANAGERS
+['nova-scheduler']`` (read by ``Service.create``; nova has no configuration
+option for it since Rocky): :func:`install`, called by
+``nova-scheduler-shared`` (:mod:`.cmd`) before nova builds its service, and
+by the functional fixture.  Chosen over the alternatives because it touches
+only the scheduler service: replacing ``report.SchedulerReportClient`` or
+presetting ``report.PLACEMENTCLIENT`` would also change the client of every
+other user of nova's singleton in the process (the conductor and the
+computes in an in-process nova), and a singleton must be built before
+``nova.conf`` is parsed.  Each manager gets its own client, so several
+schedulers in one process (nova's functional tests) each reach their own
+view.
+
+Where the view comes from: :func:`set_view_provider` names a function of the
+manager's host manager that returns the view (``nova-scheduler-shared``: its
+SchedulerService's ``placement_view``; the fixture: the service it built for
+that host manager), looked up on every request until it returns one (the
+service is built in the worker, after the manager).
+
+Counted (thread-safe; nova runs 64 RPC threads): ``from_memory``,
+``from_placement``, ``by_reason`` (fallbacks per reason), ``requests`` (per
+kind: ``allocation_candidates`` sent to placement, ``claim``,
+``claim_refused``, ``correction_read``) and ``placement_queries`` (the read
+requests sent to placement: candidate queries and correction reads);
+:class:`ReportClientCollector` shows them as ``shm_placement_requests_total
+{kind}`` and ``shm_allocation_candidates_total{source,reason}`` on the
+scheduler's ``/metrics``.
+
+Life cycle: built with its manager (nova builds the manager in the parent
+process, before it forks its workers: the client holds no view, thread or
+connection of ours then); reaches its view on the first request in a worker;
+ends with the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from nova.scheduler import manager as nova_manager
+from nova.scheduler.client import report
+
+from shared_host_manager.placement import PlacementConfig, Unanswered
+
+LOG = logging.getLogger(__name__)
+
+#: the import path nova's Service.create builds for nova-scheduler once :func:`install` ran
+MANAGER_PATH = "shared_host_manager.nova.report_client.SharedSchedulerManager"
+#: the kinds of ``requests`` (``shm_placement_requests_total{kind}``)
+REQUEST_KINDS = ("allocation_candidates", "claim", "claim_refused", "correction_read")
+#: reasons of this client's own (the view's are shm_host_manager.placement's REASONS, 'no_feed',
+#: 'stale', ...): the option is off, no view (yet), the view raised
+OWN_REASONS = ("disabled", "no_view", "error")
+#: times a correction reads a provider again when its five reads disagree on the generation
+CORRECTION_ATTEMPTS = 3
+
+ViewProvider = Callable[[Any], Any]
+
+_view_provider: ViewProvider | None = None
+_clients: weakref.WeakSet[SharedReportClient] = weakref.WeakSet()
+_originals: dict[str, Any] = {}
+
+
+def _our_conf() -> Any:
+    """``CONF.shared_host_manager`` if nova's CONF has our options registered (else None)."""
+    import nova.conf
+
+    try:
+        return nova.conf.CONF.shared_host_manager
+    except Exception:  # not registered (tests, embedded use): constructor arguments decide
+        return None
+
+
+def placement_config_from_conf(conf: Any = None) -> PlacementConfig:
+    """placement's answer-changing options as ``[shared_host_manager] placement_*`` repeat them."""
+    conf = _our_conf() if conf is None else conf
+    if conf is None:
+        return PlacementConfig()
+    return PlacementConfig(
+        randomize_allocation_candidates=bool(conf.placement_randomize_allocation_candidates),
+        max_allocation_candidates=int(conf.placement_max_allocation_candidates),
+        optimize_for_wide_provider_trees=bool(conf.placement_optimize_for_wide_provider_trees))
+
+
+def claimed_resources(alloc_request: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """``{rp: {rc: amount}}`` of an allocation request (placement's PUT /allocations body)."""
+    return {rp: {rc: int(n) for rc, n in (alloc.get("resources") or {}).items()}
+            for rp, alloc in (alloc_request.get("allocations") or {}).items()}
+
+
+class SharedReportClient(report.SchedulerReportClient):
+    """nova's scheduler placement client, answering allocation candidates from memory; see the module
+    docstring.
+
+    ``view``: a fixed view (tests, the simulator); else ``view_provider()`` on each request until
+    it returns one.  ``from_memory``: None reads ``[shared_host_manager] placement_from_memory``.
+    ``placement_config``: None reads the ``placement_*`` options.  ``rng``: placement's random
+    choices when it randomizes (a fresh ``random.Random`` by default).
+    """
+
+    def __init__(self, adapter: Any = None, *, view: Any = None,
+                 view_provider: Callable[[], Any] | None = None, from_memory: bool | None = None,
+                 placement_config: PlacementConfig | None = None,
+                 rng: random.Random | None = None) -> None:
+        super().__init__(adapter=adapter)
+        conf = _our_conf()
+        if from_memory is None:
+            from_memory = bool(conf.placement_from_memory) if conf is not None else True
+        #: answer from the view when it can ([shared_host_manager] placement_from_memory)
+        self.from_memory_enabled = from_memory
+        self.placement_config = placement_config or placement_config_from_conf(conf)
+        self._view = view
+        self._view_provider = view_provider
+        self._configured: Any = None  # the view whose config was set last
+        self._rng = rng or random.Random()
+        self._count_lock = threading.Lock()
+        #: answers from memory / queries sent to placement
+        self.from_memory = 0
+        self.from_placement = 0
+        #: fallbacks to placement by reason
+        self.by_reason: Counter[str] = Counter()
+        #: requests to placement by kind (REQUEST_KINDS)
+        self.requests: Counter[str] = Counter()
+        _clients.add(self)
+
+    # -- the view ----------------------------------------------------------------------------
+    @property
+    def view(self) -> Any:
+        """The PlacementView this client answers from (None: none yet)."""
+        view = self._view
+        if view is None and self._view_provider is not None:
+            view = self._view_provider()
+            if view is not None:
+                self._view = view
+        if view is not None and view is not self._configured:
+            self._configure(view)
+        return view
+
+    def _configure(self, view: Any) -> None:
+        """Make the scheduler's copy of placement's options the view's PlacementConfig."""
+        current = getattr(view, "config", None)
+        if isinstance(current, PlacementConfig) and current != self.placement_config:
+            LOG.info("placement view: answering with placement's options as nova.conf repeats them "
+                     "(%s)", self.placement_config)
+            view.config = self.placement_config
+        self._configured = view
+
+    @property
+    def placement_queries(self) -> int:
+        """Read requests sent to placement: allocation candidate queries and correction reads."""
+        with self._count_lock:
+            return self.requests["allocation_candidates"] + self.requests["correction_read"]
+
+    def figures(self) -> dict[str, Any]:
+        """The counters, copied under their lock (for the simulator and /status)."""
+        with self._count_lock:
+            return {"from_memory": self.from_memory, "from_placement": self.from_placement,
+                    "by_reason": dict(self.by_reason), "requests": dict(self.requests),
+                    "placement_queries": self.requests["allocation_candidates"]
+                    + self.requests["correction_read"]}
+
+    def _count(self, kind: str, n: int = 1) -> None:
+        with self._count_lock:
+            self.requests[kind] += n
+
+    # -- nova's two scheduler calls ----------------------------------------------------------
+    def get_allocation_candidates(self, context: Any, resources: Any) -> Any:
+        """nova's method, answered from the view when it can (the same tuple nova's returns)."""
+        view = self.view if self.from_memory_enabled else None
+        reason = "disabled" if not self.from_memory_enabled else "no_view"
+        if view is not None:
+            version = report.SAME_SUBTREE_VERSION
+            try:
+                body = view.answer(resources.to_querystring(), version, self._rng)
+            except Exception:  # the view's fault must not fail nova's request: placement answers
+                LOG.exception("placement view: answering %s failed; asking placement", resources)
+                body = Unanswered("error")
+            if not isinstance(body, Unanswered):
+                with self._count_lock:
+                    self.from_memory += 1
+                return body["allocation_requests"], body["provider_summaries"], version
+            reason = body.reason
+        with self._count_lock:
+            self.from_placement += 1
+            self.by_reason[reason] += 1
+            self.requests["allocation_candidates"] += 1
+        return super().get_allocation_candidates(context, resources)
+
+    def claim_resources(self, context: Any, consumer_uuid: str, alloc_request: Any, project_id: str,
+                        user_id: str, allocation_request_version: Any = None,
+                        consumer_generation: Any = None) -> Any:
+        """nova's claim; accepted: told to the view; refused: the view corrected from placement."""
+        self._count("claim")
+        ok = super().claim_resources(context, consumer_uuid, alloc_request, project_id, user_id,
+                                     allocation_request_version,
+                                     consumer_generation=consumer_generation)
+        view = self.view if self.from_memory_enabled else None
+        if ok is True:
+            if view is not None:
+                view.note_claim(claimed_resources(alloc_request))
+        elif ok is False:
+            self._count("claim_refused")
+            if view is not None:
+                self.correct_view(context, view, list(claimed_resources(alloc_request)))
+        return ok
+
+    # -- corrections -------------------------------------------------------------------------
+    def correct_view(self, context: Any, view: Any, providers: Iterable[str]) -> int:
+        """Read each provider from placement and give it to the view; returns how many were."""
+        corrected = 0
+        for rp in providers:
+            try:
+                doc = self.read_provider(context, rp)
+            except Exception:  # a correction is an optimisation: never fail nova's request for it
+                LOG.exception("placement view: reading provider %s back from placement failed", rp)
+                continue
+            if doc is not None:
+                view.correct(doc)
+                corrected += 1
+        return corrected
+
+    def read_provider(self, context: Any, rp: str) -> dict[str, Any] | None:
+        """Provider ``rp`` from placement in the ProviderState dict form, or None (gone, or no
+        consistent reading in CORRECTION_ATTEMPTS).
+
+        Five reads -- the provider (generation, name, parent and root), its inventories, usages,
+        traits and aggregates -- every one of which the state's dict needs (a provider is
+        replaced as a whole), taken as one reading only when all five name the same generation:
+        placement increments it on every change of any of them, allocations included."""
+        base = f"/resource_providers/{rp}"
+        version = report.SAME_SUBTREE_VERSION
+        gid = getattr(context, "global_id", None)
+        for _ in range(CORRECTION_ATTEMPTS):
+            parts: dict[str, Any] = {}
+            for key, path in (("provider", base), ("inventories", base + "/inventories"),
+                              ("usages", base + "/usages"), ("traits", base + "/traits"),
+                              ("aggregates", base + "/aggregates")):
+                self._count("correction_read")
+                resp = self.get(path, version=version, global_request_id=gid)
+                if resp.status_code == 404:
+                    return None
+                if resp.status_code != 200:
+                    LOG.warning("placement view: GET %s: %d %s", path, resp.status_code, resp.text)
+                    return None
+                parts[key] = resp.json()
+            p = parts["provider"]
+            gens = {p["generation"], *(parts[k]["resource_provider_generation"]
+                                       for k in ("inventories", "usages", "traits", "aggregates"))}
+            if len(gens) == 1:
+                return {"uuid": p["uuid"], "name": p["name"], "generation": p["generation"],
+                        "parent_provider_uuid": p.get("parent_provider_uuid"),
+                        "root_provider_uuid": p.get("root_provider_uuid") or p["uuid"],
+                        "inventories": parts["inventories"]["inventories"],
+                        # placement lists every class of an inventory, unused ones at 0; the
+                        # dict form (the feed's) lists the classes with allocations
+                        "usages": {r: n for r, n in parts["usages"]["usages"].items() if n},
+                        "traits": list(parts["traits"]["traits"]),
+                        "aggregates": list(parts["aggregates"]["aggregates"])}
+        LOG.info("placement view: provider %s changed during %d readings; not corrected", rp,
+                 CORRECTION_ATTEMPTS)
+        return None
+
+
+# -- into nova's scheduler ----------------------------------------------------------------------
+
+class SharedSchedulerManager(nova_manager.SchedulerManager):
+    """nova's SchedulerManager whose ``placement_client`` is its own :class:`SharedReportClient`.
+
+    Built like nova's (``Service.create`` once :func:`install` named it); the client is built on
+    first use, with the errors nova's ``report_client_singleton`` logs and raises (its
+    ``__init__`` decides which are fatal), and a view provider bound to this manager's host
+    manager.
+    """
+
+    _shared_client: SharedReportClient | None = None
+
+    @property
+    def placement_client(self) -> Any:
+        client = self._shared_client
+        if client is None:
+            client = self._shared_client = _build_client(self)
+        return client
+
+
+def _build_client(manager: Any) -> SharedReportClient:
+    from keystoneauth1 import exceptions as ks_exc
+
+    ref = weakref.ref(manager)
+
+    def view_provider() -> Any:
+        m = ref()
+        provider = _view_provider
+        if m is None or provider is None:
+            return None
+        return provider(getattr(m, "host_manager", None))
+
+    try:
+        return SharedReportClient(view_provider=view_provider)
+    except ks_exc.ClientException as exc:  # as report_client_singleton: logged, raised
+        LOG.error("Failed to initialize placement client: %s", exc)
+        raise
+
+
+def set_view_provider(provider: ViewProvider | None) -> None:
+    """``provider(host_manager)`` returns the PlacementView of the scheduler that host manager
+    serves (None: none yet); see the module docstring."""
+    global _view_provider
+    _view_provider = provider
+
+
+def install() -> None:
+    """Make nova's ``Service.create(binary='nova-scheduler')`` build a :class:`SharedSchedulerManager`
+    (``nova.service.SERVICE_MANAGERS``).  Idempotent; :func:`uninstall` undoes it."""
+    from nova import service
+
+    _originals.setdefault("manager", service.SERVICE_MANAGERS.get("nova-scheduler"))
+    service.SERVICE_MANAGERS["nova-scheduler"] = MANAGER_PATH
+
+
+def uninstall() -> None:
+    from nova import service
+
+    if "manager" in _originals:
+        service.SERVICE_MANAGERS["nova-scheduler"] = _originals.pop("manager")
+
+
+def clients() -> list[SharedReportClient]:
+    """Every SharedReportClient of this process still in use."""
+    return list(_clients)
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+class ReportClientCollector:
+    """``shm_placement_requests_total{kind}`` and ``shm_allocation_candidates_total{source,reason}``
+    of this process's clients (``clients()``), read on scrape; registered beside the scheduler's
+    collector on its ``[metrics]`` endpoint by :mod:`.cmd`."""
+
+    def __init__(self, source: Callable[[], Iterable[SharedReportClient]] = clients) -> None:
+        self.source = source
+
+    def describe(self) -> list[Any]:
+        return []  # collected on scrape only (the registry's auto_describe is off)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        kinds: Counter[str] = Counter()
+        memory = 0
+        reasons: Counter[str] = Counter()
+        for client in self.source():
+            f = client.figures()
+            kinds.update(f["requests"])
+            memory += f["from_memory"]
+            reasons.update(f["by_reason"])
+        requests = CounterMetricFamily(
+            "shm_placement_requests", "Requests of the scheduler's placement client by kind: "
+            "allocation_candidates (queries sent to placement), claim, claim_refused (claims "
+            "placement refused), correction_read (provider reads after a refusal).", labels=["kind"])
+        for kind in REQUEST_KINDS:
+            requests.add_metric([kind], kinds[kind])
+        yield requests
+        candidates = CounterMetricFamily(
+            "shm_allocation_candidates", "Allocation candidate requests by who answered: memory (the "
+            "placement view) or placement, and why placement (the view's reason).",
+            labels=["source", "reason"])
+        candidates.add_metric(["memory", ""], memory)
+        for reason, n in sorted(reasons.items()):
+            candidates.add_metric(["placement", reason], n)
+        yield candidates
+
+
+__all__ = ["MANAGER_PATH", "ReportClientCollector", "SharedReportClient", "SharedSchedulerManager",
+           "claimed_resources", "clients", "install", "placement_config_from_conf", "set_view_provider",
+           "uninstall"]
