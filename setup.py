@@ -102,6 +102,7 @@ setup(
             "shm.reporter = compute_reporter.conf:list_opts",
             "shm.scheduler = shared_host_manager.conf.opts:list_scheduler_opts",
             "shm.updatelog = shared_host_manager.conf.updatelog:list_opts",
+            "shm.placement_feed = shared_host_manager.conf.placement_feed:list_opts",
             "shm.nova = shared_host_manager.nova.conf:list_opts",
         ],
         # whose classes an engine loads ([filter_scheduler] decision_core; "own" is built in)

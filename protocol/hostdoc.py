@@ -45,6 +45,12 @@ Namespaces
 ``catalogue``   (an API-side source) ``{aggregate uuid: {name, metadata, hosts,
                 id, deleted, changed}}``; ``changed`` is the wall time of the change.
 ``volumes``     (a volume backend's document) ``{volume_id: {...}}``.
+``placement``   (the placement feed's document, design §11) ``{resource provider uuid:
+                provider}``, a provider in the dict form of
+                ``shared_host_manager.placement.state`` plus ``created_at``.
+``placement_meta`` (the placement feed's document) ``traits`` and ``resource_classes``
+                (every name placement defines), ``allocation_ratio_storage``
+                (``double`` or ``single``).
 ``scheduler``   (a scheduler's own document, source ``scheduler/<name>``) ``name``,
                 ``started_at``, ``state`` ("running" or "leaving"), ``interval`` (seconds
                 between publications), ``published`` (a counter), ``load`` (a map):
@@ -81,6 +87,9 @@ API_SOURCE = "api"
 API_SERVICES = "services"
 API_NODES = "nodes"
 API_CATALOGUE = "catalogue"
+#: namespaces of the placement feed's source (placement's providers; design §11)
+PLACEMENT = "placement"
+PLACEMENT_META = "placement_meta"
 #: namespace of a scheduler's own document (membership)
 SCHEDULER = "scheduler"
 
@@ -210,7 +219,7 @@ def free_ram_mb(compute: Mapping[str, Any]) -> int:
 
 __all__ = [
     "AGGREGATES", "API_CATALOGUE", "API_NODES", "API_SERVICES", "API_SOURCE", "COMPUTE", "ENDPOINT",
-    "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "SCHEDULER", "SERVICE",
+    "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "PLACEMENT", "PLACEMENT_META", "SCHEDULER", "SERVICE",
     "STATS", "STOPPED", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
     "endpoint_of", "free_disk_gb", "free_ram_mb", "host_name", "instances_of", "is_host", "namespace",
     "node_name", "said_goodbye", "service_of", "supported_instances_of", "volume_hosts_of",

@@ -172,6 +172,9 @@ class HostStateCache:
         #: called under :attr:`lock` after every receive and tick, e.g. to drain claim
         #: outcomes into a request tracker as soon as they arrive
         self.ingest_listeners: list[Callable[[], None]] = []
+        #: called under :attr:`lock` with every message the receiver took, stream and control,
+        #: right after it took it (the placement tap notes which providers a delta changed)
+        self.message_listeners: list[Callable[[Message], None]] = []
         #: the observer (an update log), see :meth:`set_recorder`
         self.recorder: CacheObserver | None = None
         if recorder is not None:
@@ -221,6 +224,8 @@ class HostStateCache:
                         recorder.dropped(body, "stream", offset, now)
                 else:
                     out = receive(msg, now)
+                    for listener in self.message_listeners:
+                        listener(msg)
                     if recorder is not None:
                         recorder.stream(body, offset, now, out)
                     sends.extend(out)
@@ -252,6 +257,8 @@ class HostStateCache:
             self.apply_peer_claims()
             now = self.clock()
             sends = self.receiver.receive(msg, now)
+            for listener in self.message_listeners:
+                listener(msg)
             if self.recorder is not None:
                 self.recorder.control(body, now, sends)
             self.messages += 1
@@ -296,6 +303,8 @@ class HostStateCache:
             body, msg = inbox.popleft()
             now = self.clock()
             sends = self.receiver.receive(msg, now)
+            for listener in self.message_listeners:
+                listener(msg)
             if self.recorder is not None:
                 self.recorder.control(body, now, sends)
             self.messages += 1

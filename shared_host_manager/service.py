@@ -79,6 +79,8 @@ from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.conf import cache as cache_conf
 from shared_host_manager.membership import MembershipPublisher, live_peers
 from shared_host_manager.membership import source_id as membership_source_id
+from shared_host_manager.placement.tap import PlacementTap
+from shared_host_manager.placement.view import PlacementView
 from transport import factory, signing_opts
 from transport import opts as transport_opts
 from transport.base import (
@@ -135,6 +137,11 @@ class SchedulerService:
         self.receiver = ReceiverMachine(name, **receiver_params)
         self.cache = HostStateCache(self.receiver, self._send, decoder=decoder, clock=clock,
                                     recorder=recorder, fence_timeout=fence_timeout)
+        #: placement's providers from the placement feed's source (design §11), applied per
+        #: changed provider as the cache ingests; the nova drop-in answers allocation
+        #: candidates from it
+        self.placement_view = PlacementView(clock=clock)
+        PlacementTap(self.placement_view, self.receiver).attach(self.cache)
         #: optional update log (shared_host_manager.updatelog.recorder.Recorder), closed by stop()
         self.recorder = recorder
         self._state_path = os.path.join(state_dir, f"cache-{name}.msgpack") if state_dir else None

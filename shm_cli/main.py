@@ -17,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
             "simulate N compute nodes and compare shared / legacy / caching host managers"),
     "reporter": ("shm_cli.reporter:main",
                  "run a compute reporter (--config-file FILE) until SIGTERM"),
+    "placement-feed": ("shm_cli.placement_feed:main",
+                       "publish placement's resource providers on the stream (--config-file FILE)"),
     "scheduler": ("shm_cli.scheduler:main",
                   "run the scheduler-side host-state cache (--config-file FILE) until SIGTERM"),
     "status": ("shm_cli.status:main",

@@ -116,6 +116,7 @@ def test_an_inline_comment_is_refused_with_the_option_named(tmp_path):
 UNITS = {
     "shm-reporter.service": "shm reporter",
     "shm-scheduler.service": "shm scheduler",
+    "shm-placement-feed.service": "shm placement-feed",
     "nova-compute-shared.service": "nova-compute-shared",
     "nova-scheduler-shared.service": "nova-scheduler-shared",
     "nova-conductor-shared.service": "nova-conductor-shared",

@@ -60,7 +60,8 @@ LOG = logging.getLogger(__name__)
 GROUP = "metrics"
 
 #: the default port of each process, so one host can run several side by side
-DEFAULT_PORTS = {"reporter": 9465, "scheduler": 9466, "nova-compute": 9467, "nova-scheduler": 9468}
+DEFAULT_PORTS = {"reporter": 9465, "scheduler": 9466, "nova-compute": 9467, "nova-scheduler": 9468,
+                 "placement-feed": 9469}
 
 METRICS_GROUP = cfg.OptGroup("metrics", title="Metrics, health and status endpoint", help="""
 An HTTP endpoint of every long-running process: GET /metrics (Prometheus),

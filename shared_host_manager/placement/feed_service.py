@@ -1,0 +1,196 @@
+"""The placement feed as a running service: placement's database in, one source on the stream out.
+
+Role: the single writer of placement's state on the stream (docs/design.md
+§11).  :class:`PlacementFeed` is a resource tracker
+(:class:`compute_reporter.tracker.ResourceTracker`) of one source, served by
+an ordinary :class:`compute_reporter.service.ReporterService`: the reporter
+publishes the source's snapshots, deltas and heartbeats, answers the
+schedulers' resyncs, and says goodbye at a clean stop, as for every source.
+The tracker's thread polls placement's database (:mod:`.database`) and hands
+the changes to the reporter; what to read and what to publish is decided by
+:class:`~.feed.FeedMachine` (sans-IO).
+
+The source's document::
+
+    placement:      {provider uuid: provider dict (shared_host_manager.placement.state) + created_at}
+    placement_meta: {"traits": [...], "resource_classes": [...],
+                     "allocation_ratio_storage": "double" | "single"}
+    service:        {"endpoint": <reporter name>}      (the reporter's, for resyncs)
+
+Confirmation: after handing a poll's changes to the reporter, the feed calls
+:attr:`PlacementFeed.confirm` -- the reporter's ``publish_now`` with
+``publish_timeout`` -- and tells the machine whether the broker confirmed;
+unconfirmed providers are read and published again at the next poll.  A test
+(or anything else) may give its own ``confirm``: it is the explicit seam.
+
+Life cycle::
+
+    PlacementFeed(db, ...)  no connection yet
+    ReporterService.start():   hosts() -> every provider read (the first document),
+                               document(), then start(sink): the poll thread
+    poll thread:               confirm the first document; then every poll_interval:
+                               fingerprint -> listing? -> read -> sink.change -> confirm
+    ReporterService.stop():    stop(): the poll thread ends; the reporter's goodbye follows
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from oslo_config import cfg
+
+from compute_reporter import service as reporter_service
+from compute_reporter.service import ReporterService
+from protocol.document import DEL, SET, Document, Op
+from protocol.hostdoc import PLACEMENT, PLACEMENT_META
+from shared_host_manager.conf import placement_feed as feed_conf
+from shared_host_manager.placement.database import PlacementDatabase
+from shared_host_manager.placement.feed import FeedMachine
+
+LOG = logging.getLogger(__name__)
+
+
+class PlacementFeed:
+    """The tracker of the placement feed's one source (see the module docstring)."""
+
+    def __init__(self, database: PlacementDatabase, *, source_name: str = "placement",
+                 poll_interval: float = 0.2, full_check_interval: float = 10.0,
+                 max_reads: int = 2000, clock: Callable[[], float] = time.monotonic,
+                 confirm: Callable[[], bool] | None = None) -> None:
+        self.db = database
+        self.source = source_name
+        self.poll_interval = poll_interval
+        self.clock = clock
+        self.machine = FeedMachine(full_check_interval=full_check_interval, max_reads=max_reads)
+        #: True once the broker confirmed what was handed to the reporter (see the module docstring)
+        self.confirm: Callable[[], bool] = confirm or (lambda: True)
+        self.meta: dict[str, Any] = {}
+        self._sink: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loaded = False
+        #: "errors": polls that failed (the database unreachable ...), "polls_with_changes"
+        self.errors = 0
+        self.polls_with_changes = 0
+        self.last_poll_ok: float | None = None
+
+    # -- ResourceTracker -----------------------------------------------------------------
+
+    def hosts(self) -> list[str]:
+        if not self._loaded:
+            self.load()
+        return [self.source]
+
+    def document(self, source: str) -> Document:
+        doc: Document = {PLACEMENT_META: dict(self.meta)}
+        if self.machine.document:
+            doc[PLACEMENT] = dict(self.machine.document)
+        return doc
+
+    def start(self, sink: Any) -> None:
+        self._sink = sink
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"placement-feed-{self.source}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._sink = None
+
+    # -- polling ---------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Every provider and the names, read at once: the source's first document."""
+        fingerprint = self.db.fingerprint()
+        providers = self.db.read_all()
+        self.meta = self._read_meta()
+        self.machine.start(providers, fingerprint, self.clock())
+        self._loaded = True
+        LOG.info("placement feed: %d resource providers read from placement's database",
+                 len(providers))
+
+    def _read_meta(self) -> dict[str, Any]:
+        traits, rcs = self.db.names()
+        return {"traits": traits, "resource_classes": rcs,
+                "allocation_ratio_storage": self.db.allocation_ratio_storage}
+
+    def _run(self) -> None:
+        # the first document went out with the reporter's start: its confirm first
+        first = dict.fromkeys(self.machine.dirty)
+        self.machine.published({u: self.machine.document.get(u) for u in first}, self.confirm())
+        while not self._stop.wait(self.poll_interval):
+            try:
+                self.poll_once()
+            except Exception as exc:  # the loop outlives a database restart
+                self.errors += 1
+                LOG.warning("placement feed: poll failed (%s); trying again in %.1f s",
+                            " ".join(str(exc).split())[:300], self.poll_interval)
+
+    def poll_once(self) -> dict[str, dict[str, Any] | None]:
+        """One look at the database; the changes handed to the reporter (and confirmed or not)."""
+        now = self.clock()
+        fingerprint = self.db.fingerprint()
+        if not self.machine.wants_listing(fingerprint, now):
+            self.last_poll_ok = now
+            return {}
+        listing = self.db.listing()
+        to_read, deleted = self.machine.plan(listing, fingerprint, now)
+        read = self.db.read(to_read)
+        changes = self.machine.changes(to_read, read, deleted)
+        ops: list[Op] = [[SET, PLACEMENT, u, p] if p is not None else [DEL, PLACEMENT, u]
+                         for u, p in changes.items()]
+        meta = self._read_meta()
+        if meta != self.meta:
+            ops += [[SET, PLACEMENT_META, k, v] for k, v in meta.items() if self.meta.get(k) != v]
+            self.meta = meta
+        if ops:
+            sink = self._sink
+            if sink is None:
+                self.machine.published(changes, False)
+                return changes
+            sink.change(self.source, ops)
+            self.polls_with_changes += 1
+            self.machine.published(changes, self.confirm())
+        self.last_poll_ok = now
+        return changes
+
+    def figures(self) -> dict[str, Any]:
+        return {"providers": len(self.machine.document), "dirty": len(self.machine.dirty),
+                "errors": self.errors, "polls_with_changes": self.polls_with_changes,
+                **self.machine.stats.as_dict()}
+
+
+# -- built from a configuration file -------------------------------------------------
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    """[placement_feed] and every group a reporter reads."""
+    feed_conf.register_opts(conf)
+    reporter_service.register_service_opts(conf)
+
+
+def feed_from_conf(conf: cfg.ConfigOpts, database: PlacementDatabase | None = None
+                   ) -> tuple[ReporterService, PlacementFeed]:
+    """The reporter publishing the feed, and the feed, configured by ``conf``
+    (registered with :func:`register_opts`); nothing started."""
+    group = conf.placement_feed
+    if database is None:
+        if not group.connection:
+            raise cfg.RequiredOptError("connection", cfg.OptGroup(feed_conf.GROUP))
+        database = PlacementDatabase(group.connection)
+    feed = PlacementFeed(database, source_name=group.source_name, poll_interval=group.poll_interval,
+                         full_check_interval=group.full_check_interval, max_reads=group.max_reads)
+    conf.set_override("heartbeat_interval", group.heartbeat_interval, group="reporter")
+    reporter = reporter_service.service_from_conf(conf, feed)
+    timeout = group.publish_timeout
+    feed.confirm = lambda: reporter.publish_now(timeout)
+    return reporter, feed
+
+
+__all__ = ["PlacementFeed", "feed_from_conf", "register_opts"]
