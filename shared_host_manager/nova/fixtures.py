@@ -40,6 +40,11 @@ class SharedHostManagerFixture(_FixtureBase):
       which says goodbye when the compute stops (``graceful_shutdown``);
     * one API-side source (:mod:`.api_source`) publishes what nova-api and
       nova-conductor change: service state, service and node deletions, aggregates;
+    * each scheduler's manager is the drop-in's (:mod:`.report_client`): its placement
+      client answers allocation candidates from the scheduler service's placement view
+      when the service has one and it answers, and asks placement otherwise (counted in
+      ``figures()``: ``candidates_from_memory``, ``candidates_from_placement``,
+      ``candidates_by_reason``);
     * before each ``select_destinations`` every reporter's pending changes are
       published and the bus delivered, so a decision sees every change nova made
       before it asked (as nova's own scheduler does through its database).
@@ -67,7 +72,7 @@ class SharedHostManagerFixture(_FixtureBase):
         from nova.compute import manager as compute_manager
         from nova.scheduler import manager as scheduler_manager
 
-        from shared_host_manager.nova import api_source, compute_hook, host_manager
+        from shared_host_manager.nova import api_source, compute_hook, host_manager, report_client
         from transport.inprocess import InProcessBus
 
         self._lock = threading.RLock()
@@ -78,7 +83,7 @@ class SharedHostManagerFixture(_FixtureBase):
         self.hooks: dict[str, Any] = {}
         self.decisions = 0
         #: figures() as of cleanup (None while the test runs)
-        self._final: dict[str, int] | None = None
+        self._final: dict[str, Any] | None = None
         self._names = itertools.count(1)
         self.addCleanup(self._stop_all)
 
@@ -89,6 +94,12 @@ class SharedHostManagerFixture(_FixtureBase):
         self.addCleanup(host_manager.uninstall)
         host_manager.set_cache_provider(self._new_cache)
         self.addCleanup(host_manager.set_cache_provider, None)
+        # the scheduler's placement client: allocation candidates from each scheduler's
+        # placement view when it has one (report_client.py)
+        report_client.install()
+        self.addCleanup(report_client.uninstall)
+        report_client.set_view_provider(self._placement_view)
+        self.addCleanup(report_client.set_view_provider, None)
         compute_hook.install()
         self.addCleanup(compute_hook.uninstall)
         self.api = api_source.ApiStateSource("nova-api")
@@ -157,6 +168,15 @@ class SharedHostManagerFixture(_FixtureBase):
         self.sync()
         return service.cache
 
+    def _placement_view(self, host_manager: Any) -> Any:
+        """The placement view of the scheduler service serving ``host_manager`` (None: none)."""
+        cache = getattr(host_manager, "built_cache", None)
+        with self._lock:
+            for service in self.schedulers:
+                if service.cache is cache:
+                    return getattr(service, "placement_view", None)
+        return None
+
     def _compute_started(self, host: str) -> Any:
         from shared_host_manager.nova import compute_hook
 
@@ -224,7 +244,7 @@ class SharedHostManagerFixture(_FixtureBase):
                 hook.set_cell(cell.uuid)
                 break
 
-    def figures(self) -> dict[str, int]:
+    def figures(self) -> dict[str, Any]:
         """What the drop-in served: decisions, and host-state requests of its host managers
         (during the test, or as they were when cleanup stopped them)."""
         from shared_host_manager.nova import host_manager
@@ -237,7 +257,28 @@ class SharedHostManagerFixture(_FixtureBase):
         requests = sum(m.counters["requests"] for m in host_manager.managers()
                        if id(m.built_cache) in caches)
         return {"decisions": self.decisions, "host_state_requests": requests,
-                "schedulers": schedulers}
+                "schedulers": schedulers, **self._candidates()}
+
+    def _candidates(self) -> dict[str, Any]:
+        """Allocation candidates of this test's schedulers: from memory, from placement, and
+        why placement (report_client.py's counters)."""
+        from shared_host_manager.nova import report_client
+
+        memory = placement = 0
+        reasons: dict[str, int] = {}
+        with self._lock:
+            caches = {id(service.cache) for service in self.schedulers}
+        for client in report_client.clients():
+            manager = client.manager_ref()
+            if manager is None or id(getattr(manager.host_manager, "built_cache", None)) not in caches:
+                continue
+            f = client.figures()
+            memory += f["from_memory"]
+            placement += f["from_placement"]
+            for reason, n in f["by_reason"].items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        return {"candidates_from_memory": memory, "candidates_from_placement": placement,
+                "candidates_by_reason": reasons}
 
     def _stop_all(self) -> None:
         from shared_host_manager.nova import compute_hook

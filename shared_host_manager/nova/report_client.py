@@ -170,6 +170,8 @@ class SharedReportClient(report.SchedulerReportClient):
         self._configured: Any = None  # the view whose config was set last
         self._rng = rng or random.Random()
         self._count_lock = threading.Lock()
+        #: the SharedSchedulerManager this client serves, weakly (None: built outside one)
+        self.manager_ref: Callable[[], Any] = lambda: None
         #: answers from memory / queries sent to placement
         self.from_memory = 0
         self.from_placement = 0
@@ -351,10 +353,12 @@ def _build_client(manager: Any) -> SharedReportClient:
         return provider(getattr(m, "host_manager", None))
 
     try:
-        return SharedReportClient(view_provider=view_provider)
+        client = SharedReportClient(view_provider=view_provider)
     except ks_exc.ClientException as exc:  # as report_client_singleton: logged, raised
         LOG.error("Failed to initialize placement client: %s", exc)
         raise
+    client.manager_ref = ref
+    return client
 
 
 def set_view_provider(provider: ViewProvider | None) -> None:

@@ -141,6 +141,21 @@ class Placement:
         self.real.close()
 
 
+def placement_view(doc: Mapping[str, Any]) -> Any:
+    """The scheduler's own PlacementView, fed ``doc`` as the placement feed would, on a clock
+    that does not move (always fresh)."""
+    from shared_host_manager.placement.view import PlacementView
+
+    view = PlacementView(clock=lambda: 0.0)
+    view.set_known_names(traits=doc["traits"], resource_classes=doc["resource_classes"],
+                         allocation_ratio_storage=doc["allocation_ratio_storage"])
+    view.apply_providers({p["uuid"]: p for p in doc["providers"]}, 0.0)
+    return view
+
+
+VIEWS = {"stand-in": MemoryView, "PlacementView": placement_view}
+
+
 @pytest.fixture(scope="module")
 def placement():
     fx.setup_nova()
@@ -216,9 +231,10 @@ REQUESTS = {
 }
 
 
+@pytest.mark.parametrize("kind", sorted(VIEWS))
 @pytest.mark.parametrize("name", sorted(REQUESTS))
-def test_the_same_tuple_from_memory_as_from_nova(placement, world, name):
-    view = MemoryView(world)
+def test_the_same_tuple_from_memory_as_from_nova(placement, world, name, kind):
+    view = VIEWS[kind](world)
     ours = rc.SharedReportClient(placement.adapter(), view=view, from_memory=True)
     novas = report.SchedulerReportClient(placement.adapter())
     ctx = nova_context.get_admin_context()
@@ -280,6 +296,22 @@ def test_what_memory_does_not_answer_goes_to_placement_counted_by_reason(placeme
     assert dict(off.by_reason) == {"disabled": 1} and dict(none.by_reason) == {"no_view": 1}
 
 
+def test_placement_views_no_feed_and_stale_go_to_placement(placement, world):
+    from shared_host_manager.placement.view import PlacementView
+
+    ctx = nova_context.get_admin_context()
+    empty = rc.SharedReportClient(placement.adapter(), view=PlacementView(clock=lambda: 0.0),
+                                  from_memory=True)
+    empty.get_allocation_candidates(ctx, resources_of(spec()))
+    view = placement_view(world)
+    ours = rc.SharedReportClient(placement.adapter(), view=view, from_memory=True)
+    ours.get_allocation_candidates(ctx, resources_of(spec()))
+    view.source_down()
+    assert len(ours.get_allocation_candidates(ctx, resources_of(spec()))[0]) == 5  # placement's
+    assert dict(empty.by_reason) == {"no_feed": 1}
+    assert ours.from_memory == 1 and dict(ours.by_reason) == {"stale": 1}
+
+
 def test_an_accepted_claim_is_noted_in_the_view(placement, world):
     view = MemoryView(world)
     ours = rc.SharedReportClient(placement.adapter(), view=view, from_memory=True)
@@ -301,7 +333,8 @@ def test_a_provider_read_back_is_placements_own(placement, world):
     assert ours.read_provider(nova_context.get_admin_context(), rp_uuid(99)) is None
 
 
-def test_a_refused_claim_goes_to_the_next_host_and_corrects_the_view(placement, world, nova_conf):
+@pytest.mark.parametrize("kind", sorted(VIEWS))
+def test_a_refused_claim_goes_to_the_next_host_and_corrects_the_view(placement, world, nova_conf, kind):
     """The view is behind (placement holds 14 of cn0's 16 VCPU, the view none); the weigher
     puts cn0 first, placement refuses it, nova claims the next host; cn0 is read back from
     placement and the next answer does not offer it."""
@@ -310,7 +343,7 @@ def test_a_refused_claim_goes_to_the_next_host_and_corrects_the_view(placement, 
     from shared_host_manager.nova import host_manager as shm
     from shared_host_manager.nova.core import document as ndoc
 
-    view = MemoryView(world)  # before the claim below: the view is behind
+    view = VIEWS[kind](world)  # before the claim below: the view is behind
     claim(placement, rp_uuid(0), {"VCPU": 14})
     client = rc.SharedReportClient(placement.adapter(), view=view, from_memory=True)
     nova_conf.set(**{"filter_scheduler.enabled_filters": ["ComputeFilter"],
@@ -335,9 +368,13 @@ def test_a_refused_claim_goes_to_the_next_host_and_corrects_the_view(placement, 
     assert chosen == rp_uuid(1)  # cn0 refused, cn1 next by RAM
     assert client.requests["claim"] == 2 and client.requests["claim_refused"] == 1
     assert client.from_memory == 1
-    assert [c["uuid"] for c in view.corrections] == [rp_uuid(0)]
     assert view.state.get(rp_uuid(0)).usages["VCPU"] == 14
-    assert view.claims == [{rp_uuid(1): {"DISK_GB": 20, "MEMORY_MB": 2048, "VCPU": 4}}]
+    assert view.state.get(rp_uuid(1)).usages["VCPU"] == 4  # the accepted claim, noted
+    if kind == "stand-in":
+        assert [c["uuid"] for c in view.corrections] == [rp_uuid(0)]
+        assert view.claims == [{rp_uuid(1): {"DISK_GB": 20, "MEMORY_MB": 2048, "VCPU": 4}}]
+    else:
+        assert view.status()["counters"]["corrections"] == 1
     areqs, _, _ = client.get_allocation_candidates(nova_context.get_admin_context(),
                                                    resources_of(spec(vcpus=4)))
     assert rp_uuid(0) not in {u for a in areqs for u in a["allocations"]}
