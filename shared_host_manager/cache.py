@@ -86,13 +86,14 @@ LOG = logging.getLogger(__name__)
 #: wrong view (format 1, unchecked, is still read)
 STATE_FORMAT = 2
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
-#: scheduler to scheduler on the control topic: a scarce request handed to the coordinator
-#: and its answer (design §5.4); not host state, so the receiver never sees them
+_CONTROL_TYPES = (ResyncAnswer, ClaimResult, Fence)
+#: scheduler to scheduler on the peer topic (control plane 1.4): a request handed to the
+#: coordinator or to the owner of its hosts, and its answer (design §5.4); not host state,
+#: so the receiver never sees them
 _SCARCE_TYPES = (ScarceRequest, ScarceAnswer)
-_CONTROL_TYPES = (ResyncAnswer, ClaimResult, Fence, *_SCARCE_TYPES)
 #: on the peer topic: a live peer's claim, announced, or the host's rejection of it, forwarded
-#: by that peer (design §5.2)
-_PEER_TYPES = (Claim, ClaimResult)
+#: by that peer (design §5.2), and the scarce requests and answers
+_PEER_TYPES = (Claim, ClaimResult, *_SCARCE_TYPES)
 
 
 class CacheObserver(ReceiverObserver):
@@ -238,17 +239,13 @@ class HostStateCache:
         self._dispatch(sends)
 
     def ingest_control(self, body: bytes) -> Message | None:
-        """A claim result or resync answer; returns it decoded (None: dropped).  A scarce
-        request or answer from a peer is returned as decoded, for the scheduler's manager."""
+        """A claim result, resync answer or fence; returns it decoded (None: dropped)."""
         msg = self._decode(body, _CONTROL_TYPES, "control plane")
         if msg is None:
             if self.recorder is not None:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
             return None
-        if isinstance(msg, _SCARCE_TYPES):
-            self.control_received[msg.TYPE] += 1
-            return msg
         if type(msg) is Fence:
             with self.lock:
                 self._hold_fence(msg)
@@ -270,11 +267,13 @@ class HostStateCache:
         self._dispatch(sends)
         return msg
 
-    def ingest_peer_claim(self, body: bytes) -> None:
+    def ingest_peer_claim(self, body: bytes, hold: bool = True) -> Message | None:
         """A live peer's claim, announced to us, or the host's rejection of one, forwarded
-        by that peer (the peer topic's server, design §5.2).
+        by that peer (the peer topic's server, design §5.2); returns it decoded (None:
+        dropped).  A scarce request or answer (design §5.4) is returned as decoded, for the
+        scheduler's manager; ``hold`` False drops claims and rejections (not announcing).
 
-        It counts only if it is in the view before our next decision: rather than wait
+        A claim counts only if it is in the view before our next decision: rather than wait
         for the lock behind a decision or a stream batch, it joins an inbox that whoever
         takes the lock next applies first, and is applied at once if the lock is free."""
         msg = self._decode(body, _PEER_TYPES, "peer topic")
@@ -282,17 +281,24 @@ class HostStateCache:
             if self.recorder is not None:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
-            return
+            return None
+        if isinstance(msg, _SCARCE_TYPES):
+            self.control_received[msg.TYPE] += 1
+            return msg
+        if not hold:
+            self.control_received["peer_not_held"] += 1
+            return msg
         if msg.scheduler == self.receiver.name:  # type: ignore[union-attr]
             # our own announcement or forwarded rejection, fanned out to us too
             self.control_received["peer_echo"] += 1
-            return
+            return msg
         self._peer_inbox.append((body, msg))
         if self.lock.acquire(blocking=False):
             try:
                 self.apply_peer_claims()
             finally:
                 self.lock.release()
+        return msg
 
     def apply_peer_claims(self) -> None:
         """Apply the peers' claims waiting in the inbox (under the lock; every step that

@@ -8,7 +8,10 @@ Life cycle::
                start reading the stream after the restored offset — or from its
                retained start on a cold start — and start the timer thread.
       running: stream thread  --> cache.ingest_stream  (deltas, snapshots, heartbeats)
-               control thread --> cache.ingest_control (resync answers, claim results);
+               control thread --> cache.ingest_control (resync answers, claim results,
+                                  fences)
+               peer thread    --> (with membership) the peer topic: peers' claims and
+                                  forwarded rejections --> cache.ingest_peer_claim;
                                   a peer's scarce request, or the answer to ours,
                                   --> on_scarce (the decider's, design §5.4)
                timer thread   --> cache.tick every tick_interval (gaps, resync
@@ -205,16 +208,16 @@ class SchedulerService:
         self._client = self._control_plane.control_client()
         self.reporter_api = ReporterAPI(self._client, self._encoder, self._reporter_topic)
         self.peer_api = SchedulerAPI(self._client, self._encoder, peer_topic(self._scheduler_topic))
-        self.scheduler_api = SchedulerAPI(self._client, self._encoder, self._scheduler_topic)
         offset = self.cache.load(self._state_path) if self._state_path else None
         self.resumed_from = offset
         self._server = self._control_plane.control_server(
             self._scheduler_topic, self.name, self._on_control)
         self._server.start()
-        if self.announce_claims and self.membership_interval is not None:
-            # the data plane's broker carries the peer topic where it can (RabbitMQ: kombu
-            # alone, transport.kombu_peers); each announcement through oslo.messaging's
-            # listener cost a scheduler several times its handling
+        if self.membership_interval is not None:
+            # the peer topic: announced claims and forwarded rejections (design §5.2), scarce
+            # requests and their answers (§5.4).  The data plane's broker carries it where it
+            # can (RabbitMQ: kombu alone, transport.kombu_peers); each cast through
+            # oslo.messaging's listener cost a scheduler several times its handling
             make_peer_plane = getattr(self._data_plane, "peer_plane", None)
             self._peer_plane = make_peer_plane() if make_peer_plane is not None else None
             plane = self._peer_plane or self._control_plane
@@ -223,8 +226,9 @@ class SchedulerService:
                                              peer_topic(self._scheduler_topic))
             # a server of its own: an announcement must not queue behind claim results
             self._peer_server = plane.control_server(
-                peer_topic(self._scheduler_topic), self.name, self.cache.ingest_peer_claim)
+                peer_topic(self._scheduler_topic), self.name, self._on_peer)
             self._peer_server.start()
+        if self.announce_claims and self._peer_server is not None:
             self._announcer = threading.Thread(target=self._announce, daemon=True,
                                                name=f"scheduler-{self.name}-announcer")
             self._announcer.start()
@@ -305,8 +309,9 @@ class SchedulerService:
         return True
 
     def send_to_peer(self, scheduler: str, message: ScarceRequest | ScarceAnswer) -> None:
-        """Cast a scarce request or its answer to the scheduler named (its control server)."""
-        self.scheduler_api.send(scheduler, message)
+        """Cast a scarce request or its answer to the scheduler named, on the peer topic
+        (control plane 1.4: kombu alone over RabbitMQ, design §7.2)."""
+        self.peer_api.hand(scheduler, message)
 
     def announce(self, claim: Claim) -> None:
         """With ``announce_claims`` and live peers: one fanout cast of ``claim`` to them (a
@@ -329,15 +334,20 @@ class SchedulerService:
     def _other_peers(self) -> list[str]:
         return [p for p in self.peers if p != self.name]
 
+    def _on_peer(self, body: bytes) -> None:
+        """The peer topic's handler: a peer's claim or forwarded rejection goes to the cache
+        (held only while this scheduler announces its own); a scarce request handed to us,
+        or the answer to ours, to the decider (design §5.4)."""
+        msg = self.cache.ingest_peer_claim(body, hold=self.announce_claims)
+        if type(msg) is ScarceRequest or type(msg) is ScarceAnswer:
+            if self.on_scarce is not None:
+                self.on_scarce(msg)
+
     def _on_control(self, body: bytes) -> None:
         """The control server's handler: the cache ingests; the host's rejection of a claim
         we announced goes on to the peers, as received (signed by the host), so that they
         stop deducting it at once rather than at peer_claim_ttl (design §5.2)."""
         msg = self.cache.ingest_control(body)
-        if type(msg) is ScarceRequest or type(msg) is ScarceAnswer:
-            if self.on_scarce is not None:
-                self.on_scarce(msg)
-            return
         if (type(msg) is ClaimResult and not msg.accepted and self._announcer is not None
                 and msg.scheduler == self.name):
             self._announcements.put(body)

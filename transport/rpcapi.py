@@ -14,7 +14,9 @@ server)``, where the server is the receiving party's own name:
   peers through one on the topic :func:`peer_topic` (a fanout cast to every
   ``(scheduler topic + "-peers", peer name)``; endpoint
   :meth:`shared_host_manager.cache.HostStateCache.ingest_peer_claim`), so that
-  an announcement never waits behind the claim results of the main topic.
+  an announcement never waits behind the claim results of the main topic; the
+  requests schedulers hand to each other, and the answers, go to a peer by name
+  on the same topic (:meth:`SchedulerAPI.hand`).
 
 Both clients live here, below the reporter and the scheduler packages, so
 neither side imports the other (docs/design.md §7, the wire).
@@ -39,6 +41,14 @@ travels in every message, so a receiver can refuse what it does not speak):
   at (epoch, seq) is on the stream; decide only once it is applied), sent by the API-side
   source after a service change an API call waits for; a scheduler that predates it drops
   it as unknown and decides as before, within its staleness.
+* 1.4 – scarce_request and scarce_answer travel on the peer topic (cast to the receiving
+  scheduler by name) instead of the scheduler topic: over RabbitMQ kombu alone carries
+  them, as it carries the announcements (``transport.kombu_peers``), where each cast
+  through oslo.messaging's listener cost milliseconds of CPU and tens of milliseconds of
+  latency on a request waiting for its answer.  One route per kind: a scheduler drops a
+  scarce message on the scheduler topic as on the wrong plane, and a 1.2/1.3 scheduler
+  never hears one on the peer topic; while both run, a request handed between them times
+  out (turn ``scarce_coordinator`` and ``hand_to_owner`` off for that window).
 """
 
 from __future__ import annotations
@@ -91,8 +101,12 @@ class SchedulerAPI:
         self._encoder = encoder
         self.topic = topic
 
-    def send(self, scheduler: str,
-             message: ClaimResult | ResyncAnswer | ScarceRequest | ScarceAnswer) -> None:
+    def send(self, scheduler: str, message: ClaimResult | ResyncAnswer) -> None:
+        self._client.cast(self.topic, scheduler, self._encoder.encode(message))
+
+    def hand(self, scheduler: str, message: ScarceRequest | ScarceAnswer) -> None:
+        """Cast a request handed over, or the answer to one, to ``scheduler`` (on the peer
+        topic since 1.4)."""
         self._client.cast(self.topic, scheduler, self._encoder.encode(message))
 
     def announce(self, claim: Claim, to: str | None = None) -> None:

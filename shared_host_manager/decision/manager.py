@@ -32,7 +32,7 @@ Life cycle of a request::
       under the cache lock: the engine raises Delegated (nothing claimed)
       the caller's thread:  cast a ScarceRequest to the coordinator; wait for its
                             ScarceAnswer (request_timeout), which becomes the result
-      the coordinator:      its control thread hands the request to a worker, which
+      the coordinator:      its peer-topic thread hands the request to a worker, which
                             runs select_destinations(spec, delegable=False) and casts
                             the ScarceAnswer back
 
@@ -288,7 +288,7 @@ class SchedulerManager:
         return result
 
     def _on_scarce(self, msg: ScarceRequest | ScarceAnswer) -> None:
-        """The control server's thread: an answer wakes its caller; a request handed to us
+        """The peer topic's thread: an answer wakes its caller; a request handed to us
         goes to a worker (deciding waits for claim outcomes, which arrive on this thread)."""
         if type(msg) is ScarceAnswer:
             if msg.requester != self.name:

@@ -285,10 +285,11 @@ def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_bro
         delete_broker_queues([peers, f"{peers}.s0", f"{peers}.s1"])
 
 
-def test_a_scarce_request_goes_to_the_coordinator_over_oslo_messaging(planes, delete_broker_queues):
+def test_a_scarce_request_goes_to_the_coordinator_on_the_peer_topic(planes, delete_broker_queues):
     """[filter_scheduler] scarce_coordinator over RabbitMQ (design §5.4): s1 hands a request
-    only one host fits to s0 (first by name) as a scarce_request cast; s0 decides and claims
-    it, and its scarce_answer, signed like every cast between schedulers, places it for s1."""
+    only one host fits to s0 (first by name) as a scarce_request cast on the peer topic
+    (control plane 1.4); s0 decides and claims it, and its scarce_answer, signed like every
+    cast between schedulers, places it for s1."""
     from shared_host_manager.decision.manager import SchedulerManager
     from shared_host_manager.decision.request import Flavor, RequestSpec
 
