@@ -112,8 +112,9 @@ before the request's limit applies, as placement's do. -1: no maximum
 """),
     cfg.BoolOpt("placement_optimize_for_wide_provider_trees", default=False, help="""
 (nova-scheduler) placement's [workarounds]
-optimize_for_wide_provider_trees, as placement.conf sets it (it changes placement's second capacity check, hence
-which providers are candidates). Set it to placement's value.
+optimize_for_wide_provider_trees, as placement.conf sets it (it changes
+placement's second capacity check, hence which providers are candidates).
+Set it to placement's value.
 """),
     cfg.StrOpt("cell_uuid", help="""
 (nova-compute) The uuid of the cell this compute belongs to, published in
