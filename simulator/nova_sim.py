@@ -65,7 +65,7 @@ WORKLOAD_FILTERS = ("AggregateInstanceExtraSpecsFilter",)
 #: the extra specs AggregateInstanceExtraSpecsFilter reads (nova's scope for them)
 AGGREGATE_SPEC = "aggregate_instance_extra_specs:"
 #: the scheduler's own work (what the host manager changes) and placement's, per request
-OWN = ("host_states", "filter_weigh", "other")
+OWN = ("memory_candidates", "host_states", "filter_weigh", "other")
 PLACEMENT = ("placement_query", "placement_claim")
 
 
@@ -100,6 +100,11 @@ class _Metrics:
     claims: int = 0
     claims_refused: int = 0
     claim_conflicts: int = 0
+    #: GET /allocation_candidates placement served; requests answered from memory; SQL
+    #: statements the schedulers ran on nova's databases while deciding
+    candidate_queries: int = 0
+    candidates_from_memory: int = 0
+    sql_statements: int = 0
     #: servers placed for a request with an availability zone / whose flavor asks for aggregate
     #: metadata, and those of them on a host outside the zone or without the metadata
     az_servers: int = 0
@@ -231,6 +236,9 @@ class NovaRun:
             m.claims += outcome.claims
             m.claims_refused += outcome.claims_refused
             m.claim_conflicts += outcome.claim_conflicts
+            m.candidate_queries += outcome.candidate_queries
+            m.candidates_from_memory += "memory_candidates" in outcome.phases
+            m.sql_statements += outcome.sql_statements
             m.compute_rejected += outcome.compute_rejected
             for phase in PHASES:
                 m.phases[phase].append(outcome.phases.get(phase, 0.0))
@@ -287,6 +295,12 @@ class NovaRun:
             "placement_ms_p50": ms(m.placement_s, 0.50),
             # claims placement answered 409 placement.concurrent_update, retried by nova
             "claim_conflicts": m.claim_conflicts,
+            # placement's GET /allocation_candidates served; requests answered from memory
+            "allocation_candidate_queries": m.candidate_queries,
+            "candidates_from_memory": m.candidates_from_memory,
+            "candidates_from_memory_pct": round(100 * m.candidates_from_memory / m.requests, 2)
+            if m.requests else None,
+            "scheduler_sql_statements": m.sql_statements,
             "no_valid_host": m.no_valid_host,
             "compute_rejected": m.compute_rejected,
             "server_group_violations": len(self.workload.violations),
@@ -300,6 +314,7 @@ class NovaRun:
             "phases": phases,
         }
         out.update(checked)
+        out.update(self.nova.placement_figures())
         return out
 
     def close(self) -> None:
@@ -381,6 +396,9 @@ def summary_table(report: dict[str, Any]) -> str:
         ("scheduler's own ms p50 (no placement)", "scheduler_own_ms_p50"),
         ("scheduler's own ms p99", "scheduler_own_ms_p99"),
         ("placement ms p50 (query + claims)", "placement_ms_p50"),
+        ("GET /allocation_candidates (placement)", "allocation_candidate_queries"),
+        ("candidates from memory (requests)", "candidates_from_memory"),
+        ("SQL statements while deciding", "scheduler_sql_statements"),
         ("placement claims refused", "claims_rejected"),
         ("claims retried (generation conflict)", "claim_conflicts"),
         ("NoValidHost (instances)", "no_valid_host"),

@@ -77,12 +77,30 @@ def test_phases_add_up_to_at_most_the_end_to_end_time(report, mode):
     assert set(phases) == set(nova_sim.PHASES)
     total = sum(p["mean_ms"] for p in phases.values())
     assert 0 < total <= r["e2e_ms_mean"]
-    # every scheduled request asked placement, built host states, filtered and claimed
-    for phase in ("placement_query", "host_states", "filter_weigh", "placement_claim", "compute"):
+    # every scheduled request got candidates (shared: from its placement view; legacy: from
+    # placement), built host states, filtered and claimed
+    candidates = "memory_candidates" if mode == "shared" else "placement_query"
+    for phase in (candidates, "host_states", "filter_weigh", "placement_claim", "compute"):
         assert phases[phase]["mean_ms"] > 0, phase
     # the scheduler's own time and placement's are parts of select_destinations
     assert 0 < r["scheduler_own_ms_p50"] <= r["decision_ms_p99"]
     assert 0 < r["placement_ms_p50"] <= r["decision_ms_p99"]
+
+
+def test_candidates_come_from_memory_on_the_shared_side_only(report):
+    """The placement feed fed every shared scheduler's view before the run: the default workload
+    is answered from memory (placement serves no candidate query); legacy asks placement once
+    per request.  A refused claim's providers are read back, never the candidates."""
+    shared, legacy = report["results"]["shared"], report["results"]["legacy"]
+    assert shared["allocation_candidate_queries"] == 0
+    assert shared["candidates_from_memory"] == shared["requests"] == REQUESTS
+    assert shared["candidates_from_placement_by_reason"] == {}
+    assert shared["placement_feed"]["providers"] == 20
+    assert legacy["allocation_candidate_queries"] == legacy["requests"]
+    assert legacy["candidates_from_memory"] == 0
+    # legacy's HostManager reads nova's database while deciding; the drop-in only in the
+    # request filters that still read the API database
+    assert legacy["scheduler_sql_statements"] > shared["scheduler_sql_statements"]
 
 
 def test_the_ratio_is_the_two_runs_throughputs(report):

@@ -69,7 +69,7 @@ NEEDED = ("nova", "placement", "wsgi_intercept")
 #: the extra that installs them
 EXTRA = "nova-sim"
 
-PHASES = ("placement_query", "host_states", "filter_weigh", "placement_claim")
+PHASES = ("placement_query", "memory_candidates", "host_states", "filter_weigh", "placement_claim")
 
 
 def missing() -> str | None:
@@ -128,21 +128,42 @@ def _timed_host_manager(base: type) -> type:
     return Timed
 
 
-def _report_client_class() -> type:
+def _report_client_class(shared: bool = False) -> type:
+    """nova's report client (``shared``: the drop-in's, answering from the placement view), timed."""
     from nova.scheduler.client import report
 
-    class TimedReportClient(report.SchedulerReportClient):
-        """nova's report client: the scheduler's two placement calls timed; refused claims and
-        provider generation conflicts counted."""
+    base: type = report.SchedulerReportClient
+    if shared:
+        from shared_host_manager.nova.report_client import SharedReportClient
 
-        def __init__(self, adapter: Any) -> None:
-            super().__init__(adapter=adapter)
+        base = SharedReportClient
+
+    class TimedReportClient(base):  # type: ignore[valid-type,misc]
+        """The scheduler's two placement calls timed; ``GET /allocation_candidates`` placement
+        served counted (the candidates phase is ``placement_query`` when placement answered,
+        ``memory_candidates`` when the view did); refused claims and provider generation
+        conflicts counted."""
+
+        def __init__(self, adapter: Any, **kwargs: Any) -> None:
+            super().__init__(adapter=adapter, **kwargs)
             self.refused = 0
             self._count_lock = threading.Lock()
 
+        def get(self, url: str, *args: Any, **kwargs: Any) -> Any:
+            if url.startswith("/allocation_candidates"):
+                _local.candidate_queries = getattr(_local, "candidate_queries", 0) + 1
+            return super().get(url, *args, **kwargs)
+
         def get_allocation_candidates(self, context: Any, resources: Any) -> Any:
-            with _Phase("placement_query"):
+            before = getattr(_local, "candidate_queries", 0)
+            t = time.perf_counter()
+            try:
                 return super().get_allocation_candidates(context, resources)
+            finally:
+                asked = getattr(_local, "candidate_queries", 0) > before
+                spent = _phases()
+                name = "placement_query" if asked else "memory_candidates"
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
 
         def claim_resources(self, context: Any, consumer_uuid: str, alloc_request: Any,
                             project_id: str, user_id: str, allocation_request_version: Any = None,
@@ -195,6 +216,51 @@ def _scheduler_manager_class() -> type:
             return self._sim_client
 
     return SimSchedulerManager
+
+
+# -- SQL the scheduler runs while deciding ---------------------------------------------------
+
+class _SqlTally:
+    statements = 0
+
+
+class _SqlCounter:
+    """SQL statements a thread runs on any database but placement's while in :meth:`counting`.
+
+    placement runs in-process (its WSGI app behind wsgi-intercept, on the scheduler's thread
+    during a request): its statements are placement's, not the scheduler's, and are told
+    apart by the database they go to.  Counted through SQLAlchemy's ``before_cursor_execute``
+    event on every engine of the process.
+    """
+
+    def __init__(self, placement_url: str) -> None:
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine, make_url
+
+        url = make_url(placement_url)
+        self._placement = (url.get_backend_name(), url.host, url.port, url.database)
+        self._local = threading.local()
+        self._event, self._engine_cls = event, Engine
+        event.listen(Engine, "before_cursor_execute", self._executed)
+
+    def _executed(self, conn: Any, *_: Any) -> None:
+        tally = getattr(self._local, "tally", None)
+        if tally is None:
+            return
+        url = conn.engine.url
+        if (url.get_backend_name(), url.host, url.port, url.database) != self._placement:
+            tally.statements += 1
+
+    @contextlib.contextmanager
+    def counting(self) -> Any:
+        tally = self._local.tally = _SqlTally()
+        try:
+            yield tally
+        finally:
+            self._local.tally = None
+
+    def close(self) -> None:
+        self._event.remove(self._engine_cls, "before_cursor_execute", self._executed)
 
 
 # -- placement in-process -------------------------------------------------------------------
@@ -329,6 +395,10 @@ class SimOutcome:
     claims_refused: int = 0
     #: claims placement answered with a provider generation conflict (nova retried them)
     claim_conflicts: int = 0
+    #: GET /allocation_candidates placement served for this request (0: answered from memory)
+    candidate_queries: int = 0
+    #: SQL statements the scheduler ran on nova's databases while deciding
+    sql_statements: int = 0
     decision_s: float = 0.0
     #: seconds per phase of this request (PHASES, "compute", "other")
     phases: dict[str, float] = field(default_factory=dict)
@@ -372,7 +442,8 @@ class NovaCloud:
         self.setup_s: dict[str, float] = {}
 
         t = time.perf_counter()
-        self.placement = InProcessPlacement(_placement_url(directory, db_url))
+        placement_url = _placement_url(directory, db_url)
+        self.placement = InProcessPlacement(placement_url)
         self._closers.append(self.placement.close)
         self._load_placement(hosts)
         self.setup_s["placement"] = time.perf_counter() - t
@@ -404,9 +475,7 @@ class NovaCloud:
         self._where: dict[str, str] = {u: h.source for h in hosts for u in h.instances}
         self.setup_s["nova_db"] = time.perf_counter() - t
 
-        client_cls = _report_client_class()
-        self.clients = [client_cls(self.placement.adapter()) for _ in range(schedulers)]
-        self.compute_client = client_cls(self.placement.adapter())
+        self.compute_client = _report_client_class()(self.placement.adapter())
         t = time.perf_counter()
         # what nova's aggregate API does after adding a host to an aggregate in the API database
         # (compute.api.AggregateAPI.add_host_to_aggregate): the node's provider joins the
@@ -420,8 +489,10 @@ class NovaCloud:
         self.hooks: dict[str, Any] = {}
         self.reporters: list[Any] = []
         self.services: list[Any] = []
+        self.feed: Any = None
         if mode == "shared":
             self._start_stream(hosts, hosts_per_reporter, coalesce_window)
+            self._start_placement_feed(placement_url)
             # with ownership or announcements, each scheduler's own entry on the stream (its
             # live peers)
             peers = host_ownership or announce_claims
@@ -430,6 +501,12 @@ class NovaCloud:
                                         announce_claims=announce_claims)
             shm.install()
             self._closers.append(shm.uninstall)
+        # each scheduler's own placement client (shared: answering from its service's view)
+        client_cls = _report_client_class(shared=mode == "shared")
+        self.clients = [
+            client_cls(self.placement.adapter(), view=self.services[i].placement_view)
+            if mode == "shared" else client_cls(self.placement.adapter())
+            for i in range(schedulers)]
         manager_cls = _scheduler_manager_class()
         self.schedulers: list[Any] = []
         for i in range(schedulers):
@@ -447,9 +524,12 @@ class NovaCloud:
             self._sync_instance_info()
         else:
             self._wait_for_hosts()
+            self._wait_for_providers(len(hosts))
             if peers:
                 self._wait_for_peers()
         self.setup_s["schedulers"] = time.perf_counter() - t
+        self._sql = _SqlCounter(placement_url)
+        self._closers.append(self._sql.close)
 
     # -- set-up -------------------------------------------------------------------------
     def _load_placement(self, hosts: list[SimHost]) -> None:
@@ -518,6 +598,50 @@ class NovaCloud:
             self.reporters.append(reporter)
         self._topics = topics
 
+    def _start_placement_feed(self, placement_url: str) -> None:
+        """``shm placement-feed`` on placement's database, publishing on the same bus: every
+        scheduler's placement view is fed from it (docs/design.md §11)."""
+        from compute_reporter.service import ReporterService
+        from shared_host_manager.placement.database import PlacementDatabase
+        from shared_host_manager.placement.feed_service import PlacementFeed
+
+        database = PlacementDatabase(placement_url)
+        self._closers.append(database.close)
+        self.feed = PlacementFeed(database, poll_interval=0.05)
+        reporter = ReporterService("placement-feed", self.feed, self.bus, self.bus,
+                                   reporter_topic=self._topics[0], scheduler_topic=self._topics[1],
+                                   coalesce_window=0.0, heartbeat_interval=1.0)
+        self.feed.confirm = lambda: reporter.publish_now(2.0)
+        reporter.start()
+        self.reporters.append(reporter)
+
+    def _wait_for_providers(self, want: int, timeout: float = 120.0) -> None:
+        """Every scheduler's placement view holds every provider before the run."""
+        deadline = time.monotonic() + timeout
+        for service in self.services:
+            while (held := service.placement_view.status()["providers"]) < want:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{service.name}'s placement view holds {held} of {want} "
+                                       f"providers after {timeout} s")
+                time.sleep(0.05)
+
+    def placement_figures(self) -> dict[str, Any]:
+        """What the schedulers' placement clients and the feed counted."""
+        out: dict[str, Any] = {}
+        figures = [c.figures() for c in self.clients if hasattr(c, "figures")]
+        if figures:
+            by_reason: dict[str, int] = {}
+            for f in figures:
+                for reason, n in f["by_reason"].items():
+                    by_reason[reason] = by_reason.get(reason, 0) + n
+            out["candidates_from_memory"] = sum(f["from_memory"] for f in figures)
+            out["candidates_from_placement_by_reason"] = by_reason
+            out["placement_correction_reads"] = sum(
+                f["requests"].get("correction_read", 0) for f in figures)
+        if self.feed is not None:
+            out["placement_feed"] = self.feed.figures()
+        return out
+
     def _new_cache_service(self, name: str, membership_interval: float | None = None, *,
                            announce_claims: bool = False) -> Any:
         from shared_host_manager.service import SchedulerService
@@ -583,11 +707,13 @@ class NovaCloud:
         _local.spent = {}
         _local.refused = 0
         _local.conflicts = 0
+        _local.candidate_queries = 0
         start = time.perf_counter()
         try:
-            selections = sched.select_destinations(
-                self._ctx, spec_obj=spec, instance_uuids=list(req.instance_uuids),
-                return_objects=True, return_alternates=True)
+            with self._sql.counting() as sql:
+                selections = sched.select_destinations(
+                    self._ctx, spec_obj=spec, instance_uuids=list(req.instance_uuids),
+                    return_objects=True, return_alternates=True)
         except messaging.ExpectedException as wrapped:
             # nova's RPC layer wraps the exceptions its callers expect (NoValidHost)
             exc = wrapped.exc_info[1]
@@ -599,6 +725,8 @@ class NovaCloud:
             selections = None
             reason = str(exc)
         out.decision_s = time.perf_counter() - start
+        out.candidate_queries = _local.candidate_queries
+        out.sql_statements = sql.statements
         phases = dict(_phases())
         out.claims_refused = _local.refused
         out.claim_conflicts = _local.conflicts
