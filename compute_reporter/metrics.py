@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from oslo_config import cfg
@@ -134,8 +134,10 @@ def health(service: ReporterService) -> tuple[bool, str]:
     return False, f"cannot publish on the stream{since}: {stream.last_error}"
 
 
-def status(service: ReporterService, sources: bool = False, role: str = "reporter") -> dict[str, Any]:
-    """The reporter as JSON (``/status``); ``sources``: each source's published version."""
+def status(service: ReporterService, sources: bool = False, role: str = "reporter",
+           extra: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The reporter as JSON (``/status``); ``sources``: each source's published version;
+    ``extra``: more keys of this kind of reporter (the placement feed's ``placement_feed``)."""
     f = service.figures()
     ok, reason = health(service)
     stream = service.stream_stats()
@@ -164,13 +166,17 @@ def status(service: ReporterService, sources: bool = False, role: str = "reporte
         versions = manager.versions() if manager is not None else {}
         out["views"] = {src: [e, q, d.hex() if d is not None else None]
                         for src, (e, q, d) in versions.items()}
+    if extra is not None:
+        out.update(extra())
     return out
 
 
 def serve(service: ReporterService, conf: cfg.ConfigOpts, role: str = "reporter",
-          port: int | None = None) -> MetricsEndpoint | None:
+          port: int | None = None, *, collector: ReporterCollector | None = None,
+          extra: Callable[[], dict[str, Any]] | None = None) -> MetricsEndpoint | None:
     """Start the endpoint of ``service`` on ``[metrics]`` (None when disabled); an OSError
-    (port in use) goes to the caller."""
+    (port in use) goes to the caller.  ``collector``: a ReporterCollector of a kind of
+    reporter with metrics of its own; ``extra``: its keys in /status."""
     return transport_metrics.serve(conf, port, lambda group: (
-        ReporterCollector(service, role), lambda: health(service),
-        lambda sources: status(service, sources, role)))
+        collector or ReporterCollector(service, role), lambda: health(service),
+        lambda sources: status(service, sources, role, extra)))

@@ -8,8 +8,11 @@ are listed in docs/operating.md ("Health, status and metrics").
 
 Healthy (``/healthz`` 200) while: the service runs, its stream consumer is
 connected to the broker, its view is within ``[metrics] max_lag_seconds`` of
-the stream's tail, and its state directory (if any) can be written.
-Otherwise 503 and the first reason that applies, in one line.
+the stream's tail, its state directory (if any) can be written, and its
+placement view (design §11) is not stale -- the placement feed's source heard
+within ``[cache] placement_max_staleness`` and not down.  A scheduler that
+never heard of a placement feed (``no_feed``: deployments without one) is
+healthy.  Otherwise 503 and the first reason that applies, in one line.
 """
 
 from __future__ import annotations
@@ -141,6 +144,15 @@ class SchedulerCollector:
                                        "publish() on the reporter to applied here (includes "
                                        "catching up a backlog; clocks must agree: NTP).",
                                        {(): stream.staleness})
+        placement = s.placement_view.status()
+        yield _gauge("shm_placement_view_providers", "Resource providers in this scheduler's copy "
+                     "of placement (the placement feed's source; 0 without a feed).",
+                     placement["providers"])
+        yield _gauge("shm_placement_view_fresh", "1 while allocation candidates are answered from "
+                     "the placement view (the feed heard within placement_max_staleness), 0 when "
+                     "stale or no feed was ever heard.", 1 if placement["fresh"] else 0)
+        yield _gauge("shm_placement_view_silent_seconds", "Seconds since the placement feed's "
+                     "source was last heard (NaN: never).", placement["last_heard"])
         yield _gauge("shm_healthy", "1 when /healthz answers 200.",
                      1 if health(s, self.max_lag_seconds)[0] else 0)
 
@@ -161,12 +173,26 @@ def health(service: SchedulerService, max_lag_seconds: float = 30.0) -> tuple[bo
                            f"(max_lag_seconds = {max_lag_seconds:g})")
     if service.last_save_error is not None:
         return False, f"cannot save the cache state: {service.last_save_error}"
+    placement = service.placement_view.status()
+    if placement["reason"] == "stale":
+        return False, placement_stale_line(placement)
     f = service.figures()["sources"]
+    feed = "" if placement["reason"] == "no_feed" else \
+        f"; placement view {placement['providers']} providers"
     if stream is None:
-        return True, f"ok: {f['active']} sources active (in-process stream)"
+        return True, f"ok: {f['active']} sources active (in-process stream){feed}"
     lag_text = "lag unknown" if stream.lag_seconds is None else \
         f"lag {stream.lag_offsets} offsets, {stream.lag_seconds:.2f} s"
-    return True, f"ok: {f['active']} sources active, {lag_text}"
+    return True, f"ok: {f['active']} sources active, {lag_text}{feed}"
+
+
+def placement_stale_line(placement: dict[str, Any]) -> str:
+    """/healthz's line for a stale placement view (``PlacementView.status()``)."""
+    heard = placement["last_heard"]
+    age = "never heard" if heard is None else f"{heard:.0f} s"
+    why = "the feed's source is down" if placement["down"] else \
+        f"max_staleness {placement['max_staleness']:g} s"
+    return f"placement view stale: {age} ({why}); allocation candidates go to placement"
 
 
 def status(service: SchedulerService, sources: bool = False, role: str = "scheduler",
@@ -201,11 +227,19 @@ def status(service: SchedulerService, sources: bool = False, role: str = "schedu
         "invalid": f["invalid"],
         "state": {"save_failures": f["save_failures"], "last_error": f["last_save_error"],
                   "last_saved_at": f["last_saved_at"]},
+        "placement": _placement_status(service),
     }
     if sources:
         out["views"] = {src: [e, q, d.hex() if d is not None else None, st]
                         for src, (e, q, d, st) in service.versions().items()}
     return out
+
+
+def _placement_status(service: SchedulerService) -> dict[str, Any]:
+    """The placement view (design §11) in /status: providers, ages, fresh or why not."""
+    p = service.placement_view.status()
+    return {k: p[k] for k in ("providers", "last_applied", "last_heard", "fresh", "reason",
+                              "max_staleness")}
 
 
 def serve(service: SchedulerService, conf: cfg.ConfigOpts, role: str = "scheduler",

@@ -129,6 +129,7 @@ class SchedulerService:
         membership_interval: float | None = None,
         announce_claims: bool = True,
         fence_timeout: float = 1.0,
+        placement_max_staleness: float = 5.0,
         **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
@@ -143,7 +144,7 @@ class SchedulerService:
         #: placement's providers from the placement feed's source (design §11), applied per
         #: changed provider as the cache ingests; the nova drop-in answers allocation
         #: candidates from it
-        self.placement_view = PlacementView(clock=clock)
+        self.placement_view = PlacementView(clock=clock, max_staleness=placement_max_staleness)
         PlacementTap(self.placement_view, self.receiver).attach(self.cache)
         #: optional update log (shared_host_manager.updatelog.recorder.Recorder), closed by stop()
         self.recorder = recorder
@@ -549,4 +550,4 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         claim_deadline=group.claim_deadline, recorder=recorder,
         membership_interval=group.membership_interval or None,
         announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl,
-        fence_timeout=group.fence_timeout)
+        fence_timeout=group.fence_timeout, placement_max_staleness=group.placement_max_staleness)

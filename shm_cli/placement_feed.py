@@ -15,13 +15,21 @@ the broker unreachable at start, with exit code 69 (systemd restarts it).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
 from oslo_config import cfg
 from oslo_log import log as logging
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from compute_reporter import metrics as reporter_metrics
 from compute_reporter.service import ReporterService
 from shm_cli import common
 from transport.startup import EX_UNAVAILABLE, OperatorError
+
+if TYPE_CHECKING:  # imported when the command runs: sqlalchemy is not needed before
+    from shared_host_manager.placement.feed_service import PlacementFeed
 
 LOG = logging.getLogger(__name__)
 
@@ -36,9 +44,43 @@ def register(conf: cfg.ConfigOpts) -> None:
     common.register_metrics(conf, ROLE)
 
 
-def summary(service: ReporterService, feed: object) -> str:
+class FeedCollector(reporter_metrics.ReporterCollector):
+    """The reporter's ``shm_*`` metrics and the feed's own ``shm_placement_feed_*``, read on scrape."""
+
+    def __init__(self, service: ReporterService, feed: PlacementFeed) -> None:
+        super().__init__(service, ROLE)
+        self.feed = feed
+
+    def collect(self) -> Iterator[Metric]:
+        yield from super().collect()
+        f = self.feed.figures()
+        yield GaugeMetricFamily("shm_placement_feed_providers", "Resource providers the placement "
+                                "feed publishes (its source's placement namespace).",
+                                value=f["providers"])
+        yield GaugeMetricFamily("shm_placement_feed_dirty", "Providers waiting to be read and "
+                                "published again (an unconfirmed publish, a deferred read).",
+                                value=f["dirty"])
+        age = f["last_poll_age"]
+        yield GaugeMetricFamily("shm_placement_feed_last_poll_age_seconds", "Seconds since the "
+                                "feed's last poll that reached placement's database (NaN: none "
+                                "yet).", value=float("nan") if age is None else age)
+        events = CounterMetricFamily("shm_placement_feed_events", "The feed's counters: polls, "
+                                     "listings, reads, published, deleted, unconfirmed, deferred, "
+                                     "errors (failed polls), confirm_errors.", labels=["event"])
+        for key in ("polls", "listings", "reads", "published", "deleted", "unconfirmed",
+                    "deferred", "errors", "confirm_errors"):
+            events.add_metric([key], f[key])
+        yield events
+
+
+def status_extra(feed: PlacementFeed) -> dict[str, Any]:
+    """The feed's keys in /status (what ``shm status`` shows as "placement feed")."""
+    return {"placement_feed": feed.figures()}
+
+
+def summary(service: ReporterService, feed: PlacementFeed) -> str:
     st = reporter_metrics.status(service, role=ROLE)
-    f = feed.figures()  # type: ignore[attr-defined]
+    f = feed.figures()
     return (f"{f['providers']} providers, {f['dirty']} dirty; {f['polls']} polls, {f['listings']} "
             f"listings, {f['reads']} read, {f['published']} published, {f['deleted']} deleted, "
             f"{f['unconfirmed']} unconfirmed, {f['errors']} failed polls; published "
@@ -65,7 +107,9 @@ def _main(argv: list[str]) -> int:
                             f"{' '.join(str(exc).split())[:300]}", EX_UNAVAILABLE) from exc
     service, feed = feed_service.feed_from_conf(conf, database)
     return common.serve_until_signalled(
-        conf, service, lambda: reporter_metrics.serve(service, conf, role=ROLE),
+        conf, service, lambda: reporter_metrics.serve(
+            service, conf, role=ROLE, collector=FeedCollector(service, feed),
+            extra=lambda: status_extra(feed)),
         lambda: summary(service, feed))
 
 

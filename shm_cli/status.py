@@ -4,7 +4,9 @@ Each URL is a process's metrics endpoint (``http://HOST:PORT``, or just
 ``HOST:PORT``): ``shm reporter``, ``shm scheduler``, ``nova-compute-shared``,
 ``nova-scheduler-shared``.  ``shm status`` reads their ``/status`` and prints
 one table, a column per process: health, broker connection, sources, stream
-offset and lag, staleness, what was published, resyncs, claims, invalid input.
+offset and lag, staleness, what was published, resyncs, claims, invalid input;
+``shm placement-feed``'s providers and last poll, and each scheduler's copy of
+them ("placement view": providers, last heard, STALE or no feed).
 
 ``--verify`` is the operator's convergence check: it reads every source's
 ``(epoch, seq, digest)`` from each reporter (what it published), then from each
@@ -36,7 +38,8 @@ from rich.console import Console
 from rich.table import Table
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE = 0, 1, 2
-REPORTER_ROLES = ("reporter", "nova-compute")
+#: processes that publish sources (the placement feed publishes one: placement's providers)
+REPORTER_ROLES = ("reporter", "nova-compute", "placement-feed")
 SCHEDULER_ROLES = ("scheduler", "nova-scheduler")
 
 
@@ -96,6 +99,20 @@ def _num(v: Any, fmt: str = "") -> str:
     return format(v, fmt) if fmt else str(v)
 
 
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
+def _placement_view(view: dict[str, Any]) -> str:
+    """A scheduler's copy of placement (the placement feed's source), one line."""
+    if view.get("reason") == "no_feed":
+        return "no feed"
+    line = f"{view.get('providers', 0)} providers, heard {_age(view.get('last_heard'))} ago"
+    if view.get("reason") == "stale":
+        return f"[red]STALE[/red] {line}"
+    return line
+
+
 def _rows(st: dict[str, Any]) -> dict[str, str]:
     now = st.get("now") or time.time()
     rows: dict[str, str] = {}
@@ -149,6 +166,14 @@ def _rows(st: dict[str, Any]) -> dict[str, str]:
             f" (p99 <= {_num(sec.get('p99_le'), 'g')} s)"
     invalid = st.get("invalid") or {}
     rows["invalid input"] = ", ".join(f"{k} {v}" for k, v in sorted(invalid.items())) or "-"
+    feed = st.get("placement_feed")
+    if feed:
+        rows["placement feed"] = (f"{feed['providers']} providers, last poll "
+                                  f"{_age(feed.get('last_poll_age'))} ago; {feed.get('dirty', 0)} "
+                                  f"dirty, {feed.get('errors', 0)} failed polls")
+    view = st.get("placement")
+    if view:
+        rows["placement view"] = _placement_view(view)
     local = st.get("state") or {}
     if local.get("last_error"):
         rows["state_dir"] = f"[red]{local['last_error']}[/red]"

@@ -103,6 +103,19 @@ extra cast per peer per claim; the build request is not sent.
 nova-scheduler-shared announces each claim placement accepted, so its peers
 stop choosing that host before the compute reports the instance.
 """),
+    cfg.FloatOpt("placement_max_staleness", default=5.0, min=0.1,
+                 help="""
+Seconds without any message from the placement feed's source (its heartbeats
+included) after which this scheduler stops answering allocation candidates
+from its copy of placement (docs/design.md section 11): every request goes to
+placement itself, counted with reason stale, and /healthz answers 503
+("placement view stale"). A source that said goodbye is stale at once.
+Without a placement feed nothing changes: requests go to placement (reason
+no_feed) and health is not affected.
+
+Related options: [placement_feed] heartbeat_interval (keep it well below
+this).
+"""),
     cfg.FloatOpt("peer_claim_ttl", default=1.0, min=0.0,
                  help="""
 Seconds at most a peer's announced claim is deducted. Its host's delta retires

@@ -21,7 +21,8 @@ Confirmation: after handing a poll's changes to the reporter, the feed calls
 :attr:`PlacementFeed.confirm` -- the reporter's ``publish_now`` with
 ``publish_timeout`` -- and tells the machine whether the broker confirmed;
 unconfirmed providers are read and published again at the next poll.  A test
-(or anything else) may give its own ``confirm``: it is the explicit seam.
+(or anything else) may give its own ``confirm``: it is the explicit seam.  A
+``confirm`` that raises counts as unconfirmed (logged, ``confirm_errors``).
 
 Life cycle::
 
@@ -76,6 +77,8 @@ class PlacementFeed:
         #: "errors": polls that failed (the database unreachable ...), "polls_with_changes"
         self.errors = 0
         self.polls_with_changes = 0
+        #: calls of ``confirm`` that raised (taken as unconfirmed)
+        self.confirm_errors = 0
         self.last_poll_ok: float | None = None
 
     # -- ResourceTracker -----------------------------------------------------------------
@@ -124,7 +127,7 @@ class PlacementFeed:
     def _run(self) -> None:
         # the first document went out with the reporter's start: its confirm first
         first = dict.fromkeys(self.machine.dirty)
-        self.machine.published({u: self.machine.document.get(u) for u in first}, self.confirm())
+        self.machine.published({u: self.machine.document.get(u) for u in first}, self._confirmed())
         while not self._stop.wait(self.poll_interval):
             try:
                 self.poll_once()
@@ -157,13 +160,28 @@ class PlacementFeed:
                 return changes
             sink.change(self.source, ops)
             self.polls_with_changes += 1
-            self.machine.published(changes, self.confirm())
+            self.machine.published(changes, self._confirmed())
         self.last_poll_ok = now
         return changes
+
+    def _confirmed(self) -> bool:
+        """``confirm()``, an exception taken as "not confirmed": the providers stay dirty and are
+        read and published again at the next poll, as after a timeout."""
+        try:
+            return bool(self.confirm())
+        except Exception as exc:
+            self.confirm_errors += 1
+            LOG.warning("placement feed: confirming a publish failed (%s); published again at the "
+                        "next poll", " ".join(str(exc).split())[:300])
+            return False
 
     def figures(self) -> dict[str, Any]:
         return {"providers": len(self.machine.document), "dirty": len(self.machine.dirty),
                 "errors": self.errors, "polls_with_changes": self.polls_with_changes,
+                "confirm_errors": self.confirm_errors,
+                # seconds since the last poll that reached the database (None: none yet)
+                "last_poll_age": None if self.last_poll_ok is None
+                else max(0.0, self.clock() - self.last_poll_ok),
                 **self.machine.stats.as_dict()}
 
 

@@ -13,7 +13,12 @@ Three inputs change a provider here, each newest-generation-wins:
 * the feed (``apply_providers``): the provider as placement's database held it
   when the feed read it.  A provider the feed publishes with another
   ``created_at`` than the one held was deleted and created again under the
-  same uuid: it replaces the held one whatever its generation;
+  same uuid: it replaces the held one whatever its generation.  One of the
+  same generation as the one held, but other content, replaces it too:
+  placement does not increment a provider's generation when an allocation on
+  it is deleted, so the feed publishes that provider again, read after the
+  deletion, at the same generation (this scheduler's claims stay added: they
+  are newer than that generation);
 * this scheduler's own claims (``note_claim``): placement accepted them, so
   they are in placement's usages already, but the feed's next read of the
   provider is up to a poll interval away.  They are added to the provider's
@@ -76,8 +81,8 @@ class PlacementView:
         self._down = False
         #: the random source of randomize_allocation_candidates when the caller gives none
         self.rng = random.Random()
-        #: "applied", "deleted", "older", "recreated", "claims", "claims_unknown",
-        #: "corrections", "corrections_older"
+        #: "applied", "deleted", "older", "same" (the held copy again), "recreated", "claims",
+        #: "claims_unknown", "corrections", "corrections_older"
         self.counters: Counter[str] = Counter()
 
     # -- input ---------------------------------------------------------------------
@@ -95,9 +100,19 @@ class PlacementView:
                         # deleted and created again: the generations start over
                         self._forget(uuid)
                         self.counters["recreated"] += 1
-                    elif int(doc["generation"]) <= int(held["generation"]):
-                        self.counters["older"] += 1
-                        continue
+                    else:
+                        gen, held_gen = int(doc["generation"]), int(held["generation"])
+                        if gen < held_gen:
+                            self.counters["older"] += 1
+                            continue
+                        if gen == held_gen:
+                            if doc == held:
+                                self.counters["same"] += 1
+                                continue
+                            # read again at the same generation: an allocation deleted
+                            self._set(uuid, doc, keep_claims=True)
+                            self.counters["applied"] += 1
+                            continue
                 self._set(uuid, doc)
                 self.counters["applied"] += 1
             self._last_applied = now
@@ -173,7 +188,8 @@ class PlacementView:
                                      rng if rng is not None else self.rng)
 
     def status(self) -> dict[str, Any]:
-        """providers, last_applied (age in seconds, None: never), fresh, reason (None when fresh)."""
+        """providers, last_applied and last_heard (ages in seconds, None: never), fresh, reason and
+        detail (None when fresh), down, max_staleness, claims_held, counters."""
         with self.lock:
             now = self.clock()
             why = self._unfresh(now)
@@ -183,6 +199,9 @@ class PlacementView:
                 "last_heard": None if self._last_heard is None else now - self._last_heard,
                 "fresh": why is None,
                 "reason": None if why is None else why.reason,
+                "detail": None if why is None else why.detail,
+                "down": self._down,
+                "max_staleness": self.max_staleness,
                 "claims_held": len(self._claims),
                 "counters": dict(self.counters),
             }
@@ -210,8 +229,11 @@ class PlacementView:
             return Unanswered("stale", f"the placement feed's source silent for {silent:.1f} s")
         return None
 
-    def _set(self, uuid: str, doc: Mapping[str, Any]) -> None:
+    def _set(self, uuid: str, doc: Mapping[str, Any], keep_claims: bool = False) -> None:
         self._base[uuid] = doc
+        if keep_claims and uuid in self._claims:
+            self.state.apply(self._effective(uuid), replace=True)
+            return
         # a newer generation includes every claim placement accepted before it was read
         self._claims.pop(uuid, None)
         self.state.apply(doc, replace=True)

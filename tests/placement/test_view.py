@@ -101,9 +101,29 @@ def test_a_correction_applies_when_newer() -> None:
     assert uuids(view.answer(Q, MV)) == [uuid(1)]
     view.correct(prov(1, gen=5, used=8))
     assert uuids(view.answer(Q, MV)) == []
-    # the feed's copy of the same generation changes nothing
-    view.apply_providers({uuid(1): prov(1, gen=5, used=8)}, clock.now)
+    # the feed's copy of an older generation changes nothing
+    view.apply_providers({uuid(1): prov(1, gen=4, used=0)}, clock.now)
+    assert uuids(view.answer(Q, MV)) == []
     assert view.counters["older"] == 1
+
+
+def test_the_same_generation_read_again_after_an_allocation_deleted_applies() -> None:
+    """placement does not increment the generation when an allocation is deleted: the feed
+    publishes the provider again at the same generation, with the usage down."""
+    clock = Clock()
+    view = PlacementView(clock=clock)
+    view.apply_providers({uuid(1): prov(1, gen=3, used=8)}, clock.now)
+    assert uuids(view.answer(Q, MV)) == []
+    view.apply_providers({uuid(1): prov(1, gen=3, used=0)}, clock.now)
+    assert uuids(view.answer(Q, MV)) == [uuid(1)]
+    # the same copy again changes nothing
+    view.apply_providers({uuid(1): prov(1, gen=3, used=0)}, clock.now)
+    assert view.counters["same"] == 1 and view.counters["older"] == 0
+    # this scheduler's claim (placement: generation 4) survives a copy of generation 3
+    view.note_claim({uuid(1): {"VCPU": 8}})
+    view.apply_providers({uuid(1): prov(1, gen=3, used=1)}, clock.now)
+    held = view.provider(uuid(1))
+    assert held is not None and held["usages"] == {"VCPU": 9}
 
 
 def test_known_names_and_single_precision_storage() -> None:

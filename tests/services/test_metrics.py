@@ -170,3 +170,24 @@ def test_health_names_the_reason(cloud):
     assert not ok and "cannot save the cache state" in reason
     s0.last_save_error = None
     assert scheduler_metrics.health(s0) == (True, "ok: 10 sources active, lag 0 offsets, 0.00 s")
+
+
+def test_health_without_a_placement_feed_is_ok_and_a_stale_placement_view_is_not(cloud):
+    """No feed ever heard (no_feed): healthy, nothing said.  A feed heard, then its source down
+    or silent past placement_max_staleness: 503 "placement view stale"."""
+    _, (s0, _), _ = cloud
+    view = s0.placement_view
+    assert view.status()["reason"] == "no_feed"
+    assert scheduler_metrics.health(s0) == (True, "ok: 10 sources active (in-process stream)")
+    assert scheduler_metrics.status(s0)["placement"]["reason"] == "no_feed"
+    provider = {"uuid": "00000001-0000-4000-8000-000000000001", "name": "cn1", "generation": 1,
+                "inventories": {"VCPU": {"total": 8}}, "usages": {}, "traits": [], "aggregates": []}
+    view.apply_providers({provider["uuid"]: provider}, view.clock())
+    assert scheduler_metrics.health(s0) == (
+        True, "ok: 10 sources active (in-process stream); placement view 1 providers")
+    view.source_down()
+    ok, reason = scheduler_metrics.health(s0)
+    assert not ok and reason.startswith("placement view stale: 0 s (the feed's source is down)")
+    st = scheduler_metrics.status(s0)
+    assert st["placement"]["reason"] == "stale" and not st["healthy"]
+    assert "STALE" in status_cli._rows(st)["placement view"]
