@@ -8,11 +8,12 @@ are listed in docs/operating.md ("Health, status and metrics").
 
 Healthy (``/healthz`` 200) while: the service runs, its stream consumer is
 connected to the broker, its view is within ``[metrics] max_lag_seconds`` of
-the stream's tail, its state directory (if any) can be written, and its
-placement view (design §11) is not stale -- the placement feed's source heard
-within ``[cache] placement_max_staleness`` and not down.  A scheduler that
-never heard of a placement feed (``no_feed``: deployments without one) is
-healthy.  Otherwise 503 and the first reason that applies, in one line.
+the stream's tail, and its state directory (if any) can be written.
+Otherwise 503 and the first reason that applies, in one line.  A stale
+placement view (design §11: the placement feed's source silent past ``[cache]
+placement_max_staleness``, or down) degrades without failing: the line says
+``degraded: placement view stale ...`` -- the scheduler still decides
+correctly, placement answering the candidates.
 """
 
 from __future__ import annotations
@@ -173,12 +174,17 @@ def health(service: SchedulerService, max_lag_seconds: float = 30.0) -> tuple[bo
                            f"(max_lag_seconds = {max_lag_seconds:g})")
     if service.last_save_error is not None:
         return False, f"cannot save the cache state: {service.last_save_error}"
+    # a stale placement view degrades, it does not fail: the scheduler still decides correctly
+    # (placement answers the candidates), and a failing probe would have every scheduler
+    # restarted for an outage of the feed alone
     placement = service.placement_view.status()
-    if placement["reason"] == "stale":
-        return False, placement_stale_line(placement)
     f = service.figures()["sources"]
-    feed = "" if placement["reason"] == "no_feed" else \
-        f"; placement view {placement['providers']} providers"
+    if placement["reason"] == "stale":
+        feed = "; degraded: " + placement_stale_line(placement)
+    elif placement["reason"] == "no_feed":
+        feed = ""
+    else:
+        feed = f"; placement view {placement['providers']} providers"
     if stream is None:
         return True, f"ok: {f['active']} sources active (in-process stream){feed}"
     lag_text = "lag unknown" if stream.lag_seconds is None else \

@@ -108,8 +108,9 @@ stop choosing that host before the compute reports the instance.
 Seconds without any message from the placement feed's source (its heartbeats
 included) after which this scheduler stops answering allocation candidates
 from its copy of placement (docs/design.md section 11): every request goes to
-placement itself, counted with reason stale, and /healthz answers 503
-("placement view stale"). A source that said goodbye is stale at once.
+placement itself, counted with reason stale, and /healthz stays 200 but
+says "degraded: placement view stale" (decisions stay correct). A source
+that said goodbye is stale at once.
 Without a placement feed nothing changes: requests go to placement (reason
 no_feed) and health is not affected.
 
