@@ -17,10 +17,20 @@ It runs in CI (``.ci/run``); locally ``SHM_SKIP_NOVA_FUNCTIONAL=1`` skips it
 (it takes minutes).  Outcomes and times of both sides are written to
 ``SHM_NOVA_FUNCTIONAL_OUT`` (default: a temporary directory) as JSON lines;
 ``SHM_NOVA_FUNCTIONAL_SELECTION`` names another selection file (a quick local check).
+
+The baseline side's outcomes are recorded in ``baseline.json`` for the nova and
+placement releases they were measured on and the selection's exact list of
+tests: when all three match what is installed and selected, the recorded
+outcomes stand for the baseline run (nova's tests with nova's HostManager give
+the same outcomes on the same releases), and the baseline runs live only for
+the tests that fail with the drop-in (the "again" step above, unchanged).
+Otherwise, or with ``SHM_NOVA_FUNCTIONAL_BASELINE=run``, the whole baseline
+runs; ``SHM_NOVA_FUNCTIONAL_BASELINE=record`` runs it and writes the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -47,6 +57,40 @@ pytestmark = pytest.mark.skipif(SKIP, reason="SHM_SKIP_NOVA_FUNCTIONAL=1")
 #: test of the selection takes under a minute): nova's fixtures can deadlock under native
 #: threads (a CellDatabases lock, seen once in NUMA live migration rollback on nova's side)
 STALL = float(os.environ.get("SHM_NOVA_FUNCTIONAL_STALL", "180"))
+
+
+BASELINE = HERE / "baseline.json"
+
+
+def _releases() -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {"nova": version("nova"), "openstack-placement": version("openstack-placement")}
+
+
+def _digest(ids: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+
+
+def _recorded_baseline(ids: list[str]) -> dict[str, dict] | None:
+    """The recorded baseline outcomes if they were measured on these releases and this exact
+    selection (None: run the baseline)."""
+    if os.environ.get("SHM_NOVA_FUNCTIONAL_BASELINE", "recorded") != "recorded":
+        return None
+    if not BASELINE.exists():
+        return None
+    recorded = json.loads(BASELINE.read_text())
+    if recorded["releases"] != _releases() or recorded["selection_sha256"] != _digest(ids):
+        return None
+    return {i: {"id": i, "outcome": o, "seconds": None, "detail": "recorded"}
+            for i, o in recorded["outcomes"].items()}
+
+
+def _record_baseline(ids: list[str], rows: dict[str, dict]) -> None:
+    BASELINE.write_text(json.dumps({
+        "releases": _releases(), "selection_sha256": _digest(ids),
+        "outcomes": {i: rows[i]["outcome"] for i in sorted(ids) if i in rows},
+    }, indent=1, sort_keys=True) + "\n")
 
 
 def _rows(result: Path) -> list[dict]:
@@ -115,7 +159,13 @@ def test_nova_functional_selection_passes_with_the_drop_in():
     assert len(ids) > (100 if selection.endswith("/selection.txt") else 0), \
         f"the selection lists only {len(ids)} tests"
 
-    baseline, base_s = _run_side("nova", ids, workers, out)
+    recorded = _recorded_baseline(ids)
+    if recorded is not None:
+        baseline, base_s = recorded, 0.0
+    else:
+        baseline, base_s = _run_side("nova", ids, workers, out)
+        if os.environ.get("SHM_NOVA_FUNCTIONAL_BASELINE") == "record":
+            _record_baseline(ids, baseline)
     shared, shared_s = _run_side("shared", ids, workers, out)
     summary = {
         "selected": len(ids),
@@ -124,6 +174,7 @@ def test_nova_functional_selection_passes_with_the_drop_in():
         "shared": {o: sum(1 for r in shared.values() if r["outcome"] == o)
                    for o in ("pass", "fail", "skip", "xfail")},
         "baseline_seconds": round(base_s, 1), "shared_seconds": round(shared_s, 1),
+        "baseline_recorded": recorded is not None,
         "workers": workers,
         # every scheduler's update log, re-run as `shm replay --decisions` does
         "replay": {k: sum(r.get(k, 0) for r in shared.values())
@@ -178,3 +229,20 @@ def test_nova_functional_selection_passes_with_the_drop_in():
     assert len(scheduled) >= 0.8 * len(passing), "most tests schedule servers"
     assert sum(shared[i]["host_state_requests"] for i in scheduled) >= \
         0.8 * sum(shared[i]["decisions"] for i in scheduled)
+
+
+def test_the_recorded_baseline_stands_only_for_its_releases_and_selection(monkeypatch):
+    """baseline.json answers for exactly the tests it lists on the releases it names; any other
+    selection (one test more or less) runs the baseline."""
+    recorded = json.loads(BASELINE.read_text())
+    ids = list(recorded["outcomes"])
+    monkeypatch.delenv("SHM_NOVA_FUNCTIONAL_BASELINE", raising=False)
+    got = _recorded_baseline(ids)
+    if recorded["releases"] != _releases():
+        assert got is None
+        return
+    assert got is not None and {i: r["outcome"] for i, r in got.items()} == recorded["outcomes"]
+    assert _recorded_baseline(ids[1:]) is None
+    assert _recorded_baseline([*ids, "nova.tests.functional.test_x.T.test_y"]) is None
+    monkeypatch.setenv("SHM_NOVA_FUNCTIONAL_BASELINE", "run")
+    assert _recorded_baseline(ids) is None
