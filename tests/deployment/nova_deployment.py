@@ -202,7 +202,8 @@ class Deployment:
         self.api_workers = api_workers
         self.debug = debug
         self.ports = {name: free_port() for name in ("api", "placement", "fakes")}
-        self.metrics_ports = {name: free_port() for name in ["scheduler", *self.hosts]}
+        publishers = ["scheduler", *self.hosts] + (["placement-feed"] if mode == "dropin" else [])
+        self.metrics_ports = {name: free_port() for name in publishers}
         self.processes: dict[str, Process] = {}
         self.cell1_uuid: str | None = None
         self.flavor_id: str | None = None
@@ -431,6 +432,11 @@ class Deployment:
                     etc / f"shm-{name}.conf"
             (etc / f"nova-{name}.conf").write_text(self._ini(self._nova_conf(**sections)))
 
+        if shm:
+            # the placement feed on placement's database (docs/deploy-nova.md "Placement feed")
+            feed = self._shm_conf(metrics_port=self.metrics_ports["placement-feed"])
+            feed += self._ini({"placement_feed": dict(connection=self.db_url("placement"))})
+            (etc / "shm-placement-feed.conf").write_text(feed)
         nova("api", self._shm_conf(reporter="api"))
         nova("conductor", self._shm_conf(reporter="conductor"))
         nova("scheduler", self._shm_conf(cache="sched-1",
@@ -522,6 +528,11 @@ class Deployment:
         procs["api"] = self._uwsgi("api", self.names["api"], self.ports["api"], self.api_workers)
         procs["conductor"] = self._service("conductor", self.names["conductor"])
         procs["scheduler"] = self._service("scheduler", self.names["scheduler"])
+        if self.mode == "dropin":
+            procs["placement-feed"] = Process(
+                "placement-feed", [str(BIN / "shm"), "placement-feed", "--config-file",
+                                   str(self.dir / "etc" / "shm-placement-feed.conf")],
+                self._env(), self.dir / "logs" / "placement-feed.log")
         for proc in procs.values():
             proc.start()
         self._wait_http("fakes", self.fakes_url + "/v2/images")
@@ -690,6 +701,17 @@ class Deployment:
         """Placement's usages per provider name."""
         return {rp["name"]: self.placement("GET", f"/resource_providers/{rp['uuid']}/usages")
                 .json()["usages"] for rp in self.resource_providers()}
+
+    def scheduler_metrics(self) -> dict[str, float]:
+        """The scheduler's Prometheus samples, ``name{labels}`` -> value."""
+        text = self._session.get(f"http://127.0.0.1:{self.metrics_ports['scheduler']}/metrics",
+                                 timeout=10).text
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
 
     def verify(self, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """``shm status --verify`` on the scheduler's and the computes' endpoints."""

@@ -183,6 +183,39 @@ def test_deleted_servers_leave_no_usage(deployment: Any) -> None:
         assert not allocs, f"{server['name']}: allocations left {allocs}"
 
 
+def test_allocation_candidates_from_memory(deployment: Any) -> None:
+    """With ``shm placement-feed`` on placement's database, the drop-in's scheduler answers
+    nova's allocation candidate queries from its placement view: a boot asks placement
+    nothing but the claim."""
+    dep = deployment
+    if dep.mode != "dropin":
+        pytest.skip("stock nova asks placement")
+    _clean(dep)
+
+    def counts() -> tuple[float, float]:
+        m = dep.scheduler_metrics()
+        memory = sum(v for k, v in m.items()
+                     if k.startswith("shm_allocation_candidates_total{") and 'source="memory"' in k)
+        asked = sum(v for k, v in m.items() if k.startswith("shm_placement_requests_total{")
+                    and 'kind="allocation_candidates"' in k)
+        return memory, asked
+
+    memory0, asked0 = counts()
+    name = _name()
+    for i in range(SERVERS):
+        dep.boot(f"{name}-{i}")
+    servers = dep.wait_servers(name, SERVERS)
+    try:
+        memory1, asked1 = counts()
+        FIGURES[dep.mode]["candidates"] = dict(from_memory=memory1 - memory0,
+                                               from_placement=asked1 - asked0)
+        assert not _faults(servers), _faults(servers)
+        assert (memory1 - memory0, asked1 - asked0) == (SERVERS, 0), \
+            f"from memory {memory1 - memory0}, asked placement {asked1 - asked0}"
+    finally:
+        dep.delete_servers(servers)
+
+
 def test_shm_status_verify(deployment: Any) -> None:
     """The drop-in's scheduler holds every compute's sources as the computes do."""
     dep = deployment
