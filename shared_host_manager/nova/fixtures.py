@@ -10,6 +10,7 @@ fed from documents, a fake placement, a nova database -- are
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 from typing import Any
@@ -23,6 +24,8 @@ try:
     _FixtureBase: Any = _fixtures.Fixture
 except ImportError:  # the fixtures library comes with nova's test requirements
     _FixtureBase = object
+
+LOG = logging.getLogger(__name__)
 
 
 class SharedHostManagerFixture(_FixtureBase):
@@ -45,9 +48,18 @@ class SharedHostManagerFixture(_FixtureBase):
       when the service has one and it answers, and asks placement otherwise (counted in
       ``figures()``: ``candidates_from_memory``, ``candidates_from_placement``,
       ``candidates_by_reason``);
-    * before each ``select_destinations`` every reporter's pending changes are
-      published and the bus delivered, so a decision sees every change nova made
-      before it asked (as nova's own scheduler does through its database).
+    * when the test sets up placement's database (placement's own fixture,
+      ``placement.tests.fixtures.Database``, which nova's ``PlacementFixture`` uses),
+      a placement feed (:class:`~shared_host_manager.placement.feed_service.PlacementFeed`)
+      reads it through the engine placement itself uses, served by a reporter on the
+      same bus: the schedulers' placement views are fed from it, as in a deployment
+      (docs/design.md §11).  The feed has no thread of its own: it is polled before
+      each decision, on the deciding thread (see below); without placement's database
+      fixture there is no feed, and placement answers every request (``no_feed``);
+    * before each ``select_destinations`` the feed reads what placement changed, every
+      reporter's pending changes are published and the bus delivered, so a decision
+      sees every change nova made before it asked (as nova's own scheduler does
+      through its database), allocation candidates included.
 
     Nothing of nova's private state is touched: public methods of nova's classes
     are wrapped and restored at cleanup, which also stops every service started.
@@ -82,6 +94,11 @@ class SharedHostManagerFixture(_FixtureBase):
         self.reporters: dict[str, Any] = {}  # compute host -> its reporter
         self.hooks: dict[str, Any] = {}
         self.decisions = 0
+        #: the placement feed on the test's placement database and its reporter (None: none)
+        self.feed: Any = None
+        self.feed_reporter: Any = None
+        #: placement feeds this test ran (one per placement database fixture set up)
+        self.feeds_started = 0
         #: figures() as of cleanup (None while the test runs)
         self._final: dict[str, Any] | None = None
         self._names = itertools.count(1)
@@ -116,6 +133,7 @@ class SharedHostManagerFixture(_FixtureBase):
         for cls, name, original in originals:
             self.addCleanup(setattr, cls, name, original)
         pre_start, shutdown, select = (o[2] for o in originals)
+        self._watch_placement_database()
 
         def pre_start_hook(manager: Any, service_ref: Any) -> Any:
             hook = fixture._compute_started(manager.host)
@@ -139,6 +157,27 @@ class SharedHostManagerFixture(_FixtureBase):
         cm.graceful_shutdown = graceful_shutdown
         sm.select_destinations = select_destinations
 
+    def _watch_placement_database(self) -> None:
+        """Start the placement feed when placement's database fixture creates the test's database
+        (``Database.generate_schema_create_all(engine)``, with the engine placement then uses),
+        stop it at that fixture's cleanup.  Without placement's test fixtures: no feed."""
+        try:
+            from placement.tests import fixtures as placement_fixtures
+        except ImportError:
+            return
+        database = placement_fixtures.Database
+        original = database.generate_schema_create_all
+        self.addCleanup(setattr, database, "generate_schema_create_all", original)
+        fixture = self
+
+        def generate_schema_create_all(db_fixture: Any, engine: Any) -> Any:
+            result = original(db_fixture, engine)  # the schema, traits and resource classes
+            fixture._start_feed(engine)
+            db_fixture.addCleanup(fixture._stop_feed)  # before the engine is disposed of
+            return result
+
+        setattr(database, "generate_schema_create_all", generate_schema_create_all)  # noqa: B010
+
     # -- parties -----------------------------------------------------------------------
     def _reporter(self, name: str, tracker: Any) -> Any:
         from compute_reporter.service import ReporterService
@@ -150,6 +189,60 @@ class SharedHostManagerFixture(_FixtureBase):
         reporter.start()
         return reporter
 
+    def _start_feed(self, engine: Any) -> None:
+        """A placement feed on placement's database (``engine``: placement's own), no thread of its
+        own (:meth:`sync` polls it), published by a reporter on the bus.  A feed that cannot start
+        leaves the test without one: placement answers (``no_feed``)."""
+        from compute_reporter.service import ReporterService
+        from shared_host_manager.placement.database import PlacementDatabase
+        from shared_host_manager.placement.feed_service import PlacementFeed
+
+        self._stop_feed()
+        with self._lock:
+            try:
+                # one source name: a feed started again is the same source, a newer epoch
+                feed = PlacementFeed(PlacementDatabase(str(engine.url), engine=engine),
+                                     poll_interval=None)
+                reporter = ReporterService(
+                    f"placement-feed-{next(self._names)}", feed, self.bus, self.bus,
+                    reporter_topic=self.topics[0], scheduler_topic=self.topics[1],
+                    coalesce_window=0.0, heartbeat_interval=self.heartbeat_interval)
+                feed.confirm = lambda: self._publish_feed(reporter)
+                reporter.start()  # reads every provider: the source's first document
+            except Exception:
+                LOG.exception("placement feed not started: placement answers every request")
+                return
+            self.feed, self.feed_reporter = feed, reporter
+            self.feeds_started += 1
+
+    @staticmethod
+    def _publish_feed(reporter: Any) -> bool:
+        """The feed's confirm: its changes published now, in the calling thread (the in-process
+        bus stores them at once); True unless a publish failed."""
+        errors = reporter.stats["publish_errors"]
+        reporter.flush()
+        return bool(reporter.stats["publish_errors"] == errors)
+
+    def _poll_feed(self) -> None:
+        """One look at placement's database (under the lock).  A poll that fails stops the feed
+        with its goodbye: the views answer ``stale`` (placement does) rather than from a
+        database they no longer follow."""
+        feed = self.feed
+        if feed is None:
+            return
+        try:
+            feed.poll_once()
+        except Exception:
+            LOG.exception("placement feed: poll failed; stopping it (placement answers)")
+            self._stop_feed()
+
+    def _stop_feed(self) -> None:
+        with self._lock:
+            reporter, self.feed, self.feed_reporter = self.feed_reporter, None, None
+        if reporter is not None:
+            reporter.stop()  # its goodbye: the views stop answering from it
+            self.bus.pump()
+
     def _new_cache(self) -> Any:
         """One cache per scheduler service (called by each SharedHostManager on first use)."""
         from shared_host_manager.service import SchedulerService
@@ -159,7 +252,10 @@ class SharedHostManagerFixture(_FixtureBase):
         recorder = Recorder(self.record_dir) if self.record_dir else None
         service = SchedulerService(
             name, self.bus, self.bus, reporter_topic=self.topics[0],
-            scheduler_topic=self.topics[1], down_interval=self.down_interval, recorder=recorder)
+            scheduler_topic=self.topics[1], down_interval=self.down_interval, recorder=recorder,
+            # the feed is read before each decision (sync): its source is judged by its
+            # heartbeats, as every other source here, not by the deployment's 5 s
+            placement_max_staleness=self.down_interval)
         service.start()
         with self._lock:
             self.schedulers.append(service)
@@ -210,9 +306,11 @@ class SharedHostManagerFixture(_FixtureBase):
 
     # -- synchronisation -----------------------------------------------------------------
     def sync(self) -> None:
-        """Publish every pending change and deliver the bus: decisions see all that happened."""
+        """Read placement's changes, publish every pending change and deliver the bus: decisions
+        see all that happened (the bus delivers in this thread: every view is current after)."""
         with self._lock:
             self._resolve_cells()
+            self._poll_feed()
             for reporter in [self.api_reporter, *self.reporters.values()]:
                 reporter.flush()
             self.bus.pump()
@@ -257,7 +355,8 @@ class SharedHostManagerFixture(_FixtureBase):
         requests = sum(m.counters["requests"] for m in host_manager.managers()
                        if id(m.built_cache) in caches)
         return {"decisions": self.decisions, "host_state_requests": requests,
-                "schedulers": schedulers, **self._candidates()}
+                "schedulers": schedulers, "placement_feeds": self.feeds_started,
+                **self._candidates()}
 
     def _candidates(self) -> dict[str, Any]:
         """Allocation candidates of this test's schedulers: from memory, from placement, and
@@ -284,6 +383,7 @@ class SharedHostManagerFixture(_FixtureBase):
         from shared_host_manager.nova import compute_hook
 
         final = self.figures()  # the managers may be gone once nova's services are
+        self._stop_feed()
         with self._lock:
             self._final = final
             reporters = list(self.reporters.values())

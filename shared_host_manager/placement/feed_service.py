@@ -32,6 +32,12 @@ Life cycle::
     poll thread:               confirm the first document; then every poll_interval:
                                fingerprint -> listing? -> read -> sink.change -> confirm
     ReporterService.stop():    stop(): the poll thread ends; the reporter's goodbye follows
+
+``poll_interval=None``: no poll thread; whoever owns the feed calls
+:meth:`PlacementFeed.poll_once` itself, in its own thread (nova's functional
+tests: before each decision, on the thread that reads placement's database
+anyway -- an in-memory SQLite shared through one connection is read by no
+other thread).  ``start`` then confirms the first document at once.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ class PlacementFeed:
     """The tracker of the placement feed's one source (see the module docstring)."""
 
     def __init__(self, database: PlacementDatabase, *, source_name: str = "placement",
-                 poll_interval: float = 0.2, full_check_interval: float = 10.0,
+                 poll_interval: float | None = 0.2, full_check_interval: float = 10.0,
                  max_reads: int = 2000, clock: Callable[[], float] = time.monotonic,
                  confirm: Callable[[], bool] | None = None) -> None:
         self.db = database
@@ -97,6 +103,9 @@ class PlacementFeed:
     def start(self, sink: Any) -> None:
         self._sink = sink
         self._stop.clear()
+        if self.poll_interval is None:  # polled by its owner (poll_once): no thread
+            self._confirm_first()
+            return
         self._thread = threading.Thread(target=self._run, name=f"placement-feed-{self.source}",
                                         daemon=True)
         self._thread.start()
@@ -124,17 +133,22 @@ class PlacementFeed:
         return {"traits": traits, "resource_classes": rcs,
                 "allocation_ratio_storage": self.db.allocation_ratio_storage}
 
-    def _run(self) -> None:
-        # the first document went out with the reporter's start: its confirm first
+    def _confirm_first(self) -> None:
+        """The first document went out with the reporter's start: its confirm."""
         first = dict.fromkeys(self.machine.dirty)
         self.machine.published({u: self.machine.document.get(u) for u in first}, self._confirmed())
-        while not self._stop.wait(self.poll_interval):
+
+    def _run(self) -> None:
+        interval = self.poll_interval
+        assert interval is not None  # no thread without one (start)
+        self._confirm_first()
+        while not self._stop.wait(interval):
             try:
                 self.poll_once()
             except Exception as exc:  # the loop outlives a database restart
                 self.errors += 1
                 LOG.warning("placement feed: poll failed (%s); trying again in %.1f s",
-                            " ".join(str(exc).split())[:300], self.poll_interval)
+                            " ".join(str(exc).split())[:300], interval)
 
     def poll_once(self) -> dict[str, dict[str, Any] | None]:
         """One look at the database; the changes handed to the reporter (and confirmed or not)."""

@@ -27,7 +27,7 @@ class FixtureAfterSetUp(test.TestCase, integrated_helpers.InstanceHelperMixin):
         self.shm = self.useFixture(SharedHostManagerFixture())
         self.useFixture(nova_fixtures.NeutronFixture(self))
         self.glance = self.useFixture(nova_fixtures.GlanceFixture(self))
-        self.useFixture(func_fixtures.PlacementFixture())
+        self.placement = self.useFixture(func_fixtures.PlacementFixture()).api
         self.start_service("conductor")
         self.scheduler = self.start_service("scheduler")
         self.api = self.useFixture(nova_fixtures.OSAPIFixture(api_version="v2.1")).admin_api
@@ -67,6 +67,27 @@ class FixtureAfterSetUp(test.TestCase, integrated_helpers.InstanceHelperMixin):
             t.join()
         self.assertEqual(1, self.shm.figures()["schedulers"])
 
+    def test_allocation_candidates_come_from_the_feed(self) -> None:
+        # placement's database fixture started a feed: every request is answered from memory,
+        # the view current before each decision (the second server sees the first's allocation)
+        self.flags(placement_from_memory=True, group="shared_host_manager")
+        first = self._create_server(networks="none")
+        second = self._create_server(networks="none")
+        figures = self.shm.figures()
+        self.assertEqual(1, figures["placement_feeds"])
+        self.assertEqual(2, figures["candidates_from_memory"], figures)
+        self.assertEqual(0, figures["candidates_from_placement"], figures)
+        # the view holds what placement holds: both servers' allocations in the usages
+        view = self.shm.schedulers[0].placement_view
+        used = {}
+        for server in (first, second):
+            for rp, alloc in self.placement.get(
+                    f"/allocations/{server['id']}").body["allocations"].items():
+                used[rp] = used.get(rp, 0) + alloc["resources"]["MEMORY_MB"]
+        self.shm.sync()
+        for rp, mb in used.items():
+            self.assertEqual(mb, view.provider(rp)["usages"]["MEMORY_MB"])
+
     def test_figures_count_this_fixtures_managers_only(self) -> None:
         from shared_host_manager.nova import host_manager
         from shared_host_manager.nova.testing import fixtures as fx
@@ -79,6 +100,31 @@ class FixtureAfterSetUp(test.TestCase, integrated_helpers.InstanceHelperMixin):
         for _ in range(served + 4):
             list(other.get_host_states_by_uuids(None, None, None))
         self.assertEqual(served, self.shm.figures()["host_state_requests"])
+
+
+class FixtureWithoutPlacementDatabase(test.TestCase, integrated_helpers.InstanceHelperMixin):
+    """placement's app over a database set up before the drop-in's fixture: no feed, and every
+    request is answered by placement (reason no_feed)."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.useFixture(nova_fixtures.NeutronFixture(self))
+        self.glance = self.useFixture(nova_fixtures.GlanceFixture(self))
+        self.useFixture(func_fixtures.PlacementFixture())
+        self.shm = self.useFixture(SharedHostManagerFixture())
+        self.start_service("conductor")
+        self.start_service("scheduler")
+        self.api = self.useFixture(nova_fixtures.OSAPIFixture(api_version="v2.1")).admin_api
+        self.api.microversion = "latest"
+        self._start_compute(host="host1")
+
+    def test_placement_answers_without_a_feed(self) -> None:
+        server = self._create_server(networks="none")
+        self.assertEqual("host1", server["OS-EXT-SRV-ATTR:host"])
+        figures = self.shm.figures()
+        self.assertEqual(0, figures["placement_feeds"])
+        self.assertEqual(0, figures["candidates_from_memory"])
+        self.assertEqual({"no_feed": 1}, figures["candidates_by_reason"])
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@ with :class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture` used
 by every nova ``TestCase`` (added in front of nova's own ``setUp``), the tests
 themselves unmodified.  Each outcome line records, with the drop-in, how many
 host-state requests the drop-in served and whether nova's own HostManager
-read hosts from the database (it must not).  Unless ``SHM_NOVA_FUNCTIONAL_REPLAY=0``,
+read hosts from the database (it must not), and how many allocation candidate
+requests its schedulers answered from memory (the placement feed the fixture
+runs on the test's placement database) and from placement, by reason
+(``placement_feeds``, ``candidates_from_memory``, ``candidates_from_placement``,
+``candidates_by_reason``: the fixture's ``figures()``).  Unless ``SHM_NOVA_FUNCTIONAL_REPLAY=0``,
 every scheduler also keeps an update log, re-run after the test as ``shm replay
 --decisions`` does: the line says how many of nova's decisions were re-run and
 which steps came out differently.
