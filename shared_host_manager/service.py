@@ -10,8 +10,8 @@ Life cycle::
       running: stream thread  --> cache.ingest_stream  (deltas, snapshots, heartbeats)
                control thread --> cache.ingest_control (resync answers, claim results,
                                   fences)
-               peer thread    --> (with membership) the peer topic: peers' claims and
-                                  forwarded rejections --> cache.ingest_peer_claim;
+               peer thread    --> the peer topic: peers' claims and forwarded
+                                  rejections --> cache.ingest_peer_claim;
                                   a peer's scarce request, or the answer to ours,
                                   --> on_scarce (the decider's, design §5.4)
                timer thread   --> cache.tick every tick_interval (gaps, resync
@@ -214,22 +214,22 @@ class SchedulerService:
         self._server = self._control_plane.control_server(
             self._scheduler_topic, self.name, self._on_control)
         self._server.start()
-        if self.membership_interval is not None:
-            # the peer topic: announced claims and forwarded rejections (design §5.2), scarce
-            # requests and their answers (§5.4).  The data plane's broker carries it where it
-            # can (RabbitMQ: kombu alone, transport.kombu_peers); each cast through
-            # oslo.messaging's listener cost a scheduler several times its handling
-            make_peer_plane = getattr(self._data_plane, "peer_plane", None)
-            self._peer_plane = make_peer_plane() if make_peer_plane is not None else None
-            plane = self._peer_plane or self._control_plane
-            if self._peer_plane is not None:
-                self.peer_api = SchedulerAPI(self._peer_plane.control_client(), self._encoder,
-                                             peer_topic(self._scheduler_topic))
-            # a server of its own: an announcement must not queue behind claim results
-            self._peer_server = plane.control_server(
-                peer_topic(self._scheduler_topic), self.name, self._on_peer)
-            self._peer_server.start()
-        if self.announce_claims and self._peer_server is not None:
+        # the peer topic: announced claims and forwarded rejections (design §5.2), requests
+        # handed over and their answers (§5.4; peers known from membership or given to the
+        # decider).  The data plane's broker carries it where it can (RabbitMQ: kombu alone,
+        # transport.kombu_peers); each cast through oslo.messaging's listener cost a
+        # scheduler several times its handling
+        make_peer_plane = getattr(self._data_plane, "peer_plane", None)
+        self._peer_plane = make_peer_plane() if make_peer_plane is not None else None
+        plane = self._peer_plane or self._control_plane
+        if self._peer_plane is not None:
+            self.peer_api = SchedulerAPI(self._peer_plane.control_client(), self._encoder,
+                                         peer_topic(self._scheduler_topic))
+        # a server of its own: an announcement must not queue behind claim results
+        self._peer_server = plane.control_server(
+            peer_topic(self._scheduler_topic), self.name, self._on_peer)
+        self._peer_server.start()
+        if self.announce_claims and self.membership_interval is not None:
             self._announcer = threading.Thread(target=self._announce, daemon=True,
                                                name=f"scheduler-{self.name}-announcer")
             self._announcer.start()

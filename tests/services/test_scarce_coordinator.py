@@ -150,8 +150,8 @@ def test_a_handed_request_and_its_answer_travel_on_the_peer_topic_alone(bus, clo
 
 
 def test_requests_are_handed_over_without_announcing_claims(bus):
-    # the peer topic runs wherever membership does: a scheduler that does not announce its
-    # claims still hands requests over and decides those handed to it
+    # every scheduler listens on the peer topic: one that does not announce its claims
+    # still hands requests over and decides those handed to it
     reporter = _reporter(bus)
     managers = [SchedulerManager(make_scheduler(bus, bus, f"s{i}", membership_interval=0.2,
                                                 announce_claims=False), request_timeout=5.0)
