@@ -315,6 +315,7 @@ class NovaRun:
         }
         out.update(checked)
         out.update(self.nova.placement_figures())
+        out.update(self.nova.request_filter_figures())
         return out
 
     def close(self) -> None:
@@ -399,6 +400,8 @@ def summary_table(report: dict[str, Any]) -> str:
         ("GET /allocation_candidates (placement)", "allocation_candidate_queries"),
         ("candidates from memory (requests)", "candidates_from_memory"),
         ("SQL statements while deciding", "scheduler_sql_statements"),
+        ("request filters from the catalogue", "request_filters_from_catalogue"),
+        ("request filters read nova's DB", "request_filter_db_fallbacks"),
         ("placement claims refused", "claims_rejected"),
         ("claims retried (generation conflict)", "claim_conflicts"),
         ("NoValidHost (instances)", "no_valid_host"),

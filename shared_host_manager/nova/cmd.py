@@ -13,6 +13,8 @@ nova-scheduler-shared::
     nova-scheduler's manager: SharedSchedulerManager, whose placement client answers
         allocation candidates from the service's placement view (report_client.install)
     request_filter._should_filter_by_owner -> answered from the stream
+    request_filter.ALL_REQUEST_FILTERS: the aggregate filters answered from the catalogue
+        (request_filters.py)
     SchedulerManager.pre_start_hook  += start the host-state cache service and its
                                         [metrics] endpoint (port 9468)
     SchedulerManager.graceful_shutdown += stop it (last snapshot to state_dir)

@@ -69,6 +69,9 @@ document includes them: ``update_aggregates`` / ``delete_aggregate`` since
 this process started, and ``update_instance_info`` / ``delete_instance_info``
 / ``sync_instance_info`` per host until the host's document lists the change
 (at most ``instance_hint_ttl`` seconds).
+The same aggregates, all of them (:meth:`SharedHostManager.aggregate_catalogue`),
+answer nova's aggregate request filters once an API-side source was heard
+(:mod:`.request_filters`, installed by :func:`install`).
 
 Threads: views are built under ``cache.lock`` (so a request sees one version
 of each host); filtering and weighing run without it, on objects nobody else
@@ -102,7 +105,7 @@ from protocol import hostdoc
 from protocol.errors import LocalProtocolError
 from protocol.messages import Claim
 from shared_host_manager.decision.subset import PeerOwnership
-from shared_host_manager.nova import decision_log
+from shared_host_manager.nova import decision_log, request_filters
 from shared_host_manager.nova.api_source import ApiState, is_api_source
 from shared_host_manager.nova.core import document as ndoc
 from shared_host_manager.nova.core import vector
@@ -251,6 +254,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         self._agg_overlay: dict[str, Any] = {}
         self._agg_deleted: set[str] = set()
         self._agg_gen = 0
+        #: (_agg_gen, every known aggregate) of the last _known_aggregates
+        self._known: tuple[int, dict[str, Any]] | None = None
         #: what the API-side sources say (design §2), rebuilt when one of their versions changes
         self._api = ApiState()
         self._api_sources: list[str] = []
@@ -655,8 +660,8 @@ class SharedHostManager(nova_host_manager.HostManager):
         return tpl
 
     def _aggregates_for(self, host: str, doc: Any) -> list[Any]:
-        """The host's aggregates: the API side's catalogue where it has the aggregate, else
-        the RPC fanout seen since start, else the host's document (design §2)."""
+        """The host's aggregates: those of :meth:`_known_aggregates` it is in, and those of
+        the host's document nothing newer knows of (design §2)."""
         overlay = self._agg_overlay
         deleted = self._agg_deleted
         catalogue = self._api.catalogue
@@ -666,20 +671,51 @@ class SharedHostManager(nova_host_manager.HostManager):
                     or type(entry) is not dict:
                 continue
             out[agg_uuid] = _aggregate(agg_uuid, entry, [host])
-        # the API side's catalogue is newer than the compute's periodic re-read, and ordered
-        # (a versioned source): nova's fanout casts are not, one cast of a create, a metadata
-        # change and an add_host may arrive after the next, so it counts only for the
-        # aggregates the catalogue does not have (no API-side source, or one not heard yet)
+        for agg_uuid, agg in self._known_aggregates().items():
+            if host in (agg.hosts or ()):
+                out[agg_uuid] = agg
+        return [out[u] for u in sorted(out)]
+
+    def _known_aggregates(self) -> dict[str, Any]:
+        """Every aggregate the API side's catalogue and nova's fanout since start know of, as
+        nova Aggregate objects (shared by every host in them, as nova's HostManager shares
+        its own), rebuilt when ``_agg_gen`` moves (caller holds the cache's lock).
+
+        The API side's catalogue is newer than the compute's periodic re-read, and ordered
+        (a versioned source): nova's fanout casts are not, one cast of a create, a metadata
+        change and an add_host may arrive after the next, so the fanout counts only for the
+        aggregates the catalogue does not have (no API-side source, or one not heard yet)."""
+        memo = self._known
+        if memo is not None and memo[0] == self._agg_gen:
+            return memo[1]
+        deleted = self._agg_deleted
+        catalogue = self._api.catalogue
+        known: dict[str, Any] = {}
         for agg_uuid, entry in catalogue.items():
             if agg_uuid in deleted or entry.get("deleted"):
                 continue
-            hosts = entry.get("hosts") or []
-            if host in hosts:
-                out[agg_uuid] = _aggregate(agg_uuid, entry, list(hosts))
-        for agg_uuid, agg in overlay.items():
-            if agg_uuid not in catalogue and host in (agg.hosts or ()):
-                out[agg_uuid] = agg
-        return [out[u] for u in sorted(out)]
+            known[agg_uuid] = _aggregate(agg_uuid, entry, list(entry.get("hosts") or ()))
+        for agg_uuid, agg in self._agg_overlay.items():
+            if agg_uuid not in catalogue:
+                known[agg_uuid] = agg
+        self._known = (self._agg_gen, known)
+        return known
+
+    def aggregate_catalogue(self) -> list[Any] | None:
+        """Every host aggregate, for nova's request filters (:mod:`.request_filters`): the
+        aggregates :meth:`_known_aggregates` holds once an API-side source was heard (its
+        document holds every aggregate from its start, hosts or not); None before, when
+        they would be only those nova's fanout told of since this process started.
+
+        As a request's hosts are (:meth:`get_host_states_by_uuids`), after the fences of
+        the API calls that returned (design §2)."""
+        cache = self.cache
+        with cache.lock:
+            cache.await_fences()
+            api = self._api_state(cache.receiver.sources)
+            if not api.key:
+                return None
+            return list(self._known_aggregates().values())
 
     def _consumed(self, host_state: SharedHostState, spec_obj: Any,
                   usage: dict[str, Any] | None = None) -> None:
@@ -873,9 +909,11 @@ def tune_gc(young_threshold: int) -> None:
         gc.set_threshold(young_threshold, g1, g2)
 
 
-def install(*, min_version_from_stream: bool = True) -> None:
+def install(*, min_version_from_stream: bool = True, request_filters_from_stream: bool = True,
+            ) -> None:
     """Make nova's SchedulerManager build a SharedHostManager (and serve the owner filter's
-    minimum-version question from the stream, and cancel our pending claims of the
+    minimum-version question from the stream, answer the aggregate request filters from the
+    aggregate catalogue (:mod:`.request_filters`), and cancel our pending claims of the
     instances whose allocations it cleans up).  Idempotent; :func:`uninstall` undoes it.
 
     ``SchedulerManager.__init__`` looks ``host_manager.HostManager`` up at call
@@ -894,6 +932,10 @@ def install(*, min_version_from_stream: bool = True) -> None:
         request_filter._should_filter_by_owner = _should_filter_by_owner
     else:
         request_filter._should_filter_by_owner = _originals["_should_filter_by_owner"]
+    if request_filters_from_stream:
+        request_filters.install(_aggregate_catalogue)
+    else:
+        request_filters.uninstall()
 
 
 def uninstall() -> None:
@@ -904,6 +946,14 @@ def uninstall() -> None:
         nova_host_manager.HostManager = _originals.pop("HostManager")
         request_filter._should_filter_by_owner = _originals.pop("_should_filter_by_owner")
         nova_manager.SchedulerManager._cleanup_allocations = _originals.pop("_cleanup_allocations")
+    request_filters.uninstall()
+
+
+def _aggregate_catalogue() -> list[Any] | None:
+    """The aggregate request filters' catalogue: the current manager's (None: none built yet,
+    or no API-side source heard)."""
+    manager = _current
+    return manager.aggregate_catalogue() if manager is not None else None
 
 
 def _cleanup_allocations(manager: Any, context: Any, instance_uuids: Any) -> None:

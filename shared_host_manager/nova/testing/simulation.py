@@ -22,7 +22,9 @@ they meet nova 34's real code on its whole scheduling path:
   ``map_az_to_placement_aggregate`` (what is left of the AvailabilityZoneFilter
   in nova 34) asks placement for the zone's providers, and the Aggregate*
   filters see each host's aggregates (legacy: nova's HostManager reads them
-  from the API database; shared: the compute hooks publish them);
+  from the API database; shared: the compute hooks publish them, and nova-api's
+  API-side source publishes the whole catalogue, which the drop-in's request
+  filters answer from);
 * **schedulers** -- ``schedulers`` instances of nova's own ``SchedulerManager``,
   each with its own ``SchedulerReportClient`` on placement.  ``legacy``: nova's
   HostManager reading nova's database on every request.  ``shared``: the
@@ -497,6 +499,7 @@ class NovaCloud:
         self.feed: Any = None
         if mode == "shared":
             self._start_stream(hosts, hosts_per_reporter, coalesce_window)
+            self._start_api_source()
             self._start_placement_feed(placement_url)
             # with ownership or announcements, each scheduler's own entry on the stream (its
             # live peers)
@@ -603,6 +606,22 @@ class NovaCloud:
             self.reporters.append(reporter)
         self._topics = topics
 
+    def _start_api_source(self) -> None:
+        """nova-api's API-side source, as the drop-in's WSGI application starts it in each API
+        worker: every compute service and aggregate read from nova's databases, published on the
+        same bus (the catalogue nova's aggregate request filters answer from)."""
+        from compute_reporter.service import ReporterService
+        from shared_host_manager.nova import api_publisher
+        from shared_host_manager.nova.api_source import ApiStateSource
+
+        self.api_source = ApiStateSource("nova-api-0", role="nova-api")
+        self.api_source.preload(*api_publisher.load_from_nova())
+        reporter = ReporterService("nova-api-0", self.api_source, self.bus, self.bus,
+                                   reporter_topic=self._topics[0], scheduler_topic=self._topics[1],
+                                   coalesce_window=0.0, heartbeat_interval=10.0)
+        reporter.start()
+        self.reporters.append(reporter)
+
     def _start_placement_feed(self, placement_url: str) -> None:
         """``shm placement-feed`` on placement's database, publishing on the same bus: every
         scheduler's placement view is fed from it (docs/design.md §11)."""
@@ -647,6 +666,17 @@ class NovaCloud:
             out["placement_feed"] = self.feed.figures()
         return out
 
+    def request_filter_figures(self) -> dict[str, Any]:
+        """How nova's aggregate request filters answered in this process (shared: from the
+        catalogue, or nova's database when no API-side source was heard)."""
+        from shared_host_manager.nova import request_filters
+
+        if self.mode != "shared":
+            return {}
+        figures = request_filters.figures()
+        return {"request_filters_from_catalogue": figures["from_catalogue"],
+                "request_filter_db_fallbacks": figures["db_fallbacks"]}
+
     def _new_cache_service(self, name: str, membership_interval: float | None = None, *,
                            announce_claims: bool = False) -> Any:
         from shared_host_manager.service import SchedulerService
@@ -671,7 +701,7 @@ class NovaCloud:
 
     def _wait_for_hosts(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
-        want = self.nodes.keys()
+        want = [*self.nodes.keys(), "nova-api-0"]
         for service in self.services:
             while time.monotonic() < deadline:
                 with service.cache.lock:
