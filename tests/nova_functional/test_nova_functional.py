@@ -180,6 +180,16 @@ def test_nova_functional_selection_passes_with_the_drop_in():
         "replay": {k: sum(r.get(k, 0) for r in shared.values())
                    for k in ("replayed_decisions", "replay_checked", "replay_skipped",
                              "replay_other_code")},
+        # allocation candidates of the drop-in's schedulers: from memory (the placement view,
+        # fed by the fixture's placement feed) or from placement, and why placement
+        "candidates": {
+            "tests_with_feed": sum(1 for r in shared.values() if r.get("placement_feeds")),
+            "from_memory": sum(r.get("candidates_from_memory", 0) for r in shared.values()),
+            "from_placement": sum(r.get("candidates_from_placement", 0) for r in shared.values()),
+            "by_reason": {k: sum((r.get("candidates_by_reason") or {}).get(k, 0)
+                                 for r in shared.values())
+                          for k in sorted({k for r in shared.values()
+                                           for k in r.get("candidates_by_reason") or {}})}},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
@@ -225,6 +235,11 @@ def test_nova_functional_selection_passes_with_the_drop_in():
         replayed = summary["replay"]
         assert replayed["replay_checked"] >= 0.8 * (replayed["replayed_decisions"]
                                                      - replayed["replay_other_code"]), replayed
+    # the fixture's placement feed fed every drop-in scheduler: allocation candidates come from
+    # memory except for the request shapes placement keeps (granular groups, nested providers)
+    cands = summary["candidates"]
+    assert cands["from_memory"] >= 0.8 * (cands["from_memory"] + cands["from_placement"]), cands
+    assert not set(cands["by_reason"]) & {"stale", "error"}, cands
     scheduled = [i for i in passing if shared[i]["decisions"]]
     assert len(scheduled) >= 0.8 * len(passing), "most tests schedule servers"
     assert sum(shared[i]["host_state_requests"] for i in scheduled) >= \
