@@ -2,8 +2,8 @@
 
 :class:`Deployment` starts, each as a process of its own: placement and nova-api
 under uWSGI, nova-conductor, one scheduler and N computes with nova's
-``fake.FakeDriver`` (one ``host`` each), plus a small WSGI process standing in for
-glance and neutron (``deployment_fakes.py``). There is no keystone: placement runs
+``fake.FakeDriverWithoutFakeNodes`` (one ``host`` each), plus a small WSGI process
+standing in for glance and neutron (``deployment_fakes.py``). There is no keystone: placement runs
 with ``[api] auth_strategy = noauth2``, nova-api with a paste pipeline whose
 ``noauth`` filter takes ``X-Auth-Token: user:project`` as the identity
 (``deployment_fakes.NoAuth``). Every run has fresh databases (``<prefix>_nova_api``,
@@ -67,6 +67,12 @@ MODES = {
 FIGURES: dict[str, dict[str, Any]] = {}
 
 COMPUTE_MICROVERSION = "2.53"  # PUT /os-services/{uuid} with forced_down / status
+# every service reports every REPORT_INTERVAL seconds; one whose last report is older than
+# SERVICE_DOWN_TIME is down (nova's API, the scheduler's ComputeFilter)
+REPORT_INTERVAL = 2
+SERVICE_DOWN_TIME = 20
+FLAVORS = {"shm.tiny": dict(ram=64, vcpus=1, disk=1),  # every server boots with it
+           "shm.small": dict(ram=128, vcpus=2, disk=2)}  # the resize check's
 ADMIN_TOKEN = "admin:admin"
 
 
@@ -207,6 +213,7 @@ class Deployment:
         self.processes: dict[str, Process] = {}
         self.cell1_uuid: str | None = None
         self.flavor_id: str | None = None
+        self.flavor_ids: dict[str, str] = {}
         self.timings: dict[str, float] = {}
         self._session = requests.Session()
         self._created_dbs: list[str] = []
@@ -257,7 +264,8 @@ class Deployment:
             self._start_control()
             self.timings["control"] = time.monotonic() - t0
             self._start_computes()
-            self.flavor_id = self._ensure_flavor()
+            self.flavor_ids = {name: self._ensure_flavor(name) for name in FLAVORS}
+            self.flavor_id = self.flavor_ids["shm.tiny"]
             self.timings["ready"] = time.monotonic() - t0
         except BaseException:
             self.stop(keep=True)
@@ -355,10 +363,18 @@ class Deployment:
         conf: dict[str, dict[str, Any]] = {
             "DEFAULT": dict(
                 transport_url=self.transport_url, state_path=self.dir / "state",
-                compute_driver="fake.FakeDriver", my_ip="127.0.0.1", debug=self.debug,
+                # FakeDriver's node uuid is new in every process (uuidsentinel), and a
+                # compute that ran once refuses to start again without its identity file
+                # (nova.virt.node): this one keeps it in the compute's state_path, so that
+                # a compute stopped or killed starts again as the same node
+                compute_driver="fake.FakeDriverWithoutFakeNodes", my_ip="127.0.0.1",
+                debug=self.debug,
                 use_stderr=True, graceful_shutdown_timeout=10,
                 # servers boot and go away within seconds; nothing periodic in between
                 heal_instance_info_cache_interval=-1, instance_build_timeout=0,
+                # a stopped or killed compute shows down within seconds, not nova's minute
+                # (nova raises a service_down_time not above report_interval to 2.5 times it)
+                report_interval=REPORT_INTERVAL, service_down_time=SERVICE_DOWN_TIME,
             ),
             "api": dict(),
             "wsgi": dict(api_paste_config=self.dir / "etc" / "api-paste.ini"),
@@ -635,13 +651,19 @@ class Deployment:
 
     # -- what the tests do -----------------------------------------------------------------
 
-    def _ensure_flavor(self) -> str:
+    def _ensure_flavor(self, name: str = "shm.tiny") -> str:
         flavors = self.compute("GET", "/flavors").json()["flavors"]
         for flavor in flavors:
-            if flavor["name"] == "shm.tiny":
+            if flavor["name"] == name:
                 return flavor["id"]
-        body = {"flavor": {"name": "shm.tiny", "ram": 64, "vcpus": 1, "disk": 1}}
+        body = {"flavor": {"name": name, **FLAVORS[name]}}
         return self.compute("POST", "/flavors", body).json()["flavor"]["id"]
+
+    @staticmethod
+    def flavor_resources(name: str) -> dict[str, int]:
+        """What a server of flavor ``name`` holds in placement."""
+        f = FLAVORS[name]
+        return {"VCPU": f["vcpus"], "MEMORY_MB": f["ram"], "DISK_GB": f["disk"]}
 
     def services(self, binary: str = "nova-compute") -> list[dict[str, Any]]:
         return self.compute("GET", f"/os-services?binary={binary}").json()["services"]
@@ -673,6 +695,53 @@ class Deployment:
         if group:
             body["os:scheduler_hints"] = {"group": group}
         self.compute("POST", "/servers", body)
+
+    def server(self, sid: str) -> dict[str, Any]:
+        return self.compute("GET", f"/servers/{sid}").json()["server"]
+
+    def server_action(self, sid: str, body: dict[str, Any],
+                      microversion: str = COMPUTE_MICROVERSION) -> None:
+        """``POST /servers/{sid}/action`` (``migrate``, ``resize``, ``confirmResize``,
+        ``os-migrateLive``: 2.25 and later take ``block_migration: "auto"``)."""
+        self.compute("POST", f"/servers/{sid}/action", body, microversion=microversion)
+
+    def wait_server(self, sid: str, statuses: Iterable[str] = ("ACTIVE", "VERIFY_RESIZE"),
+                    timeout: float = 180) -> dict[str, Any]:
+        """The server once no task runs on it and it is in one of ``statuses`` or ERROR
+        (a confirmed resize stays VERIFY_RESIZE until the source compute is done)."""
+        wanted = {*statuses, "ERROR"}
+
+        def settled() -> dict[str, Any] | None:
+            server = self.server(sid)
+            if server.get("OS-EXT-STS:task_state") is None and server["status"] in wanted:
+                return server
+            return None
+        return wait_until(settled, timeout, f"server {sid} to settle")
+
+    def migrations(self, sid: str) -> list[dict[str, Any]]:
+        return self.compute("GET", f"/os-migrations?instance_uuid={sid}").json()["migrations"]
+
+    def allocations(self, consumer: str) -> dict[str, dict[str, int]]:
+        """Placement's allocations of ``consumer`` per provider name."""
+        names = {rp["uuid"]: rp["name"] for rp in self.resource_providers()}
+        allocs = self.placement("GET", f"/allocations/{consumer}").json()["allocations"]
+        return {names.get(rp, rp): a["resources"] for rp, a in allocs.items()}
+
+    def wait_service_down(self, host: str, timeout: float = 120) -> dict[str, Any]:
+        """The compute on ``host`` once nova's API shows it down (SERVICE_DOWN_TIME)."""
+        def down() -> dict[str, Any] | None:
+            for svc in self.services():
+                if svc["host"] == host and svc["state"] == "down":
+                    return svc
+            return None
+        return wait_until(down, timeout, f"nova-compute {host} down")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL to the process ``name`` (its process only, as a crash): no clean-up."""
+        proc = self.processes[name]
+        if proc.popen is not None and proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait(30)
 
     def servers(self, name: str | None = None) -> list[dict[str, Any]]:
         path = "/servers/detail" + (f"?name=^{name}" if name else "")

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
-from nova_deployment import FIGURES
+from nova_deployment import FIGURES, wait_until
 
 REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
 SERVERS = int(os.environ.get("SHM_DEPLOYMENT_SERVERS", "6"))
@@ -223,3 +223,119 @@ def test_shm_status_verify(deployment: Any) -> None:
         pytest.skip("stock nova has no host-state stream to verify")
     proc = dep.verify(timeout=30)
     FIGURES[dep.mode]["shm_status_verify"] = proc.stdout.strip().splitlines()[-1:]
+
+
+def _move(dep: Any, sid: str, action: dict[str, Any], confirm: bool) -> dict[str, Any]:
+    """One move of server ``sid``: the action, then (a cold migration or a resize) its
+    confirmation; the server once settled again."""
+    dep.server_action(sid, action)
+    server = dep.wait_server(sid)
+    if confirm and server["status"] == "VERIFY_RESIZE":
+        dep.server_action(sid, {"confirmResize": None})
+        server = dep.wait_server(sid, ("ACTIVE",))
+    return server
+
+
+def _wait_held_on(dep: Any, sid: str, host: str, resources: dict[str, int],
+                  timeout: float = 60) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The server's allocations and every provider's non-zero usages once the server holds
+    ``resources`` on ``host``'s provider only and nothing else is used anywhere (the
+    migration's hold on the source released)."""
+    want = {host: resources}
+    deadline = time.monotonic() + timeout
+    while True:
+        allocs = dep.allocations(sid)
+        used = {rp: u for rp, u in dep.usages().items() if any(u.values())}
+        if (allocs == want and used == want) or time.monotonic() > deadline:
+            return allocs, used
+        time.sleep(1)
+
+
+def test_cold_migrate_resize_and_live_migrate(deployment: Any) -> None:
+    """One server moved three times: a cold migration (confirmed), a resize to a bigger
+    flavor (confirmed), a live migration (``host: null``, ``block_migration: "auto"``).
+    Each time it lands on another compute, ACTIVE, and holds its flavor's resources in
+    placement on that compute's provider only."""
+    dep = deployment
+    _clean(dep)
+    name = _name()
+    dep.boot(name)
+    server = dep.wait_servers(name, 1)[0]
+    sid = server["id"]
+    hosts: list[str] = [server.get("OS-EXT-SRV-ATTR:host") or "-"]
+    seconds: dict[str, float] = {}
+    moves: list[tuple[str, dict[str, Any], bool, str]] = [
+        ("cold_migrate", {"migrate": None}, True, "shm.tiny"),
+        ("resize", {"resize": {"flavorRef": dep.flavor_ids["shm.small"]}}, True,
+         "shm.small"),
+        ("live_migrate", {"os-migrateLive": {"host": None, "block_migration": "auto"}},
+         False, "shm.small")]
+    try:
+        assert not _faults([server]), _faults([server])
+        for what, action, confirm, flavor in moves:
+            t0 = time.monotonic()
+            server = _move(dep, sid, action, confirm)
+            host = server.get("OS-EXT-SRV-ATTR:host") or "-"
+            hosts.append(host)
+            why = (f"{what}: {server['status']} on {host} (from {hosts[-2]}), fault "
+                   f"{(server.get('fault') or {}).get('message')}; migrations "
+                   f"{[(m['migration_type'], m['status'], m['dest_compute']) for m in dep.migrations(sid)]}")
+            assert server["status"] == "ACTIVE" and host != hosts[-2], why
+            assert server["flavor"]["original_name"] == flavor, \
+                f"{what}: flavor {server['flavor']['original_name']}, not {flavor}"
+            allocs, used = _wait_held_on(dep, sid, host, dep.flavor_resources(flavor))
+            seconds[what] = round(time.monotonic() - t0, 1)
+            assert allocs == {host: dep.flavor_resources(flavor)}, \
+                f"{what}: the server's allocations {allocs}, not {flavor}'s on {host}"
+            assert used == allocs, f"{what}: usages {used} beside the server's on {host}"
+    finally:
+        FIGURES[dep.mode]["moves"] = dict(hosts=hosts, seconds=seconds)
+        dep.delete_servers([server])
+
+
+def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
+    """A compute stopped (SIGTERM), then another killed (SIGKILL): once nova's API shows it
+    down (SERVICE_DOWN_TIME), servers requested one by one all go elsewhere, none fails;
+    it starts again and comes up. In drop-in mode ``shm status --verify`` converges after."""
+    dep = deployment
+    _clean(dep)
+    count = 3
+    reps: list[dict[str, Any]] = []
+    booted: list[dict[str, Any]] = []
+    try:
+        for how, host in (("stopped", dep.hosts[-1]), ("killed", dep.hosts[-2])):
+            t0 = time.monotonic()
+            if how == "stopped":
+                dep.processes[host].stop()
+            else:
+                dep.kill(host)
+            dep.wait_service_down(host)
+            t1 = time.monotonic()
+            name = _name()
+            for i in range(count):
+                dep.boot(f"{name}-{i}")
+            servers = dep.wait_servers(name, count)
+            booted += servers
+            t2 = time.monotonic()
+            dep.restart(host)
+            dep.wait_service("nova-compute", host)
+            hosts = _hosts(servers)
+            reps.append(dict(how=how, host=host, on_host=hosts.get(host, 0), servers=count,
+                             errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
+                             faults=_faults(servers)[:3],
+                             seconds=dict(down=round(t1 - t0, 1), servers=round(t2 - t1, 1),
+                                          up=round(time.monotonic() - t2, 1))))
+        if dep.mode == "dropin":
+            t3 = time.monotonic()
+            wait_until(lambda: dep.verify(timeout=30), 180,
+                       "shm status --verify to converge after the restarts")
+            FIGURES[dep.mode]["down_computes_verify_seconds"] = round(time.monotonic() - t3, 1)
+    finally:
+        for host in dep.hosts:  # a failure above may leave one down
+            if not dep.processes[host].alive():
+                dep.restart(host)
+        if booted:
+            dep.delete_servers(booted)
+        FIGURES[dep.mode]["down_computes"] = reps
+    bad = [r for r in reps if r["on_host"] or r["errors"]]
+    assert not bad, f"servers on a down compute or in ERROR: {bad}"
