@@ -13,12 +13,3 @@ if not os.environ.get("SHM_FAULTS_SEED"):
 
 def pytest_report_header(config):
     return f"shm faults seed: {os.environ['SHM_FAULTS_SEED']} (set SHM_FAULTS_SEED to repeat it)"
-
-
-def pytest_collection_finish(session):
-    """nova's functional selection starts at once, beside the rest of the suite (see
-    tests/nova_functional/test_nova_functional.py), when the session is to run it."""
-    for item in session.items:
-        if item.name == "test_nova_functional_selection_passes_with_the_drop_in":
-            item.module.start_in_background()
-            break

@@ -36,7 +36,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -145,8 +144,8 @@ def _run_side(side: str, ids: list[str], workers: int, out: Path) -> tuple[dict[
     return rows, time.monotonic() - started
 
 
-def _run_selection() -> dict:
-    """List the selection, take nova's side (recorded, or run), run the drop-in's side."""
+@pytest.mark.timeout(3600)  # both sides of the selection: minutes, not the suite's 300 s
+def test_nova_functional_selection_passes_with_the_drop_in():
     _paste_config()
     out = Path(os.environ.get("SHM_NOVA_FUNCTIONAL_OUT") or tempfile.mkdtemp(prefix="shm-nova-ft-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -168,55 +167,6 @@ def _run_selection() -> dict:
         if os.environ.get("SHM_NOVA_FUNCTIONAL_BASELINE") == "record":
             _record_baseline(ids, baseline)
     shared, shared_s = _run_side("shared", ids, workers, out)
-    return dict(out=out, workers=workers, ids=ids, recorded=recorded, baseline=baseline,
-                base_s=base_s, shared=shared, shared_s=shared_s)
-
-
-class _Background:
-    """The selection's run started as soon as collection found its test, in a thread of the
-    session (its workers are processes), so that it runs beside the rest of the suite, most of
-    which waits on brokers, databases and timers; the test collects the outcome."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.result: dict | None = None
-        self.error: BaseException | None = None
-        threading.Thread(target=self._run, name="nova-functional-selection", daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            self.result = _run_selection()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def outcome(self) -> dict:
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
-
-
-_background: _Background | None = None
-
-
-def start_in_background() -> None:
-    """Called by tests/conftest.py when the session is about to run the selection's test
-    (``SHM_NOVA_FUNCTIONAL_BACKGROUND=0``: it runs when its test's turn comes)."""
-    global _background
-    if _background is None and not SKIP and \
-            os.environ.get("SHM_NOVA_FUNCTIONAL_BACKGROUND", "1") != "0":
-        _background = _Background()
-
-
-@pytest.mark.timeout(3600)  # both sides of the selection: minutes, not the suite's 300 s
-def test_nova_functional_selection_passes_with_the_drop_in():
-    run = _background.outcome() if _background is not None else _run_selection()
-    out, workers, ids, recorded = run["out"], run["workers"], run["ids"], run["recorded"]
-    baseline, base_s, shared, shared_s = (run["baseline"], run["base_s"], run["shared"],
-                                          run["shared_s"])
     summary = {
         "selected": len(ids),
         "baseline": {o: sum(1 for r in baseline.values() if r["outcome"] == o)
