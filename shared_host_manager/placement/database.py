@@ -13,11 +13,13 @@ provider however many WSGI workers placement runs over that database:
   placement does not increment a provider's generation when an allocation on it is
   deleted (``DELETE /allocations/{consumer}``, or a consumer's allocations moved
   elsewhere), so the allocation rows' count and sum are part of it;
-* :meth:`listing` -- ``uuid -> (generation, created_at, allocation rows, sum of
-  their amounts)`` of every provider;
+* :meth:`listing` -- ``uuid -> (generation, created_at, provider id, allocation
+  rows, sum of their amounts)`` of every provider;
 * :meth:`read` -- the providers named, each in the dict form of
-  :mod:`.state` plus ``created_at`` (an ISO string, or None), all of them read
-  in one transaction, so each provider's rows are of one moment;
+  :mod:`.state` plus ``created_at`` (an ISO string, or None) and placement's
+  row ``id`` (together they tell a provider deleted and created again under
+  the same uuid from the one it replaced), all of them read in one
+  transaction, so each provider's rows are of one moment;
 * :meth:`names` -- every trait and resource class placement defines.
 
 Standard resource classes: placement keeps them in ``resource_classes`` too,
@@ -72,7 +74,7 @@ RP_AGGREGATES = sa.Table("resource_provider_aggregates", _META,
 CHUNK = 500
 
 Fingerprint = tuple[int, int, int, int, int]
-#: uuid -> (generation, created_at, allocation rows, sum of their amounts)
+#: uuid -> (generation, created_at, provider id, allocation rows, sum of their amounts)
 Listing = dict[str, tuple[Any, ...]]
 
 
@@ -119,14 +121,17 @@ class PlacementDatabase:
         return int(row[0]), int(row[1]), int(row[2]), int(arow[0]), int(arow[1])
 
     def listing(self) -> Listing:
-        """uuid -> (generation, created_at, allocation rows, sum of their amounts) of every provider."""
+        """uuid -> (generation, created_at, provider id, allocation rows, sum of their amounts) of
+        every provider.  The id tells a provider deleted and created again within ``created_at``'s
+        resolution (a second on MySQL) from the one it replaced."""
         allocs = (sa.select(ALLOCATIONS.c.resource_provider_id.label("rp"), sa.func.count().label("n"),
                             sa.func.sum(ALLOCATIONS.c.used).label("used"))
                   .group_by(ALLOCATIONS.c.resource_provider_id).subquery())
-        q = (sa.select(RP.c.uuid, RP.c.generation, RP.c.created_at, allocs.c.n, allocs.c.used)
+        q = (sa.select(RP.c.uuid, RP.c.generation, RP.c.created_at, RP.c.id, allocs.c.n, allocs.c.used)
              .select_from(RP.outerjoin(allocs, allocs.c.rp == RP.c.id)))
         with self.engine.connect() as conn:
-            return {r.uuid: (int(r.generation), _iso(r.created_at), int(r.n or 0), int(r.used or 0))
+            return {r.uuid: (int(r.generation), _iso(r.created_at), int(r.id), int(r.n or 0),
+                             int(r.used or 0))
                     for r in conn.execute(q)}
 
     # -- reading ---------------------------------------------------------------------
@@ -172,7 +177,7 @@ class PlacementDatabase:
                     "uuid": r.uuid, "name": r.name, "generation": int(r.generation),
                     "parent_provider_uuid": r.parent_uuid,
                     "root_provider_uuid": r.root_uuid or r.uuid,
-                    "created_at": _iso(r.created_at),
+                    "created_at": _iso(r.created_at), "id": int(r.id),
                     "inventories": {}, "usages": {}, "traits": [], "aggregates": []}
             ids = sorted(by_id)
             for where in self._id_filters(ids, uuids is None):

@@ -6,12 +6,12 @@ runner (:mod:`.feed_service`) asks placement's database
 fed the database's answers and the clock:
 
 * :meth:`FeedMachine.wants_listing` -- given the database's cheap
-  fingerprint, whether to list every provider's ``(generation, created_at)``:
+  fingerprint, whether to list every provider's mark:
   when the fingerprint moved, when a provider is dirty, or when
   ``full_check_interval`` passed since the last listing (a backstop: no
   change is trusted to move the fingerprint forever);
 * :meth:`plan` -- given a listing, the providers to read (new ones, and those
-  whose listed mark -- generation, ``created_at``, allocation count and sum --
+  whose listed mark -- generation, ``created_at``, row id, allocation count and sum --
   is not the one confirmed, plus
   the dirty ones; at most ``max_reads``, the rest stay dirty for the next
   poll) and the providers to delete (held, and gone from the listing);
@@ -41,13 +41,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: (generation, created_at) of a provider, as listed
-Mark = tuple[int, "str | None"]
-
-
-def mark_of(provider: Mapping[str, Any]) -> tuple[int, str | None]:
-    return int(provider["generation"]), provider.get("created_at")
-
 
 @dataclass
 class FeedStats:
@@ -73,7 +66,7 @@ class FeedMachine:
     max_reads: int = 2000
     #: uuid -> provider dict: the source's ``placement`` namespace, as handed to the reporter
     document: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: uuid -> the listing's mark (generation, created_at, ...) whose read the broker confirmed
+    #: uuid -> the listing's mark (generation, created_at, id, ...) whose read the broker confirmed
     confirmed: dict[str, Any] = field(default_factory=dict)
     #: uuid -> the mark listed when the provider was last asked to be read
     listed: dict[str, Any] = field(default_factory=dict)
@@ -153,4 +146,4 @@ class FeedMachine:
                 self.stats.published += 1
 
 
-__all__ = ["FeedMachine", "FeedStats", "mark_of"]
+__all__ = ["FeedMachine", "FeedStats"]

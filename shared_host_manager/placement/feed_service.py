@@ -12,7 +12,7 @@ the changes to the reporter; what to read and what to publish is decided by
 
 The source's document::
 
-    placement:      {provider uuid: provider dict (shared_host_manager.placement.state) + created_at}
+    placement:      {provider uuid: provider dict (shared_host_manager.placement.state) + created_at, id}
     placement_meta: {"traits": [...], "resource_classes": [...],
                      "allocation_ratio_storage": "double" | "single"}
     service:        {"endpoint": <reporter name>}      (the reporter's, for resyncs)

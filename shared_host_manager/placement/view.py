@@ -12,8 +12,9 @@ Three inputs change a provider here, each newest-generation-wins:
 
 * the feed (``apply_providers``): the provider as placement's database held it
   when the feed read it.  A provider the feed publishes with another
-  ``created_at`` than the one held was deleted and created again under the
-  same uuid: it replaces the held one whatever its generation.  One of the
+  ``created_at`` or row ``id`` than the one held was deleted and created again
+  under the same uuid (the id tells it within ``created_at``'s one-second
+  resolution on MySQL): it replaces the held one whatever its generation.  One of the
   same generation as the one held, but other content, replaces it too:
   placement does not increment a provider's generation when an allocation on
   it is deleted, so the feed publishes that provider again, read after the
@@ -96,7 +97,7 @@ class PlacementView:
                     continue
                 held = self._base.get(uuid)
                 if held is not None:
-                    if held.get("created_at") != doc.get("created_at"):
+                    if (held.get("created_at"), held.get("id")) != (doc.get("created_at"), doc.get("id")):
                         # deleted and created again: the generations start over
                         self._forget(uuid)
                         self.counters["recreated"] += 1

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import random
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -179,7 +180,7 @@ def _start(backend: str) -> RealPlacement:
             from servers import database_unavailable
 
             database_unavailable("MariaDB at 127.0.0.1:3306 is not reachable")
-        p = RealPlacement(server_url(f"shm_placement_diff_{random.randrange(1 << 30)}"))
+        p = RealPlacement(server_url(f"shm_placement_diff_{uuid.uuid4().hex[:12]}"))
     else:
         p = RealPlacement()
     for t in ("CUSTOM_FAST", "CUSTOM_SLOW", IDLE_TRAIT):
@@ -395,6 +396,7 @@ def test_candidates_equal_placement_sqlite(placements: _OneAtATime, world: list[
     run_world(placements.get("sqlite"), world, opts, requests)
 
 
+@pytest.mark.databases
 @differences_found
 @settings(max_examples=EXAMPLES["mariadb"], **_SETTINGS)
 @given(**_WORLDS)

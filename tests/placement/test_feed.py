@@ -11,7 +11,7 @@ tables say (``RealPlacement.export_state``) on SQLite and on MariaDB.
 
 from __future__ import annotations
 
-import random
+import uuid as uuid_mod
 from typing import Any
 
 import pytest
@@ -39,7 +39,7 @@ class FakeDb:
         if p is None:
             self.created += 1
             self.providers[u] = {"uuid": u, "generation": 0, "created_at": f"t{self.created}",
-                                 "usages": {"VCPU": used}}
+                                 "id": self.created, "usages": {"VCPU": used}}
         else:
             self.providers[u] = {**p, "generation": p["generation"] + 1, "usages": {"VCPU": used}}
 
@@ -50,8 +50,8 @@ class FakeDb:
         return (len(self.providers), sum(p["generation"] for p in self.providers.values()),
                 self.created)
 
-    def listing(self) -> dict[str, tuple[int, str | None]]:
-        return {u: (p["generation"], p["created_at"]) for u, p in self.providers.items()}
+    def listing(self) -> dict[str, tuple[int, str | None, int]]:
+        return {u: (p["generation"], p["created_at"], p["id"]) for u, p in self.providers.items()}
 
 
 
@@ -121,7 +121,7 @@ def test_an_unconfirmed_publish_is_read_and_published_again() -> None:
     read, _ = m.plan(db.listing(), db.fingerprint(), 3.0)
     assert read == [uuid(1)]
     m.published(m.changes(read, db.providers, []), True)
-    assert not m.dirty and m.confirmed[uuid(1)] == (1, "t1")
+    assert not m.dirty and m.confirmed[uuid(1)] == (1, "t1", 1)
 
 
 def test_recreated_under_the_same_uuid_is_read_again() -> None:
@@ -139,12 +139,28 @@ def test_recreated_under_the_same_uuid_is_read_again() -> None:
     assert read == [uuid(1)] and deleted == []
 
 
+def test_recreated_within_the_same_second_at_the_same_generation_is_read_again() -> None:
+    """MySQL keeps created_at to the second: the row id tells the new provider from the old."""
+    db = FakeDb()
+    db.change(1, 1)
+    m = FeedMachine()
+    m.start({}, None, 0.0)
+    published: dict[str, Any] = {}
+    poll(m, db, 0.5, True, published)
+    assert m.confirmed[uuid(1)] == (0, "t1", 1) and not m.dirty
+    db.delete(1)
+    db.change(1, 1)
+    db.providers[uuid(1)]["created_at"] = "t1"  # the same second as the deleted one
+    read, deleted = m.plan(db.listing(), db.fingerprint(), 1.0)
+    assert read == [uuid(1)] and deleted == []
+
+
 # -- the SQL reader against placement's tables -----------------------------------------------
 
 placement_real = pytest.importorskip("simulator.placement_real")
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "mariadb"])
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("mariadb", marks=pytest.mark.databases)])
 def test_the_reader_reads_what_placement_holds(backend: str) -> None:
     pytest.importorskip("placement.deploy")
     from shared_host_manager.placement.database import PlacementDatabase
@@ -155,7 +171,7 @@ def test_the_reader_reads_what_placement_holds(backend: str) -> None:
 
             database_unavailable("MariaDB at 127.0.0.1:3306 is not reachable")
         p = placement_real.RealPlacement(placement_real.server_url(
-            f"shm_feed_reader_{random.randrange(1 << 30)}"))
+            f"shm_feed_reader_{uuid_mod.uuid4().hex[:12]}"))
     else:
         p = placement_real.RealPlacement()
     db = None
@@ -184,16 +200,19 @@ def test_the_reader_reads_what_placement_holds(backend: str) -> None:
                     for q in p.export_state()["providers"]}
         got = db.read_all()
         assert all(g["created_at"] for g in got.values())
-        assert {u: {k: v for k, v in g.items() if k != "created_at"} for u, g in got.items()} == expected
+        assert len({g["id"] for g in got.values()}) == len(got)
+        assert {u: {k: v for k, v in g.items() if k not in ("created_at", "id")}
+                for u, g in got.items()} == expected
         assert db.read([uuid(2), uuid(9)]) == {uuid(2): got[uuid(2)]}
         assert {u: m[:2] for u, m in db.listing().items()} == {
             u: (g["generation"], g["created_at"]) for u, g in got.items()}
-        assert db.listing()[uuid(2)][2:] == (2, 4)
+        assert db.listing()[uuid(2)][2:] == (got[uuid(2)]["id"], 2, 4)
         fp = db.fingerprint()
         # placement does not increment the generation when an allocation is deleted
         p.ok("DELETE", "/allocations/11111111-1111-4111-8111-111111111111")
         assert db.fingerprint() != fp
-        assert db.listing()[uuid(2)] == (got[uuid(2)]["generation"], got[uuid(2)]["created_at"], 0, 0)
+        assert db.listing()[uuid(2)] == (got[uuid(2)]["generation"], got[uuid(2)]["created_at"],
+                                     got[uuid(2)]["id"], 0, 0)
         traits, rcs = db.names()
         assert "CUSTOM_FAST" in traits and {"CUSTOM_GOLD", "VCPU"} <= set(rcs)
         assert db.allocation_ratio_storage == ("single" if backend == "mariadb" else "double")

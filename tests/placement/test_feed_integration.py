@@ -21,7 +21,6 @@ a missing one fail).
 from __future__ import annotations
 
 import json
-import random
 import threading
 import uuid as uuid_mod
 from collections.abc import Callable, Iterator, Mapping
@@ -90,7 +89,7 @@ def placement() -> Iterator[RealPlacement]:
         from servers import database_unavailable
 
         database_unavailable("MariaDB at 127.0.0.1:3306 is not reachable")
-    p = RealPlacement(server_url(f"shm_feed_it_{random.randrange(1 << 30)}"))
+    p = RealPlacement(server_url(f"shm_feed_it_{uuid_mod.uuid4().hex[:12]}"))
     try:
         p.ok("PUT", "/traits/CUSTOM_FAST")
         for i, u in enumerate(CN):
@@ -217,7 +216,9 @@ def converge(p: RealPlacement, *schedulers: SchedulerService, what: str) -> None
     try:
         wait_for(equal, CONVERGE, what)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {last}") from None
+        # what placement itself holds, to tell a wrong view from a placement that lost state
+        held = {r["uuid"]: r["generation"] for r in p.ok("GET", "/resource_providers")["resource_providers"]}
+        raise AssertionError(f"{exc}: {last}; placement on {p.db_url} holds {held}") from None
 
 
 def generation(p: RealPlacement, u: str) -> int:

@@ -72,6 +72,11 @@ def test_newest_generation_wins_deletion_and_recreation() -> None:
     view.apply_providers({uuid(1): prov(1, gen=0, used=8, created_at="t1")}, clock.now)
     assert uuids(view.answer(Q, MV)) == []
     assert view.counters["recreated"] == 1
+    # again within created_at's resolution (a second on MySQL): placement's row id tells it
+    view.apply_providers({uuid(1): prov(1, gen=4, created_at="t1", id=1)}, clock.now)
+    view.apply_providers({uuid(1): prov(1, gen=0, used=8, created_at="t1", id=2)}, clock.now)
+    assert uuids(view.answer(Q, MV)) == []
+    assert view.counters["recreated"] == 3
 
 
 def test_own_claims_count_until_a_newer_generation_arrives() -> None:
