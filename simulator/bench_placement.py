@@ -180,7 +180,7 @@ def run(counts: list[int], db: str, memory_requests: int, placement_requests: in
             progress(f"{n} providers: placement done")
         finally:
             placement.close()
-        size = {
+        size: dict[str, Any] = {
             "providers": n, "state_build_s": build_s, "agree": f"{agree}/{placement_requests}",
             "candidates_median": statistics.median(returned),
             "memory_wall_ms": _stats(mem_wall), "memory_cpu_ms": _stats(mem_cpu),

@@ -45,7 +45,7 @@ from typing import Any
 
 from protocol import codec
 from protocol.document import SET, Document, digest
-from protocol.messages import PROTOCOL_VERSION, Batch, Claim, Delta
+from protocol.messages import PROTOCOL_VERSION, Batch, Claim, ClaimResult, DataItem, Delta
 from protocol.receiver import ReceiverMachine
 from protocol.signing import Keyring
 from protocol.source import SourceMachine, next_epoch
@@ -163,7 +163,7 @@ class Workload:
             self.snapshot_bytes.append(encoder.encode(snap))
             snapshot_sizes.append(len(codec.encode(snap)))
 
-        self.items: list[Delta] = []
+        self.items: list[DataItem] = []  # the deltas, as a Batch holds its items
         kinds = {"field": 0, "boot": 0, "delete": 0}
         single: list[list[int]] = [[] for _ in range(hosts)]  # sizes of single-field deltas
         single_signed: list[int] = []
@@ -183,7 +183,9 @@ class Workload:
                               {"vcpus": flavor[0], "memory_mb": flavor[1], "disk_gb": flavor[2]},
                               _uuid(rng))
                 sends = sm.handle_claim(claim, now)
-                if not sends[-1].message.accepted:  # the host is full: free one instead
+                answer = sends[-1].message
+                assert type(answer) is ClaimResult  # handle_claim's last send answers the claim
+                if not answer.accepted:  # the host is full: free one instead
                     kind = "delete"
                     sends = self._delete(sm, rng, now)
             elif r < boot_fraction:

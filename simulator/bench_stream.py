@@ -53,6 +53,7 @@ def _planes(args: dict[str, Any]):
 def _reporter_proc(args: dict[str, Any], stop: Any, ready: Any, out: str) -> None:
     from compute_reporter.service import ReporterService
     from compute_reporter.tracker import SimulatedTracker
+    from protocol.messages import Batch, Send
 
     data, control = _planes(args)
     tracker = SimulatedTracker(args["sources"], seed=1, prefix="bench",
@@ -79,15 +80,15 @@ def _reporter_proc(args: dict[str, Any], stop: Any, ready: Any, out: str) -> Non
             if fresh and machine.has_pending:
                 first_change[key] = t
 
-        def send(batches: list, control_sends: list) -> None:
+        def send(batches: list[Batch], control: list[Send]) -> None:
             items[0] += sum(len(b.items) for b in batches)
             items[1] += len(batches)
-            orig_send(batches, control_sends)
+            orig_send(batches, control)
 
-        manager.change = change  # type: ignore[method-assign]
-        service._send = send  # type: ignore[method-assign]
+        manager.change = change  # type: ignore[method-assign]  # wrapped in place, to count and time
+        service._send = send  # type: ignore[method-assign]  # wrapped in place, to count and time
 
-    service.start = start  # type: ignore[method-assign]
+    service.start = start  # type: ignore[method-assign]  # wrapped in place, to count and time
     service.start()
     ready.put(("reporter", tracker.hosts()))
     t0 = time.time()
@@ -130,7 +131,7 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
                         applied.append((item.source, item.epoch, item.seq, t))
         return sends
 
-    receiver.receive = receive  # type: ignore[method-assign]
+    receiver.receive = receive  # type: ignore[method-assign]  # wrapped in place, to count and time
     started = time.time()
     service.start()
     all_held = None

@@ -348,6 +348,7 @@ class ProcessSimulation(Simulation):
         settings = self._mode_settings()
         ctx = mp.get_context("spawn")
         m, p = len(settings), cfg.processes
+        assert p is not None  # __init__ refuses a run without scheduler processes
         run = {"transport": cfg.transport, "suffix": self.transport.suffix, "seed": cfg.seed,
                "sources": sorted(self.cloud.documents),
                "ownership": cfg.peer_ownership, "schedulers": len(settings)}

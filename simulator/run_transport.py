@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import uuid
 
+from transport.base import ControlPlane, DataPlane
 from transport.inprocess import InProcessBus
 
 
@@ -27,6 +28,8 @@ class RunTransport:
         #: the servers' own queues (``<topic>.<server>``), deleted with the stream and topics
         self.queues: list[str] = []
         self.bus: InProcessBus | None = None
+        self.data: DataPlane
+        self.control: ControlPlane
         if spec in ("fake", "inprocess"):
             self.bus = InProcessBus(threaded=True)
             self.data = self.control = self.bus

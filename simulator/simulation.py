@@ -273,7 +273,9 @@ class _NoValidHostChecker:
                     self._cond.wait()
                 if self._closed:
                     return
-                spec, decided_at, held = self._slot  # type: ignore[misc]
+                slot = self._slot
+                assert slot is not None  # the wait ends with a slot, or closed
+                spec, decided_at, held = slot
             start = time.monotonic()
             try:
                 self._check(spec, decided_at, held)
@@ -475,7 +477,7 @@ class Simulation:
                     sched.engine.index.sync()
 
     def _published_versions(self) -> dict[str, tuple[int, int]]:
-        out = {}
+        out: dict[str, tuple[int, int]] = {}
         for reporter in self.reporters:
             with reporter.manager._lock:
                 out.update((s, m.version) for s, m in reporter.manager.machines.items())
@@ -678,10 +680,12 @@ class Simulation:
             return wait_until(same, timeout, "the shared views to converge")
         # database modes: the database must hold every source's state, and each
         # scheduler's view must be what it read from it
+        db = self.db
+        assert db is not None  # the database modes open it with their reporters
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             truth = self._truth()
-            rows = {s: (e, q) for s, e, q, _ in self.db.read_hosts()}  # type: ignore[union-attr]
+            rows = {s: (e, q) for s, e, q, _ in db.read_hosts()}
             if all(rows.get(s) == (e, q) for s, (e, q, _) in truth.items()):
                 break
             time.sleep(0.1)

@@ -22,7 +22,7 @@ from protocol.document import SET, Document
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
 
 #: name, vcpus, memory_mb, root_gb, weight, extra_specs
-FLAVORS = (
+FLAVORS: tuple[tuple[str, int, int, int, int, dict[str, str]], ...] = (
     ("m1.small", 1, 2048, 20, 30, {}),
     ("m1.medium", 2, 4096, 40, 30, {}),
     ("m1.large", 4, 8192, 80, 20, {}),

@@ -1,10 +1,10 @@
 """The typed contracts hold: mypy runs with the tests (mypy.ini), so CI enforces them.
 
-Checked: protocol, transport, compute_reporter, shared_host_manager (not its
-nova/ glue) and shm_cli — among them the filter and weigher contract
-(decision/filters, decision/weights), the observers and the transport
-Protocols at the services' edges.  The cache (``.mypy_cache``, see mypy.ini)
-makes a run after a small change take about a second.
+Checked: every package — protocol, transport, compute_reporter,
+shared_host_manager (its nova/ glue too), shm_cli and simulator — among them the
+filter and weigher contract (decision/filters, decision/weights), the observers
+and the transport Protocols at the services' edges.  The cache (``.mypy_cache``,
+see mypy.ini) makes a run after a small change take about a second.
 """
 
 import os

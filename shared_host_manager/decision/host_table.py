@@ -116,9 +116,12 @@ def pending_numbers(numbers: Sequence[float], resources: Mapping[str, int], clai
 class HostTable(Protocol):
     """What the vector forms read of a decision's hosts (see the module docstring)."""
 
-    #: rows whose host object nova's manager has used (its numbers may differ from the
-    #: columns now): the forms leave these to nova's classes, one by one
-    touched: Collection[int]
+    @property
+    def touched(self) -> Collection[int]:
+        """Rows whose host object nova's manager has used (its numbers may differ from the
+        columns now): the forms leave these to nova's classes, one by one."""
+        ...
+
     #: whether :meth:`group_answers` keeps answers (else it is not worth making a key)
     keeps_group_answers: bool
 

@@ -215,7 +215,7 @@ def install(role: str, stream_conf: Callable[[], Any], *, publish_timeout: float
                                   lock_dir=lock_dir)
         atexit.register(_publisher.stop)
         try:
-            import uwsgi  # type: ignore[import-not-found]  # only inside uWSGI
+            import uwsgi  # only inside uWSGI
 
             previous = getattr(uwsgi, "atexit", None)
 
@@ -226,7 +226,7 @@ def install(role: str, stream_conf: Callable[[], Any], *, publish_timeout: float
                     previous()
 
             uwsgi.atexit = at_exit
-            from uwsgidecorators import postfork  # type: ignore[import-not-found]
+            from uwsgidecorators import postfork
 
             publisher_ = _publisher
 

@@ -242,7 +242,7 @@ def _record_time(record: Any) -> float:
 def _stamp(entry: dict[str, Any]) -> float:
     """An entry's ``changed``; a malformed one counts as oldest instead of failing requests."""
     changed = entry.get("changed")
-    return float(changed) if type(changed) in (int, float) else 0.0
+    return float(changed) if type(changed) is int or type(changed) is float else 0.0
 
 
 def is_api_source(doc: Any) -> bool:
@@ -285,7 +285,7 @@ def install(source: ApiStateSource) -> None:
             return result
 
         wrapper.__name__ = name
-        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]  # functools.wraps' marker, set by hand
         setattr(cls, name, wrapper)
         _installed[f"{cls.__name__}.{name}"] = (cls, name, original)
 

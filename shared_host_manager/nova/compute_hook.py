@@ -417,9 +417,11 @@ def install(hook: ComputeHook | None = None, *, resource_tracker_cls: Any = None
     restores the originals.
     """
     if resource_tracker_cls is None:
-        from nova.compute.resource_tracker import ResourceTracker as resource_tracker_cls
+        from nova.compute.resource_tracker import ResourceTracker
+        resource_tracker_cls = ResourceTracker
     if compute_manager_cls is None:
-        from nova.compute.manager import ComputeManager as compute_manager_cls
+        from nova.compute.manager import ComputeManager
+        compute_manager_cls = ComputeManager
 
     uninstall()
     _default[:] = [hook] if hook is not None else []
@@ -456,7 +458,7 @@ def install(hook: ComputeHook | None = None, *, resource_tracker_cls: Any = None
                         calls[-1][2].extend(contexts)
         wrapper.__name__ = name
         wrapper.__doc__ = method.__doc__
-        wrapper.__wrapped__ = method  # type: ignore[attr-defined]
+        wrapper.__wrapped__ = method  # type: ignore[attr-defined]  # functools.wraps' marker, set by hand
         return wrapper
 
     def set_host_enabled(manager: Any, context: Any, enabled: bool) -> Any:
@@ -470,8 +472,8 @@ def install(hook: ComputeHook | None = None, *, resource_tracker_cls: Any = None
             LOG.exception("shared host manager hook failed on set_host_enabled")
         return result
 
-    _update.__wrapped__ = original_update  # type: ignore[attr-defined]
-    set_host_enabled.__wrapped__ = original_enabled  # type: ignore[attr-defined]
+    _update.__wrapped__ = original_update  # type: ignore[attr-defined]  # functools.wraps' marker, set by hand
+    set_host_enabled.__wrapped__ = original_enabled  # type: ignore[attr-defined]  # functools.wraps' marker, set by hand
     publics = {name: value for name, value in vars(resource_tracker_cls).items()
                if not name.startswith("_") and inspect.isfunction(value)}
     for name, value in publics.items():

@@ -260,7 +260,7 @@ class SharedHostManagerFixture(_FixtureBase):
         with self._lock:
             self.schedulers.append(service)
             if recorder is not None:
-                self.logs.append(os.path.join(self.record_dir, f"scheduler-{name}.ulog"))
+                self.logs.append(os.path.join(recorder.directory, f"scheduler-{name}.ulog"))
         self.sync()
         return service.cache
 

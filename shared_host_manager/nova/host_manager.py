@@ -94,7 +94,7 @@ import logging
 import threading
 import time
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -195,17 +195,17 @@ class LazyHostState(SharedHostState):
         d.update(full)
         d.update(preset)
 
-    @property  # type: ignore[override]
+    @property
     def instances(self) -> dict[str, Any]:
         if "_tpl" not in self.__dict__:
             self._materialize()
-        return SharedHostState.instances.fget(self)  # type: ignore[attr-defined]
+        return super().instances
 
     @instances.setter
     def instances(self, value: dict[str, Any]) -> None:
         self.__dict__["_instances"] = value
 
-    @property  # type: ignore[override]
+    @property
     def updated(self) -> datetime.datetime | None:
         if "_tpl" not in self.__dict__:
             self._materialize()
@@ -267,7 +267,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         self.instance_hint_ttl = _INSTANCE_HINT_TTL
         self.counters: Counter[str] = Counter()
         #: seconds spent per phase ("host_states", "filter", "weigh"), for benchmarks and metrics
-        self.phase_seconds: Counter[str] = Counter()
+        self.phase_seconds: defaultdict[str, float] = defaultdict(float)
         #: the wall clock (nova's service liveness is wall time); replay sets the recorded one
         self.wall_clock: Callable[[], float] = time.time
         #: this manager's steps in the cache's update log, if it has one (decision_log.py)
@@ -317,7 +317,7 @@ class SharedHostManager(nova_host_manager.HostManager):
             uuids.add(self.default_cell_uuid)
         self.cells = {u: objects.CellMapping(uuid=u, name=u, disabled=False) for u in sorted(uuids)}
         self.enabled_cells = list(self.cells.values())
-        self.host_to_cell_uuid = {}
+        self.host_to_cell_uuid: dict[str, str] = {}
 
     def _init_aggregates(self) -> None:
         """nova loads every aggregate from the API DB here; ours come with the stream."""
@@ -359,9 +359,10 @@ class SharedHostManager(nova_host_manager.HostManager):
                        self._inst_hints)
             uuids = list(sources) if compute_uuids is None else compute_uuids
             held = kept.held.get
-            entries = [held(u) for u in uuids]
-            for i in [i for i, e in enumerate(entries) if e is None]:
-                entries[i] = self._entry(uuids[i], sources.get(uuids[i]), api, now, kept)
+            found = [held(u) for u in uuids]
+            # every kept entry is looked up before the first new one is kept
+            entries = [self._entry(u, sources.get(u), api, now, kept) if e is None else e
+                       for u, e in zip(uuids, found, strict=True)]
             entries = [e for e in entries if e is not SKIP]
             if only_cell is not None:
                 entries = [e for e in entries if e[0][0].cell_uuid == only_cell]
@@ -394,6 +395,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         """(get_filtered_hosts' answer, the request rows the hosts are, if they are ours)."""
         hosts = vector.take_over(hosts)
         idx: list[int] | None = None
+        rows: vector.HostRows | None
         if type(hosts) is vector.HostRows:
             rows = hosts
             hosts = rows.shells[rows._pos:]

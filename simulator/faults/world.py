@@ -283,6 +283,7 @@ class Scheduler:
         receiver = ReceiverMachine(self.name, planted=w.planted, **RECEIVER)  # type: ignore[arg-type]
         cache = HostStateCache(receiver, self._send, decoder=self.decoder,
                                clock=lambda: self.local(w.now))
+        recorder: Recorder | None = None
         if w.record_dir is not None:
             recorder = Recorder(w.record_dir, checkpoint_interval=1.0)
             cache.set_recorder(recorder)
@@ -293,8 +294,8 @@ class Scheduler:
         config = SchedulerConfig()
         self.engine = DecisionEngine(receiver, self._send_claim, config=config,
                                      rng=random.Random(w.rng.getrandbits(32)))
-        if cache.recorder is not None:
-            self.engine.set_observer(cache.recorder)  # type: ignore[arg-type]
+        if recorder is not None:  # the cache's recorder logs the decisions too
+            self.engine.set_observer(recorder)
         self.tracker = RequestTracker(self.engine, keep_finished=16)
         cache.ingest_listeners.append(self._on_ingest)
         self.next_save = self.local(now) + SNAPSHOT_INTERVAL
@@ -745,13 +746,13 @@ class Checker:
                 key = (item.source, item.epoch, item.seq)
                 if key in pub.digests:
                     continue
-                doc = pub.docs.get((item.source, item.epoch))
-                if doc is None or (item.source, item.epoch, item.seq - 1) not in pub.digests:
+                prior = pub.docs.get((item.source, item.epoch))
+                if prior is None or (item.source, item.epoch, item.seq - 1) not in pub.digests:
                     self.violate("view_exact", f"{item.source} published delta {item.epoch}:{item.seq} "
                                                "without its predecessor")
                     continue
-                apply_ops(doc, item.ops)
-                pub.digests[key] = digest(doc)
+                apply_ops(prior, item.ops)
+                pub.digests[key] = digest(prior)
                 pub.times.setdefault(item.source, []).append((self.world.now, (item.epoch, item.seq)))
 
     def verdict(self, result: ClaimResult) -> None:
@@ -802,10 +803,10 @@ class Checker:
                 continue
             for host, machine in r.manager.machines.items():
                 # usage changes only with a change or a claim, each published at once
-                key = (machine.epoch, machine.seq, machine.has_pending)
-                if self._usage_checked.get(host) == key:
+                state = (machine.epoch, machine.seq, machine.has_pending)
+                if self._usage_checked.get(host) == state:
                     continue
-                self._usage_checked[host] = key
+                self._usage_checked[host] = state
                 over = overcommitted(machine.document.get(COMPUTE, {}))
                 if over:
                     self.violate("no_overcommit", f"{host} overcommitted in {over}")
@@ -896,8 +897,8 @@ class Checker:
                 continue
             result = replay(parts)
             if not result.ok or result.damage is not None:
-                first = (result.mismatches or result.effect_mismatches or result.decision_diffs
-                         or [str(result.damage)])[0]
+                problems = result.mismatches or result.effect_mismatches or result.decision_diffs
+                first = problems[0] if problems else str(result.damage)
                 self.violate("replay", f"{os.path.basename(base)}: {first}")
 
 

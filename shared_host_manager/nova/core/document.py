@@ -163,7 +163,8 @@ def pci_namespace(pools: Any) -> dict[str, Any]:
 def pci_pools_from_namespace(ns: Mapping[str, Any] | None) -> Any:
     """The PciDevicePoolList of a ``pci`` namespace, in the order the compute reported."""
     pools = []
-    for key in sorted(ns or ()):
+    ns = ns or {}
+    for key in sorted(ns):
         entry = ns[key]
         if type(entry) is dict:
             pools.append(objects.PciDevicePool(**{f: entry[f] for f in _POOL_FIELDS if f in entry}))
@@ -186,7 +187,8 @@ def metrics_namespace(metrics_json: str | None) -> dict[str, Any]:
 def metrics_json_from_namespace(ns: Mapping[str, Any] | None) -> str:
     """ComputeNode.metrics again (sorted by name); entries that are not maps are skipped."""
     entries = []
-    for name in sorted(ns or ()):
+    ns = ns or {}
+    for name in sorted(ns):
         value = ns[name]
         if type(value) is not dict:  # a non-nova source publishing bare numbers
             continue
@@ -317,7 +319,7 @@ def service_namespace(service: Any) -> dict[str, Any]:
         return {"disabled": False, "forced_down": False}
     get = service.get if isinstance(service, Mapping) else (
         lambda k, d=None: getattr(service, k) if service.obj_attr_is_set(k) else d)
-    ns = {
+    ns: dict[str, Any] = {
         "disabled": bool(get("disabled", False)),
         "forced_down": bool(get("forced_down", False)),
     }

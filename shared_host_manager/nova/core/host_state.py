@@ -114,6 +114,11 @@ class SharedHostState(nova_host_manager.HostState):
     sets).  Reads like nova's HostState; writes stay in this object.
     """
 
+    # nova's NUMATopology and PciDeviceStats (None when the host has none), untyped there;
+    # the template supplies them, consume_from_request replaces them with its copies
+    numa_topology: Any
+    pci_stats: Any
+
     @classmethod
     def _make(cls, tpl: _Template, view: Any, manager: Any,
               wall_offset: float, api_service: dict[str, Any] | None = None,

@@ -273,7 +273,7 @@ class IndexTable:
         kept = alike.get(("derived", key), alike)
         if kept is alike:
             kept = alike[("derived", key)] = derive()
-        return kept  # type: ignore[no-any-return]
+        return kept
 
     def aggregates(self, row: int) -> tuple[Any, ...]:
         index = self.index
@@ -350,7 +350,7 @@ class IndexTable:
         return hs
 
     def row_of(self, host: Any) -> int:
-        return host.__dict__["_index_row"]  # type: ignore[no-any-return]
+        return host.__dict__["_index_row"]
 
     def _template(self, row: int) -> Any:
         source = self.index.sources[row]

@@ -120,21 +120,23 @@ class _NovaRequest:
         per filter and instance; the engagement of a class that reads nothing set per
         instance is kept for all requests alike (``vector.engaged_key``)."""
         self.spec(instance=False)  # a new instance asks its forms again
-        answer = self._forms.get(id(f), self)
-        if answer is self:
-            if type(f) not in vector.VECTOR_FILTERS or not vector.is_base_filter_all(f):
-                answer = None
-            else:
-                key = vector.engaged_key(f)
-                answer = None if key is None else self.alike.get(("engaged", key))
-                if answer is None:
-                    # what an engagement reads per instance is its group's: without one, nothing
-                    answer = vector.engaged(f, self.spec(
-                        key is None and self.req.instance_group is not None))
-                    if key is not None:
-                        self.alike[("engaged", key)] = answer
-            self._forms[id(f)] = answer
-        return answer  # type: ignore[return-value]
+        forms = self._forms
+        if id(f) in forms:
+            return forms[id(f)]
+        answer: bool | None
+        if type(f) not in vector.VECTOR_FILTERS or not vector.is_base_filter_all(f):
+            answer = None
+        else:
+            key = vector.engaged_key(f)
+            answer = None if key is None else self.alike.get(("engaged", key))
+            if answer is None:
+                # what an engagement reads per instance is its group's: without one, nothing
+                answer = vector.engaged(f, self.spec(
+                    key is None and self.req.instance_group is not None))
+                if key is not None:
+                    self.alike[("engaged", key)] = answer
+        self._forms[id(f)] = answer
+        return answer
 
     def rows(self) -> Any:
         """The rows a filter's vector form is asked about: those the filters before it left."""

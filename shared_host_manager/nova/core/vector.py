@@ -62,7 +62,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -248,7 +248,7 @@ class Store:
         return rec
 
 
-class Hosts(list):  # type: ignore[type-arg]
+class Hosts(list[Any]):
     """get_filtered_hosts' answer: the hosts, and which request rows they are."""
 
     rows: HostRows
@@ -262,7 +262,7 @@ class HostRows:
     through that interface only.
     """
 
-    def __init__(self, manager: Any, store: Store, wall_offset: float, shell_cls: type,
+    def __init__(self, manager: Any, store: Store, wall_offset: float, shell_cls: type[object],
                  pending_effect: Callable[[Any, Any], PendingEffect]) -> None:
         self.manager = manager
         self.store = store
@@ -387,7 +387,7 @@ class HostRows:
         return out
 
     def value_count(self, name: str) -> int:
-        return self._cols["n:" + name]  # type: ignore[no-any-return]
+        return self._cols["n:" + name]
 
     def value_answers(self, name: str, key: Any) -> None:
         return None  # rows of one request: nothing outlives it
@@ -433,10 +433,10 @@ class HostRows:
         return self.tpls[row].host
 
     def nodename(self, row: int) -> str:
-        return self.tpls[row].attrs["nodename"]  # type: ignore[no-any-return]
+        return self.tpls[row].attrs["nodename"]
 
     def cell_uuid(self, row: int) -> str | None:
-        return self.tpls[row].cell_uuid  # type: ignore[no-any-return]
+        return self.tpls[row].cell_uuid
 
     def aggregates(self, row: int) -> list[Any]:
         return self.aggs[row]
@@ -453,7 +453,7 @@ class HostRows:
         return self.shells[row]
 
     def row_of(self, host: Any) -> int:
-        return host.__dict__["_row"]  # type: ignore[no-any-return]
+        return host.__dict__["_row"]
 
 
 def node_uuid(host: Any) -> str:
@@ -480,7 +480,7 @@ class Probe:
 
     __slots__ = ("aggregates", "host", "nodename")
 
-    def __init__(self, aggregates: list[Any], host: str, nodename: str) -> None:
+    def __init__(self, aggregates: Sequence[Any], host: str, nodename: str) -> None:
         self.aggregates = aggregates
         self.host = host
         self.nodename = nodename
@@ -492,7 +492,7 @@ class Probe:
 class MetricsProbe(Probe):
     __slots__ = ("metrics",)
 
-    def __init__(self, aggregates: list[Any], host: str, nodename: str, metrics: Any) -> None:
+    def __init__(self, aggregates: Sequence[Any], host: str, nodename: str, metrics: Any) -> None:
         super().__init__(aggregates, host, nodename)
         self.metrics = metrics
 
@@ -514,7 +514,9 @@ def take_over(hosts: Any) -> Any:
     nova's candidates attached to copy lazily; anything else unchanged."""
     if inspect.isgenerator(hosts) and inspect.getgeneratorstate(hosts) == inspect.GEN_CREATED \
             and hosts.gi_code in _nova_generator_codes():
-        local = hosts.gi_frame.f_locals
+        frame = hosts.gi_frame
+        assert frame is not None  # an unstarted generator has its frame
+        local = frame.f_locals
         inner = local.get("hosts_gen")
         if type(inner) is HostRows and inner._pos == 0 and "alloc_reqs_by_rp_uuid" in local:
             inner.alloc_reqs = local["alloc_reqs_by_rp_uuid"]
@@ -656,7 +658,8 @@ def _capability_names(spec: Any) -> tuple[str, ...]:
 
 
 def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    names, extra_specs = rows.derived(type(f), lambda: (
+    cls: type = type(f)  # as type: mypy does not take type[X] for Hashable
+    names, extra_specs = rows.derived(cls, lambda: (
         _capability_names(spec), tuple(sorted(spec.flavor.extra_specs.items()))))
     for name in names:
         # a number this scheduler's claims change, or a per-request attribute: per host
@@ -792,7 +795,8 @@ def _aggregates_key(f: Any, spec: Any) -> Hashable | None:
 
 
 def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    key = rows.derived(type(f), lambda: _aggregates_key(f, spec))
+    cls: type = type(f)  # as type: mypy does not take type[X] for Hashable
+    key = rows.derived(cls, lambda: _aggregates_key(f, spec))
     return _per_group(rows, idx, key, lambda host: bool(f._filter_one(host, spec)))
 
 
@@ -923,7 +927,7 @@ def engaged_key(f: Any) -> Hashable | None:
     the same for every instance (its flavor, image, hints, group policy): requests alike
     may share the answer under this key.  None: it reads what is set per instance (of
     that, only the group's)."""
-    cls = type(f)
+    cls: type = type(f)  # as type: mypy does not take type[X] for Hashable
     if cls is affinity_filter.ServerGroupAffinityFilter:
         return None  # engaged once the group has hosts
     if cls is image_props_filter.ImagePropertiesFilter:

@@ -161,8 +161,8 @@ class StepReplayer:
         values = {(g if g != "DEFAULT" else None, k): v
                   for g, opts in (data.get("nova") or {}).items() for k, v in opts.items()}
         for key, value in self.options.items():
-            group, _, name = key.rpartition(".")
-            group_name = None if group in ("", "DEFAULT") else group
+            prefix, _, name = key.rpartition(".")
+            group_name = None if prefix in ("", "DEFAULT") else prefix
             opt = conf._get_opt_info(name, group_name)["opt"]  # an unknown option: NoSuchOptError
             values[(group_name, name)] = opt.type(value) if isinstance(value, str) else value
         for (group, name), value in values.items():

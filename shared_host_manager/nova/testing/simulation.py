@@ -57,6 +57,7 @@ process; the simulator runs each in a process of its own), then
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import threading
@@ -113,7 +114,7 @@ class _Phase:
 def _timed_host_manager(base: type) -> type:
     """``base`` (nova's HostManager or SharedHostManager) with its decision phases timed."""
 
-    class Timed(base):  # type: ignore[misc, valid-type]
+    class Timed(base):
         def get_host_states_by_uuids(self, context: Any, compute_uuids: Any, spec_obj: Any) -> Any:
             with _Phase("host_states"):
                 return super().get_host_states_by_uuids(context, compute_uuids, spec_obj)
@@ -140,7 +141,7 @@ def _report_client_class(shared: bool = False) -> type:
 
         base = SharedReportClient
 
-    class TimedReportClient(base):  # type: ignore[valid-type,misc]
+    class TimedReportClient(base):
         """The scheduler's two placement calls timed; ``GET /allocation_candidates`` placement
         served counted (the candidates phase is ``placement_query`` when placement answered,
         ``memory_candidates`` when the view did); refused claims and provider generation
@@ -521,8 +522,8 @@ class NovaCloud:
             if mode == "shared":
                 cls = _timed_host_manager(shm.SharedHostManager)
                 cache = self.services[i].cache
-                hm: Callable[[], Any] = lambda cls=cls, cache=cache: cls(
-                    cache, default_cell_uuid=cell_uuid, host_ownership=host_ownership)
+                hm: Callable[[], Any] = functools.partial(
+                    cls, cache, default_cell_uuid=cell_uuid, host_ownership=host_ownership)
             else:
                 from nova.scheduler import host_manager as nova_hm
 
