@@ -13,7 +13,8 @@ bound (a wait, not a timing assertion).
 
 Faults go through explicit interfaces: the feed's ``confirm`` seam (a publish
 the broker did not confirm, or a confirm that raises), stopping and starting
-the services.  Needs RabbitMQ at 127.0.0.1:5672 and MariaDB at 127.0.0.1:3306
+the services, and SIGKILL of placement's own uWSGI workers while claims are in
+flight (the one test that runs placement's API as processes).  Needs RabbitMQ at 127.0.0.1:5672 and MariaDB at 127.0.0.1:3306
 (skipped without them; SHM_REQUIRE_RABBITMQ=1 / SHM_REQUIRE_DATABASES=1 make
 a missing one fail).
 """
@@ -21,9 +22,16 @@ a missing one fail).
 from __future__ import annotations
 
 import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import uuid as uuid_mod
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -412,3 +420,120 @@ def test_a_scheduler_started_after_the_feed_gets_the_whole_state(placement: Real
     bus.start(late)
     converge(p, late, what="a cold scheduler's view")
     assert late.placement_view.status()["providers"] == 3
+
+
+# -- placement's own processes -------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (uWSGI's workers of its master)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    # the command may hold spaces and parentheses: the fields follow the last ')'
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def test_a_placement_worker_killed_mid_request_loses_nothing(placement: RealPlacement,
+                                                             database: PlacementDatabase,
+                                                             bus: Bus, tmp_path: Path) -> None:
+    """placement's API under uWSGI (two workers, as operators run it) on the test's database,
+    claims sent to it from four threads while its workers are killed (SIGKILL) one after
+    another: the view converges to what placement committed, and every claim placement
+    accepted is in it.  A request cut by the kill may or may not have committed; the feed
+    reads the database, so either way the view follows what is there."""
+    import requests
+
+    uwsgi = Path(sys.prefix) / "bin" / "uwsgi"
+    if not uwsgi.exists():
+        pytest.skip("uWSGI is not installed in this environment")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "placement.conf").write_text(
+        f"[placement_database]\nconnection = {placement.db_url}\n[api]\nauth_strategy = noauth2\n")
+    log = open(tmp_path / "placement-api.log", "wb")  # noqa: SIM115 (closed in finally)
+    server = subprocess.Popen(
+        [str(uwsgi), "--master", "--die-on-term", "--need-app", "--lazy-apps",
+         "--http-socket", f"127.0.0.1:{port}", "--processes", "2", "--threads", "1",
+         "--virtualenv", sys.prefix, "--module", "placement.wsgi.api:application",
+         "--add-header", "Connection: close"],
+        env={**os.environ, "OS_PLACEMENT_CONFIG_DIR": str(tmp_path)}, stdout=log,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    headers = {"OpenStack-API-Version": "placement 1.39", "x-auth-token": "admin"}
+    try:
+        def answering() -> bool:
+            try:
+                return requests.get(url + "/", headers=headers, timeout=5).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(answering, CONVERGE, "placement under uWSGI answering")
+        wait_for(lambda: len(_children(server.pid)) == 2, CONVERGE, "two uWSGI workers")
+        sched = bus.scheduler("s")
+        reporter, _feed = bus.feed(database)
+        bus.start(sched, reporter)
+        converge(placement, sched, what="the view before the claims")
+
+        accepted: list[str] = []
+        outcomes: dict[str, int] = {}
+        stop = threading.Event()
+
+        def claims(seed: int) -> None:
+            rng = random.Random(seed)
+            while not stop.is_set():
+                consumer = str(uuid_mod.uuid4())
+                body = {"allocations": {rng.choice(CN): {"resources": {"VCPU": 1, "MEMORY_MB": 64}}},
+                        "project_id": "p", "user_id": "u", "consumer_generation": None,
+                        "consumer_type": "INSTANCE"}
+                try:
+                    status = requests.put(f"{url}/allocations/{consumer}", json=body,
+                                          headers=headers, timeout=30).status_code
+                    key = str(status)
+                except requests.RequestException:
+                    key = "cut"
+                    status = 0
+                if status == 204:
+                    accepted.append(consumer)
+                outcomes[key] = outcomes.get(key, 0) + 1
+
+        clients = [threading.Thread(target=claims, args=(i,), daemon=True) for i in range(4)]
+        for t in clients:
+            t.start()
+        killed = 0
+        for _ in range(3):
+            wait_for(lambda n=3 * (killed + 1): len(accepted) > n, CONVERGE, "claims accepted")
+            workers = _children(server.pid)
+            assert workers, "uWSGI has no worker"
+            os.kill(workers[0], signal.SIGKILL)
+            killed += 1
+            # the master forks a new worker in its place
+            wait_for(lambda w=workers[0]: w not in _children(server.pid)
+                     and len(_children(server.pid)) == 2, CONVERGE, "the worker respawned")
+        stop.set()
+        for t in clients:
+            t.join(60)
+        assert accepted, outcomes
+        converge(placement, sched, what=f"the view after {killed} workers were killed ({outcomes})")
+        for consumer in accepted:
+            assert placement.ok("GET", f"/allocations/{consumer}")["allocations"], consumer
+        used = {u: sched.placement_view.provider(u)["usages"].get("VCPU", 0)  # type: ignore[index]
+                for u in CN}
+        held = {u: placement.ok("GET", f"/resource_providers/{u}/usages")["usages"].get("VCPU", 0)
+                for u in CN}
+        assert used == held and sum(held.values()) >= len(accepted), (used, held, outcomes)
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.wait(30)
+        log.close()
