@@ -7,22 +7,14 @@ and reordered, sources restart, and schedulers start late.  The machine keeps,
 per source, the document at the newest version it could reach *in order*, and
 repairs everything else by asking that one source to resync.
 
-Per-source life cycle (docs/design.md §4.1)::
-
-              any item of the source, a hint, request_resync()
-    UNKNOWN -------------------------------------------------> SYNCING (no document; a resync
-                                                                  |     request out, with back-off)
-                                      a snapshot (bare, batched,  |
-                                      in a resync answer or a     v
-                                      claim's correction)
-    ACTIVE, behind <---(gap past reorder_timeout, buffer ----  ACTIVE (in order; eligible)
-    (resync out; the   overflow, heartbeat ahead, digest         |  ^
-     held document     mismatch, newer epoch)                    |  | any item, resync answer
-     still served) ----(in order again)------------------->      |  | or claim result
-                                           no word for           v  |
-                                           down_interval       DOWN (document kept, not eligible)
-
-    forget() removes a view from any state; its pending claims expire.
+Per-source life cycle (docs/design.md §4.1): a view is UNKNOWN (none yet),
+SYNCING (no document; a resync request out), ACTIVE (in order; eligible),
+BEHIND (ACTIVE, behind: a gap buffered or a resync out, its document still
+served) or DOWN (silent for ``down_interval`` or said goodbye; not eligible),
+and forget() removes a view from any state.  :mod:`protocol.source_state`
+draws the life cycle and holds its transitions as a table; this machine only
+reads what a step did to a view as one of that module's events and moves the
+view through the table (:meth:`ReceiverMachine._move`), never by hand.
 
 Rules for a delta of the held epoch: seq = held+1 applies (then any buffered
 successors); seq <= held is a duplicate (dropped, counted); seq > held+1 is a
@@ -80,6 +72,17 @@ changed, for incremental indexes) and :meth:`drain_outcomes` (claim outcomes).
 A second incremental reader takes its own :meth:`ReceiverMachine.change_feed`:
 every feed sees every change once, whoever else drains.
 
+Input: :meth:`ReceiverMachine.receive` dispatches by the message's type through
+``_RECEIVE``, a table beside the class (every data item, bare, batched, in a
+resync answer or in a claim's correction, then goes through the same rules).
+
+Planted bugs: the four rules a plausible regression would break (a duplicate
+dropped, a delta past a gap held back, pending claims retired on a new epoch,
+a rejection's correction applied) are asked of a :class:`ReceiverPolicy`, only
+where a rule applies, never on the in-order path.  The default keeps them all;
+the fault simulator's own tests inject one that breaks some
+(``simulator/faults/planted.py``) and require the simulation to find each.
+
 Observation: whoever must see the steps as they happen (an update log, the
 replay's tracer) registers a :class:`ReceiverObserver` with
 :meth:`ReceiverMachine.set_observer`; the machine calls it from inside the
@@ -94,9 +97,9 @@ from __future__ import annotations
 import enum
 import heapq
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from protocol.document import CanonicalCache, Document, apply_ops, copy_document
 from protocol.errors import LocalProtocolError
@@ -115,30 +118,57 @@ from protocol.messages import (
     Send,
     Snapshot,
 )
+from protocol.source_state import TRANSITIONS, Event, SourceState
 
 
 class Status(enum.Enum):
+    """What readers of a view need of its life cycle: SYNCING (no document), ACTIVE
+    (eligible: the states ACTIVE and BEHIND) or DOWN (protocol.source_state)."""
+
     SYNCING = "syncing"
     ACTIVE = "active"
     DOWN = "down"
 
 
-class PlantedBug(enum.StrEnum):
-    """Known bugs the fault simulator must be able to find (``shm faults``, design §6).
+# the states the steps compare against, bound once (a module global is cheaper to load
+# than an enum member on the per-item path)
+_ACTIVE = SourceState.ACTIVE
+_DOWN = SourceState.DOWN
 
-    Planted only through ``ReceiverMachine(planted=...)``, an explicit seam that
-    tests of the simulator use; a deployment never passes it.  Each breaks one
-    rule of design §4.2 or §5.2 the way a plausible regression would.
+
+class ReceiverPolicy:
+    """How a receiver applies the four rules a plausible regression would break (design
+    §4.2 and §5.2): the one seam through which the fault simulator's own tests plant bugs.
+
+    This class keeps every rule, and a deployment never passes another.  The tests of
+    ``shm faults`` inject a subclass that breaks some (``simulator/faults/planted.py``)
+    and require the simulation to find each, so that a regression of the same shape
+    would be found too.  The machine asks only where the rule applies: on a duplicate,
+    a delta past a gap, an epoch change and a rejection's correction, never on the
+    in-order path.
     """
 
-    #: a delta past a gap is applied at once instead of waiting in the reorder buffer
-    DELTA_OUT_OF_ORDER = "delta_out_of_order"
-    #: a delta at or below the held seq is applied again instead of dropped
-    SKIP_DUPLICATE_CHECK = "skip_duplicate_check"
-    #: a snapshot of another epoch leaves the pending claims in the ledger
-    PENDING_ACROSS_EPOCH = "pending_across_epoch"
-    #: a rejection's correction is ignored (the claim retires, the view stays behind)
-    FORGET_CORRECTION = "forget_correction"
+    __slots__ = ()
+
+    def drop_duplicate(self, view: SourceView, delta: Delta) -> bool:
+        """A delta at or below the held seq: True drops it (counted); False applies it again."""
+        return True
+
+    def hold_past_gap(self, view: SourceView, delta: Delta) -> bool:
+        """A delta past a gap: True keeps it in the reorder buffer; False applies it at once."""
+        return True
+
+    def retire_on_new_epoch(self, view: SourceView) -> bool:
+        """A snapshot of another epoch: True retires the pending claims; False keeps them."""
+        return True
+
+    def apply_correction(self, result: ClaimResult) -> bool:
+        """A claim result of ours carrying a correction: True applies it; False ignores it."""
+        return True
+
+
+#: the policy of every receiver not given one: every rule kept
+KEEP_RULES = ReceiverPolicy()
 
 
 class Outcome(enum.StrEnum):
@@ -166,7 +196,8 @@ class SourceView:
     seq: int = 0
     doc: Document | None = None
     last_heard: float = 0.0
-    down: bool = False
+    #: where the view is in its life cycle; moved only by ReceiverMachine._move
+    state: SourceState = SourceState.UNKNOWN
     buffer: dict[int, Delta] = field(default_factory=dict)
     gap_since: float | None = None
     resync_sent_at: float | None = None
@@ -184,7 +215,22 @@ class SourceView:
     def status(self) -> Status:
         if self.doc is None:
             return Status.SYNCING
-        return Status.DOWN if self.down else Status.ACTIVE
+        return Status.DOWN if self.state is _DOWN else Status.ACTIVE
+
+    @property
+    def down(self) -> bool:
+        """Not eligible: silent for ``down_interval``, or its held version said goodbye."""
+        return self.state is _DOWN
+
+    @down.setter
+    def down(self, value: bool) -> None:
+        """Stage a silent source (tests that build a cloud with some hosts down): the view
+        moves as ``tick`` would move it, through the table, without the counters.  Only the
+        receiver brings a view back up, by what it hears."""
+        if not value:
+            raise LocalProtocolError(f"{self.source}: a view comes up only when its source is heard")
+        if self.state is not _DOWN:
+            self.state = TRANSITIONS[self.state, Event.SILENT]
 
     @property
     def version(self) -> tuple[int, int]:
@@ -246,6 +292,10 @@ class ReceiverObserver:
     def claim_resolved(self, claim_id: str, source: str, outcome: Outcome) -> None:
         """A pending claim was retired with ``outcome``, or (ACCEPTED) the arbiter said yes."""
 
+    def source_moved(self, view: SourceView, event: Event, previous: SourceState) -> None:
+        """``view`` went from ``previous`` to ``view.state`` through the table on ``event``
+        (also when it stays: the table's self-loops)."""
+
     # The entry points a scheduler calls besides receive/tick, after they ran:
 
     def claim_added(self, claim: Claim, now: float) -> None:
@@ -305,15 +355,12 @@ class ReceiverMachine:
         down_interval: float = 30.0,
         claim_deadline: float = 30.0,
         peer_claim_ttl: float = 1.0,
-        planted: frozenset[PlantedBug] = frozenset(),
+        policy: ReceiverPolicy = KEEP_RULES,
     ) -> None:
         self.name = name
-        #: bugs planted for the fault simulator's own tests (see PlantedBug); empty otherwise
-        self.planted = frozenset(planted)
-        self._bug_out_of_order = PlantedBug.DELTA_OUT_OF_ORDER in planted
-        self._bug_duplicates = PlantedBug.SKIP_DUPLICATE_CHECK in planted
-        self._bug_epoch = PlantedBug.PENDING_ACROSS_EPOCH in planted
-        self._bug_correction = PlantedBug.FORGET_CORRECTION in planted
+        #: how the rules a regression would break are applied (ReceiverPolicy): all kept,
+        #: unless the fault simulator's own tests plant bugs
+        self.policy = policy
         self.reorder_window = reorder_window
         self.reorder_timeout = reorder_timeout
         self.resync_timeout = resync_timeout
@@ -328,6 +375,8 @@ class ReceiverMachine:
         self._peer_rejected: dict[str, None] = {}
         self.sources: dict[str, SourceView] = {}
         self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
+        #: the views tick must chase (a gap or a resync outstanding): every SYNCING and
+        #: BEHIND view, and a DOWN one that went down so or became so since
         self._troubled: set[str] = set()
         self._deadlines: list[tuple[float, str, str]] = []
         #: sources marked changed and not yet handed to the feeds (see _distribute)
@@ -397,43 +446,64 @@ class ReceiverMachine:
     # -- input -------------------------------------------------------------------
 
     def receive(self, msg: Message, now: float) -> list[Send]:
+        """Take one message in; returns the resync requests it calls for."""
         out: list[Send] = []
-        t = type(msg)
-        if isinstance(msg, Batch):
-            for item in msg.items:
-                self._data(item, now, out)
-        elif type(msg) is Delta or type(msg) is Snapshot or type(msg) is Heartbeat:
-            self._data(msg, now, out)
-        elif isinstance(msg, ResyncAnswer):
-            for item in msg.items:
-                self._data(item, now, out)
-            view = self.sources.get(msg.source)
-            if view is not None:
-                self._heard(view, now)
-                view.resync_sent_at = None  # answered: a further need may ask again at once
-                self._settle(view, now, out)
-        elif isinstance(msg, ClaimResult):
-            self._claim_result(msg, now, out)
-        elif type(msg) is Claim:
-            self._peer_claim(msg, now)
-        else:
-            raise LocalProtocolError(f"a receiver does not handle {t.__name__}")
+        # by exact type, as the codec builds them (_RECEIVE, below the class)
+        handler = _RECEIVE.get(type(msg))
+        if handler is None:
+            raise LocalProtocolError(f"a receiver does not handle {type(msg).__name__}")
+        handler(self, msg, now, out)
         return out
+
+    def _batch(self, batch: Batch, now: float, out: list[Send]) -> None:
+        for item in batch.items:
+            self._data(item, now, out)
+
+    def _resync_answer(self, answer: ResyncAnswer, now: float, out: list[Send]) -> None:
+        for item in answer.items:
+            self._data(item, now, out)
+        view = self.sources.get(answer.source)
+        if view is not None:
+            self._heard(view, now)
+            view.resync_sent_at = None  # answered: a further need may ask again at once
+            self._settle(view, now, out)
+
+    def _move(self, view: SourceView, event: Event) -> None:
+        """The one way a view's state changes: through protocol.source_state.TRANSITIONS."""
+        previous = view.state
+        nxt = TRANSITIONS.get((previous, event))
+        if nxt is None:
+            raise LocalProtocolError(
+                f"view of {view.source}: no transition for event {event.value!r} in state "
+                f"{previous.value!r} (protocol.source_state.TRANSITIONS)")
+        view.state = nxt
+        if self._observer is not None:
+            self._observer.source_moved(view, event, previous)
 
     def _view(self, source: str, now: float) -> SourceView:
         view = self.sources.get(source)
         if view is None:
             view = self.sources[source] = SourceView(source, last_heard=now)
+            self._move(view, Event.FIRST_WORD)
         return view
 
     def _heard(self, view: SourceView, now: float) -> None:
         """Any message from a source is proof of life (a delta as much as a heartbeat),
         unless the document it holds is the source's goodbye (design §4.2)."""
         view.last_heard = now
-        if view.down and not said_goodbye(view.doc):
-            view.down = False
-            self.stats["came_up"] += 1
-            self._changed.add(view.source)
+        if view.state is _DOWN and not said_goodbye(view.doc):
+            self._came_up(view)
+
+    def _came_up(self, view: SourceView) -> None:
+        """A DOWN view is up again: where to is read from what it holds (source_state)."""
+        if view.doc is None:
+            self._move(view, Event.UP_NO_DOCUMENT)
+        elif view.source in self._troubled:
+            self._move(view, Event.UP_BEHIND)
+        else:
+            self._move(view, Event.UP)
+        self.stats["came_up"] += 1
+        self._changed.add(view.source)
 
     def _data(self, item: DataItem, now: float, out: list[Send]) -> None:
         view = self._view(item.source, now)
@@ -452,17 +522,16 @@ class ReceiverMachine:
         its view goes DOWN at once instead of after ``down_interval``; a later version
         without it (the source's next epoch) brings it up (design §4.2)."""
         gone = said_goodbye(view.doc)
-        if gone and not view.down:
-            view.down = True
+        if gone and view.state is not _DOWN:
+            self._move(view, Event.GOODBYE)
             self.stats["goodbyes"] += 1
             self._changed.add(view.source)
-        elif not gone and view.down and view.doc is not None:
-            view.down = False
-            self.stats["came_up"] += 1
-            self._changed.add(view.source)
+        elif not gone and view.state is _DOWN and view.doc is not None:
+            self._came_up(view)
 
     def _delta(self, view: SourceView, delta: Delta, now: float, out: list[Send]) -> None:
-        if view.doc is None or delta.epoch > view.epoch:
+        doc = view.doc
+        if doc is None or delta.epoch > view.epoch:
             # Only a snapshot can establish a source or a new epoch; the one we ask
             # for is cut after this delta was sent, so dropping it loses nothing.
             self._resync(view, now, out)
@@ -470,17 +539,25 @@ class ReceiverMachine:
         if delta.epoch < view.epoch:
             self.stats["stale"] += 1
             return
-        if delta.seq <= view.seq:
-            if self._bug_duplicates:
-                self._apply(view, view.doc, delta)
+        if delta.seq != view.seq + 1:
+            # off the in-order path: the policy is asked whether the rule holds
+            if delta.seq <= view.seq:
+                if self.policy.drop_duplicate(view, delta):
+                    self.stats["duplicates"] += 1
+                    return
+                self._apply(view, doc, delta)
                 return
-            self.stats["duplicates"] += 1
-            return
-        if delta.seq == view.seq + 1 or self._bug_out_of_order:
-            self._apply(view, view.doc, delta)
-            self._drain_buffer(view, view.doc)
+            if self.policy.hold_past_gap(view, delta):
+                self._hold_past_gap(view, delta, now, out)
+                return
+        self._apply(view, doc, delta)
+        if view.state is not _ACTIVE:
+            # an ACTIVE view has nothing buffered and nothing outstanding: nothing to settle
+            self._drain_buffer(view, doc)
             self._settle(view, now, out)
-            return
+
+    def _hold_past_gap(self, view: SourceView, delta: Delta, now: float, out: list[Send]) -> None:
+        """Keep a delta past a gap in the reorder buffer until the gap closes (or times out)."""
         if delta.seq in view.buffer:
             self.stats["duplicates"] += 1
             return
@@ -496,6 +573,7 @@ class ReceiverMachine:
         view.buffer[delta.seq] = delta
         self.stats["buffered"] += 1
         self._troubled.add(view.source)
+        self._move(view, Event.GAP)
         if self._observer is not None:
             self._observer.delta_buffered(view, delta, new_gap)
 
@@ -547,9 +625,10 @@ class ReceiverMachine:
             # restart: it is included, not lost (retiring it as epoch_changed would make
             # the tracker place the instance a second time).
             listed = set(snap.claims)
-            for claim_id in [] if self._bug_epoch else list(view.pending):
-                self._retire(view, claim_id,
-                             Outcome.INCLUDED if claim_id in listed else Outcome.EPOCH_CHANGED)
+            if view.pending and self.policy.retire_on_new_epoch(view):
+                for claim_id in list(view.pending):
+                    self._retire(view, claim_id,
+                                 Outcome.INCLUDED if claim_id in listed else Outcome.EPOCH_CHANGED)
             for claim_id in list(view.peer):
                 self._drop_peer(view, claim_id, "peer_claims_included" if claim_id in listed
                                 else "peer_claims_expired")
@@ -597,6 +676,7 @@ class ReceiverMachine:
 
     def _resync(self, view: SourceView, now: float, out: list[Send]) -> None:
         self._troubled.add(view.source)
+        self._move(view, Event.RESYNC)
         if view.resync_sent_at is not None and now < self._retry_at(view.resync_sent_at,
                                                                     view.resync_attempts):
             return
@@ -622,10 +702,13 @@ class ReceiverMachine:
                 view.gap_since = now
             return
         view.gap_since = None
-        if view.doc is not None and not view.want_full:
+        if view.doc is not None and not view.want_full and view.state is not _ACTIVE:
+            # (an ACTIVE view has no resync state to forget; a SYNCING one may hold a
+            # document here without ever having asked: a snapshot came unasked)
             view.resync_sent_at = None
             view.resync_attempts = 0
             self._troubled.discard(view.source)
+            self._move(view, Event.IN_ORDER)
 
     # -- claims ----------------------------------------------------------------
 
@@ -671,7 +754,7 @@ class ReceiverMachine:
         if self._observer is not None:
             self._observer.claim_resolved(claim_id, view.source, outcome)
 
-    def _peer_claim(self, claim: Claim, now: float) -> None:
+    def _peer_claim(self, claim: Claim, now: float, out: list[Send]) -> None:
         """A live peer's claim, announced to us: deduct it until its host lists it (module
         docstring).  Not our ledger: it never yields an outcome, and our tracker never sees it."""
         view = self.sources.get(claim.source)
@@ -763,8 +846,9 @@ class ReceiverMachine:
         if view is None:
             return
         self._heard(view, now)
-        for item in [] if self._bug_correction else result.correction:
-            self._data(item, now, out)
+        if result.correction and self.policy.apply_correction(result):
+            for item in result.correction:
+                self._data(item, now, out)
         pending = view.pending.get(result.claim_id)
         if pending is None:
             # An acceptance usually arrives after the delta that listed the claim
@@ -821,8 +905,8 @@ class ReceiverMachine:
             self._next_down_scan = now + min(1.0, self.down_interval / 4)
             limit = now - self.down_interval
             for view in self.sources.values():
-                if not view.down and view.last_heard < limit:
-                    view.down = True
+                if view.state is not _DOWN and view.last_heard < limit:
+                    self._move(view, Event.SILENT)
                     self.stats["went_down"] += 1
                     self._changed.add(view.source)
         return out
@@ -877,6 +961,7 @@ class ReceiverMachine:
             return
         for claim_id in list(view.pending):
             self._retire(view, claim_id, Outcome.EXPIRED)
+        self._move(view, Event.FORGET)
         del self.sources[source]
         self._troubled.discard(source)
         self._changed.add(source)
@@ -884,8 +969,22 @@ class ReceiverMachine:
             self._observer.source_forgotten(source)
 
 
-__all__ = ["ChangeFeed", "Outcome", "PendingClaim", "PlantedBug", "ReceiverMachine", "ReceiverObserver",
-           "ReceiverParams", "ResyncRequest", "SourceView", "Status"]
+#: receive's dispatch, by the message's exact type (the codec builds no subclasses); each
+#: handler takes the message of the type it is listed under
+_RECEIVE: dict[type, Callable[[ReceiverMachine, Any, float, list[Send]], None]] = {
+    Batch: ReceiverMachine._batch,
+    Delta: ReceiverMachine._data,
+    Snapshot: ReceiverMachine._data,
+    Heartbeat: ReceiverMachine._data,
+    ResyncAnswer: ReceiverMachine._resync_answer,
+    ClaimResult: ReceiverMachine._claim_result,
+    Claim: ReceiverMachine._peer_claim,
+}
+
+
+__all__ = ["KEEP_RULES", "ChangeFeed", "Event", "Outcome", "PendingClaim", "ReceiverMachine",
+           "ReceiverObserver", "ReceiverParams", "ReceiverPolicy", "ResyncRequest", "SourceState",
+           "SourceView", "Status"]
 
 
 def _release(usage: dict[str, int], resources: Mapping[str, int]) -> None:

@@ -16,7 +16,7 @@ import random
 import sys
 import time
 
-from protocol.receiver import PlantedBug
+from simulator.faults.planted import PlantedBug
 from simulator.faults.run import reproduce, run_schedules
 from simulator.faults.world import INVARIANTS
 

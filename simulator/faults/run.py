@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.receiver import PlantedBug
+from simulator.faults.planted import PlantedBug
 from simulator.faults.world import INVARIANTS, FaultWorld, Violation, run_schedule
 
 

@@ -60,7 +60,7 @@ from protocol.document import DROP, SET, Document, Op, apply_ops, copy_document,
 from protocol.errors import ProtocolError
 from protocol.hostdoc import COMPUTE, INSTANCES
 from protocol.messages import Claim, ClaimResult, Delta, Message, Snapshot
-from protocol.receiver import Outcome, PlantedBug, ReceiverMachine
+from protocol.receiver import Outcome, ReceiverMachine
 from protocol.resources import overcommitted
 from protocol.signing import Keyring
 from shared_host_manager.cache import HostStateCache
@@ -69,6 +69,7 @@ from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, RequestSpec
 from shared_host_manager.decision.request_tracker import RequestTracker
 from shared_host_manager.updatelog.recorder import Recorder
+from simulator.faults.planted import PlantedBug, receiver_policy
 from simulator.synthetic_hosts import host_doc
 
 # -- timing of the simulated world (seconds of virtual time) ---------------------------
@@ -280,7 +281,8 @@ class Scheduler:
         self.pclock = w.new_clock()
         self.incarnation += 1
         self.claims, self.outcomes, self.held = {}, {}, {}
-        receiver = ReceiverMachine(self.name, planted=w.planted, **RECEIVER)  # type: ignore[arg-type]
+        receiver = ReceiverMachine(self.name, policy=receiver_policy(w.planted),
+                                   **RECEIVER)  # type: ignore[arg-type]
         cache = HostStateCache(receiver, self._send, decoder=self.decoder,
                                clock=lambda: self.local(w.now))
         recorder: Recorder | None = None

@@ -1,8 +1,8 @@
 """The deterministic fault simulation (``shm faults``, design §6): it passes, and it can fail.
 
 * thousands of schedules from a fresh seed (printed in the test header) with no violation;
-* every planted bug (protocol.receiver.PlantedBug, an explicit seam) found within a bounded
-  number of schedules, and by which invariant;
+* every planted bug (simulator.faults.planted, through the receiver's policy) found within a
+  bounded number of schedules, and by which invariant;
 * a schedule is reproduced exactly, with update logs that ``shm replay`` shows the first
   difference in;
 * a damaged cache state file (the bug class this simulator found) means a cold start.
@@ -15,9 +15,9 @@ import os
 
 import pytest
 
-from protocol.receiver import PlantedBug
 from shm_cli import faults as faults_cmd
 from shm_cli import replay as replay_cmd
+from simulator.faults.planted import PlantedBug
 from simulator.faults.run import reproduce, run_schedules
 from simulator.faults.world import FaultWorld
 
