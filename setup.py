@@ -71,9 +71,10 @@ setup(
             "wsgi-intercept",
             # installed in many nova deployments: nova's database layer then reads [profiler]
             "osprofiler",
-            # tests/deployment: nova-api and placement under uWSGI (built from source)
+            # tests/deployment: nova-api and placement under uWSGI (built from source), driven
+            # through openstacksdk
             "uwsgi>=2.0",
-            "requests",
+            "openstacksdk>=4.0",
         ],
         "nova": ["nova>=34.0.0,<35"],
         # shm sim --scheduler nova: nova's scheduler with placement in-process and nova's DB
@@ -83,7 +84,7 @@ setup(
         # tests/deployment: nova and placement as processes, nova-api and placement under uWSGI
         # (built from source: needs a C compiler), on MariaDB
         "deploy": ["nova>=34.0.0,<35", "SQLAlchemy>=2.0,<2.1", "openstack-placement", "PyMySQL>=1.1",
-                   "uwsgi>=2.0", "requests", "pytest>=8", "pytest-timeout>=2"],
+                   "uwsgi>=2.0", "openstacksdk>=4.0", "pytest>=8", "pytest-timeout>=2"],
         # shm fuzz: coverage-guided fuzzing of every door for untrusted bytes
         "fuzz": ["atheris>=2.3"],
     },

@@ -34,6 +34,13 @@ COMPUTES = int(os.environ.get("SHM_DEPLOYMENT_COMPUTES", "4"))
 FIGURES = nd.FIGURES
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # openstacksdk warns about its own internals on every call (``_compute_attributes``,
+    # ``service_type``): thousands of lines that say nothing about the deployment
+    config.addinivalue_line("filterwarnings",
+                            "ignore::openstack.warnings.RemovedInSDK50Warning")
+
+
 @pytest.fixture(scope="module", params=MODES)
 def deployment(request: pytest.FixtureRequest) -> Any:
     mode = request.param

@@ -21,8 +21,13 @@ Two modes:
   own options per process (the stream on the run's virtual host, a ``[metrics]``
   endpoint each: :meth:`Deployment.verify` runs ``shm status --verify`` on them).
 
-The client side (:meth:`Deployment.compute`, :meth:`Deployment.placement` and the
-helpers built on them) is plain HTTP with ``requests``.
+The client side drives the deployment as an operator's tooling does: an openstacksdk
+:class:`~openstack.connection.Connection` (:attr:`Deployment.conn`) on a keystoneauth
+session with the ``admin_token`` plugin (every request carries ``X-Auth-Token:
+admin:admin``, which nova-api's ``noauth`` filter and placement's ``noauth2`` take as the
+caller; no catalog: the compute and placement endpoints are given), and the helpers built
+on its compute and placement proxies return the SDK's resources (``Server``,
+``Service``, ``ResourceProvider``...).
 
 ``python nova_deployment.py [--mode stock|dropin] [--computes N]`` starts one and
 keeps it running until interrupted (its endpoints and run directory are printed).
@@ -41,12 +46,22 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import requests
+import openstack.connection
+from keystoneauth1 import exceptions as ksa_exceptions
+from keystoneauth1 import session as ksa_session
+from keystoneauth1 import token_endpoint
+from openstack import exceptions as sdk_exceptions
+from openstack.compute.v2.migration import Migration
+from openstack.compute.v2.server import Server
+from openstack.compute.v2.service import Service
+from openstack.placement.v1.resource_provider import ResourceProvider
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -66,7 +81,10 @@ MODES = {
 # what the deployment tests measured, per mode (tests/deployment/conftest.py prints it)
 FIGURES: dict[str, dict[str, Any]] = {}
 
-COMPUTE_MICROVERSION = "2.53"  # PUT /os-services/{uuid} with forced_down / status
+# the connection's default microversions: compute 2.53 (PUT /os-services/{uuid} with
+# forced_down / status; networks "none" from 2.37), placement 1.39
+COMPUTE_MICROVERSION = "2.53"
+PLACEMENT_MICROVERSION = "1.39"
 # every service reports every REPORT_INTERVAL seconds; one whose last report is older than
 # SERVICE_DOWN_TIME is down (nova's API, the scheduler's ComputeFilter)
 REPORT_INTERVAL = 2
@@ -86,6 +104,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def http_get(url: str, timeout: float = 10) -> tuple[int, str]:
+    """A plain GET without proxies (health probes, /metrics): status and text."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def connect(api_url: str, placement_url: str) -> openstack.connection.Connection:
+    """An openstacksdk connection to nova-api at ``api_url`` and placement at
+    ``placement_url`` without keystone.
+
+    keystoneauth's ``admin_token`` plugin (as nova's own services reach placement here)
+    sends ``X-Auth-Token: admin:admin`` with every request: nova-api's ``noauth`` filter
+    and placement's ``noauth2`` take it as the admin. No catalog: the endpoints are
+    overridden; the default microversions are COMPUTE_MICROVERSION and
+    PLACEMENT_MICROVERSION (the server's range is discovered once, on first use).
+    """
+    session = ksa_session.Session(auth=token_endpoint.Token(endpoint=None, token=ADMIN_TOKEN),
+                                  timeout=60)
+    return openstack.connection.Connection(
+        session=session, region_name="RegionOne",
+        compute_endpoint_override=f"{api_url}/v2.1", compute_api_version=COMPUTE_MICROVERSION,
+        placement_endpoint_override=placement_url,
+        placement_api_version=PLACEMENT_MICROVERSION)
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
                interval: float = 0.5) -> Any:
     deadline = time.monotonic() + timeout
@@ -93,7 +140,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
     while time.monotonic() < deadline:
         try:
             value = predicate()
-        except (requests.RequestException, DeploymentError) as exc:
+        except (sdk_exceptions.SDKException, ksa_exceptions.ClientException, OSError,
+                DeploymentError) as exc:
             last_exc, value = exc, None
         if value:
             return value
@@ -215,7 +263,7 @@ class Deployment:
         self.flavor_id: str | None = None
         self.flavor_ids: dict[str, str] = {}
         self.timings: dict[str, float] = {}
-        self._session = requests.Session()
+        self._conn: openstack.connection.Connection | None = None
         self._created_dbs: list[str] = []
         self._vhost_created = False
 
@@ -567,8 +615,8 @@ class Deployment:
                    "every compute's resource provider")
         self._manage("cell_v2", "discover_hosts", "--verbose")
         # the hypervisors API lists the nodes of mapped hosts only
-        wait_until(lambda: len(self.compute("GET", "/os-hypervisors").json()["hypervisors"])
-                   >= len(self.hosts), 60, "every compute's hypervisor")
+        wait_until(lambda: len(list(self.conn.compute.hypervisors())) >= len(self.hosts), 60,
+                   "every compute's hypervisor")
         if self.mode == "dropin":
             self.verify(timeout=60)
 
@@ -580,25 +628,30 @@ class Deployment:
                                       f" its log {proc.log}:\n{proc.tail()}")
 
     def _wait_http(self, name: str, url: str, timeout: float = 120) -> None:
+        """Until the process ``name`` answers ``url`` (a plain HTTP probe of its port)."""
         def ok() -> bool:
             self._check_alive(name)
-            return self._session.get(url, timeout=5,
-                                     headers={"X-Auth-Token": ADMIN_TOKEN}).status_code < 500
+            return http_get(url, timeout=5)[0] < 500
         wait_until(ok, timeout, f"{name} at {url}")
 
     def wait_api(self, timeout: float = 180) -> None:
+        """Until nova-api answers its version document (a plain probe: the connection's
+        first use discovers the microversions from it) and lists the services."""
         def ok() -> bool:
             self._check_alive("api")
-            return self.compute("GET", "/os-services", check=False).status_code == 200
+            if http_get(self.api_url + "/v2.1/", timeout=5)[0] != 200:
+                return False
+            self.services("nova-conductor")
+            return True
         wait_until(ok, timeout, "nova-api")
 
-    def wait_service(self, binary: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    def wait_service(self, binary: str, name: str, timeout: float = 120) -> Service:
         host = name if name.startswith("compute-") else None
 
-        def up() -> dict[str, Any] | None:
+        def up() -> Service | None:
             self._check_alive(name)
             for svc in self.services(binary):
-                if (host is None or svc["host"] == host) and svc["state"] == "up":
+                if (host is None or svc.host == host) and svc.state == "up":
                     return svc
             return None
         return wait_until(up, timeout, f"{binary} {name} up")
@@ -625,39 +678,22 @@ class Deployment:
                     return b"Starting " in log
                 wait_until(started, 120, f"{name} started")
 
-    # -- HTTP ------------------------------------------------------------------------------
+    # -- client ----------------------------------------------------------------------------
 
-    def compute(self, method: str, path: str, body: Any = None, *,
-                microversion: str = COMPUTE_MICROVERSION, check: bool = True,
-                timeout: float = 60) -> requests.Response:
-        headers = {"X-Auth-Token": ADMIN_TOKEN, "OpenStack-API-Version": f"compute {microversion}",
-                   "Accept": "application/json"}
-        resp = self._session.request(method, f"{self.api_url}/v2.1{path}", json=body,
-                                     headers=headers, timeout=timeout)
-        if check and resp.status_code >= 400:
-            raise DeploymentError(f"{method} {path} -> {resp.status_code}: {resp.text[:1000]}")
-        return resp
-
-    def placement(self, method: str, path: str, body: Any = None, *,
-                  check: bool = True) -> requests.Response:
-        headers = {"X-Auth-Token": ADMIN_TOKEN, "OpenStack-API-Version": "placement 1.39",
-                   "Accept": "application/json"}
-        resp = self._session.request(method, f"{self.placement_url}{path}", json=body,
-                                     headers=headers, timeout=60)
-        if check and resp.status_code >= 400:
-            raise DeploymentError(f"placement {method} {path} -> {resp.status_code}: "
-                                  f"{resp.text[:1000]}")
-        return resp
+    @property
+    def conn(self) -> openstack.connection.Connection:
+        """The openstacksdk connection to this deployment (made on first use)."""
+        if self._conn is None:
+            self._conn = connect(self.api_url, self.placement_url)
+        return self._conn
 
     # -- what the tests do -----------------------------------------------------------------
 
     def _ensure_flavor(self, name: str = "shm.tiny") -> str:
-        flavors = self.compute("GET", "/flavors").json()["flavors"]
-        for flavor in flavors:
-            if flavor["name"] == name:
-                return flavor["id"]
-        body = {"flavor": {"name": name, **FLAVORS[name]}}
-        return self.compute("POST", "/flavors", body).json()["flavor"]["id"]
+        for flavor in self.conn.compute.flavors():
+            if flavor.name == name:
+                return str(flavor.id)
+        return str(self.conn.compute.create_flavor(name=name, **FLAVORS[name]).id)
 
     @staticmethod
     def flavor_resources(name: str) -> dict[str, int]:
@@ -665,73 +701,90 @@ class Deployment:
         f = FLAVORS[name]
         return {"VCPU": f["vcpus"], "MEMORY_MB": f["ram"], "DISK_GB": f["disk"]}
 
-    def services(self, binary: str = "nova-compute") -> list[dict[str, Any]]:
-        return self.compute("GET", f"/os-services?binary={binary}").json()["services"]
+    def services(self, binary: str = "nova-compute") -> list[Service]:
+        return list(self.conn.compute.services(binary=binary))
 
-    def service_id(self, host: str) -> str:
+    def service(self, host: str) -> Service:
+        """The nova-compute service on ``host``."""
         for svc in self.services():
-            if svc["host"] == host:
-                return svc["id"]
+            if svc.host == host:
+                return svc
         raise DeploymentError(f"no nova-compute service on {host}")
 
+    def service_id(self, host: str) -> str:
+        return str(self.service(host).id)
+
     def force_down(self, host: str, down: bool = True) -> None:
-        self.compute("PUT", f"/os-services/{self.service_id(host)}", {"forced_down": down})
+        self.conn.compute.update_service_forced_down(self.service(host), forced=down)
 
     def disable(self, host: str, disabled: bool = True) -> None:
-        body: dict[str, Any] = {"status": "disabled" if disabled else "enabled"}
         if disabled:
-            body["disabled_reason"] = "deployment test"
-        self.compute("PUT", f"/os-services/{self.service_id(host)}", body)
+            self.conn.compute.disable_service(self.service(host),
+                                              disabled_reason="deployment test")
+        else:
+            self.conn.compute.enable_service(self.service(host))
 
     def create_group(self, name: str, policy: str = "anti-affinity") -> str:
-        body = {"server_group": {"name": name, "policies": [policy]}}
-        return self.compute("POST", "/os-server-groups", body).json()["server_group"]["id"]
+        return str(self.conn.compute.create_server_group(name=name, policies=[policy]).id)
+
+    def delete_group(self, group: str) -> None:
+        self.conn.compute.delete_server_group(group, ignore_missing=False)
 
     def boot(self, name: str, count: int = 1, *, group: str | None = None) -> None:
         """One create request for ``count`` servers named ``name-<i>``."""
-        server = {"name": name, "imageRef": _fakes().IMAGE_ID, "flavorRef": self.flavor_id,
-                  "networks": "none", "min_count": count, "max_count": count}
-        body: dict[str, Any] = {"server": server}
+        attrs: dict[str, Any] = dict(name=name, image_id=_fakes().IMAGE_ID,
+                                     flavor_id=self.flavor_id, networks="none",
+                                     min_count=count, max_count=count)
         if group:
-            body["os:scheduler_hints"] = {"group": group}
-        self.compute("POST", "/servers", body)
+            attrs["scheduler_hints"] = {"group": group}
+        self.conn.compute.create_server(**attrs)
 
-    def server(self, sid: str) -> dict[str, Any]:
-        return self.compute("GET", f"/servers/{sid}").json()["server"]
+    def server(self, sid: str) -> Server:
+        return self.conn.compute.get_server(sid)
 
-    def server_action(self, sid: str, body: dict[str, Any],
-                      microversion: str = COMPUTE_MICROVERSION) -> None:
-        """``POST /servers/{sid}/action`` (``migrate``, ``resize``, ``confirmResize``,
-        ``os-migrateLive``: 2.25 and later take ``block_migration: "auto"``)."""
-        self.compute("POST", f"/servers/{sid}/action", body, microversion=microversion)
+    def migrate(self, sid: str) -> None:
+        """A cold migration, the scheduler choosing the host."""
+        self.conn.compute.migrate_server(sid)
+
+    def resize(self, sid: str, flavor: str) -> None:
+        """A resize to flavor ``flavor`` (a name of FLAVORS)."""
+        self.conn.compute.resize_server(sid, self.flavor_ids[flavor])
+
+    def confirm_resize(self, sid: str) -> None:
+        self.conn.compute.confirm_server_resize(sid)
+
+    def live_migrate(self, sid: str) -> None:
+        """A live migration, the scheduler choosing the host (``host: null``,
+        ``block_migration: "auto"``)."""
+        self.conn.compute.live_migrate_server(sid, host=None, block_migration="auto")
 
     def wait_server(self, sid: str, statuses: Iterable[str] = ("ACTIVE", "VERIFY_RESIZE"),
-                    timeout: float = 180) -> dict[str, Any]:
+                    timeout: float = 180) -> Server:
         """The server once no task runs on it and it is in one of ``statuses`` or ERROR
         (a confirmed resize stays VERIFY_RESIZE until the source compute is done)."""
         wanted = {*statuses, "ERROR"}
 
-        def settled() -> dict[str, Any] | None:
+        def settled() -> Server | None:
             server = self.server(sid)
-            if server.get("OS-EXT-STS:task_state") is None and server["status"] in wanted:
+            if server.task_state is None and server.status in wanted:
                 return server
             return None
         return wait_until(settled, timeout, f"server {sid} to settle")
 
-    def migrations(self, sid: str) -> list[dict[str, Any]]:
-        return self.compute("GET", f"/os-migrations?instance_uuid={sid}").json()["migrations"]
+    def migrations(self, sid: str) -> list[Migration]:
+        return list(self.conn.compute.migrations(server_id=sid))
 
     def allocations(self, consumer: str) -> dict[str, dict[str, int]]:
         """Placement's allocations of ``consumer`` per provider name."""
-        names = {rp["uuid"]: rp["name"] for rp in self.resource_providers()}
-        allocs = self.placement("GET", f"/allocations/{consumer}").json()["allocations"]
+        names = {rp.id: rp.name for rp in self.resource_providers()}
+        allocs = self.conn.placement.get_allocation(consumer).allocations or {}
         return {names.get(rp, rp): a["resources"] for rp, a in allocs.items()}
 
-    def wait_service_down(self, host: str, timeout: float = 120) -> dict[str, Any]:
+    def wait_service_down(self, host: str, timeout: float = 120) -> Service:
         """The compute on ``host`` once nova's API shows it down (SERVICE_DOWN_TIME)."""
-        def down() -> dict[str, Any] | None:
+        def down() -> Service | None:
             for svc in self.services():
-                if svc["host"] == host and svc["state"] == "down":
+                if svc.host == host and svc.state == "down":
                     return svc
             return None
         return wait_until(down, timeout, f"nova-compute {host} down")
@@ -743,38 +796,42 @@ class Deployment:
             proc.popen.kill()
             proc.popen.wait(30)
 
-    def servers(self, name: str | None = None) -> list[dict[str, Any]]:
-        path = "/servers/detail" + (f"?name=^{name}" if name else "")
-        return self.compute("GET", path).json()["servers"]
+    def servers(self, name: str | None = None) -> list[Server]:
+        if name:
+            return list(self.conn.compute.servers(details=True, name=f"^{name}"))
+        return list(self.conn.compute.servers(details=True))
 
-    def wait_servers(self, name: str, count: int, timeout: float = 180) -> list[dict[str, Any]]:
+    def wait_servers(self, name: str, count: int, timeout: float = 180) -> list[Server]:
         """The ``count`` servers whose name starts with ``name`` once none is building."""
-        def settled() -> list[dict[str, Any]] | None:
+        def settled() -> list[Server] | None:
             found = self.servers(name)
-            if len(found) == count and all(s["status"] in ("ACTIVE", "ERROR") for s in found):
+            if len(found) == count and all(s.status in ("ACTIVE", "ERROR") for s in found):
                 return found
             return None
         return wait_until(settled, timeout, f"{count} servers {name}* to settle")
 
-    def delete_servers(self, servers: list[dict[str, Any]], timeout: float = 180) -> None:
-        ids = {s["id"] for s in servers}
+    def delete_servers(self, servers: list[Server], timeout: float = 180) -> None:
+        ids = {s.id for s in servers}
         for sid in ids:
-            self.compute("DELETE", f"/servers/{sid}", check=False)
-        wait_until(lambda: not ids & {s["id"] for s in self.servers()}, timeout,
+            try:
+                self.conn.compute.delete_server(sid, ignore_missing=True)
+            except sdk_exceptions.HttpException:
+                pass  # one in a state that refuses deletion: the wait below says so
+        wait_until(lambda: not ids & {s.id for s in self.servers()}, timeout,
                    f"{len(ids)} servers deleted")
 
-    def resource_providers(self) -> list[dict[str, Any]]:
-        return self.placement("GET", "/resource_providers").json()["resource_providers"]
+    def resource_providers(self) -> list[ResourceProvider]:
+        return list(self.conn.placement.resource_providers())
 
     def usages(self) -> dict[str, dict[str, int]]:
         """Placement's usages per provider name."""
-        return {rp["name"]: self.placement("GET", f"/resource_providers/{rp['uuid']}/usages")
-                .json()["usages"] for rp in self.resource_providers()}
+        return {rp.name: self.conn.placement.fetch_resource_provider_usages(rp).usages
+                for rp in self.resource_providers()}
 
     def scheduler_metrics(self) -> dict[str, float]:
         """The scheduler's Prometheus samples, ``name{labels}`` -> value."""
-        text = self._session.get(f"http://127.0.0.1:{self.metrics_ports['scheduler']}/metrics",
-                                 timeout=10).text
+        _, text = http_get(f"http://127.0.0.1:{self.metrics_ports['scheduler']}/metrics",
+                           timeout=10)
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):

@@ -10,10 +10,12 @@ import collections
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from nova_deployment import FIGURES, wait_until
+from openstack.compute.v2.server import Server
 
 REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
 SERVERS = int(os.environ.get("SHM_DEPLOYMENT_SERVERS", "6"))
@@ -25,13 +27,13 @@ def _name() -> str:
     return "t" + uuid.uuid4().hex[:8]
 
 
-def _hosts(servers: list[dict[str, Any]]) -> collections.Counter[str]:
-    return collections.Counter(s.get("OS-EXT-SRV-ATTR:host") or "-" for s in servers)
+def _hosts(servers: list[Server]) -> collections.Counter[str]:
+    return collections.Counter(s.compute_host or "-" for s in servers)
 
 
-def _faults(servers: list[dict[str, Any]]) -> list[str]:
-    return [f"{s['name']}: {(s.get('fault') or {}).get('message', '?')}"
-            for s in servers if s["status"] != "ACTIVE"]
+def _faults(servers: list[Server]) -> list[str]:
+    return [f"{s.name}: {(s.fault or {}).get('message', '?')}"
+            for s in servers if s.status != "ACTIVE"]
 
 
 def _clean(dep: Any) -> None:
@@ -40,10 +42,10 @@ def _clean(dep: Any) -> None:
     if left:
         dep.delete_servers(left)
     for svc in dep.services():
-        if svc["forced_down"]:
-            dep.force_down(svc["host"], False)
-        if svc["status"] != "enabled":
-            dep.disable(svc["host"], False)
+        if svc.is_forced_down:
+            dep.force_down(svc.host, False)
+        if svc.status != "enabled":
+            dep.disable(svc.host, False)
     for host in dep.hosts:
         dep.wait_service("nova-compute", host)
 
@@ -71,11 +73,10 @@ def test_boot_servers_active(deployment: Any) -> None:
     try:
         assert not _faults(servers), _faults(servers)
         assert set(hosts) == set(dep.hosts), f"servers per host: {dict(hosts)}"
-        providers = {rp["uuid"]: rp["name"] for rp in dep.resource_providers()}
         for server in servers:
-            allocs = dep.placement("GET", f"/allocations/{server['id']}").json()["allocations"]
-            assert [providers[rp] for rp in allocs] == [server["OS-EXT-SRV-ATTR:host"]], \
-                f"{server['name']}: allocations {allocs}"
+            allocs = dep.allocations(server.id)
+            assert list(allocs) == [server.compute_host], \
+                f"{server.name}: allocations {allocs}"
     finally:
         dep.delete_servers(servers)
 
@@ -92,18 +93,18 @@ def test_anti_affinity(deployment: Any) -> None:
     servers = dep.wait_servers(name, len(dep.hosts))
     hosts = _hosts(servers)
     FIGURES[dep.mode]["anti_affinity_hosts"] = dict(sorted(hosts.items()))
-    extra: list[dict[str, Any]] = []
+    extra: list[Server] = []
     try:
         assert not _faults(servers), _faults(servers)
         assert sorted(hosts) == sorted(dep.hosts) and max(hosts.values()) == 1, \
             f"anti-affinity group members per host: {dict(hosts)}"
         dep.boot(f"{name}-extra", group=group)
         extra = dep.wait_servers(f"{name}-extra", 1)
-        assert extra[0]["status"] == "ERROR", \
-            f"a member beyond one per host went to {_hosts(extra)} ({extra[0]['status']})"
+        assert extra[0].status == "ERROR", \
+            f"a member beyond one per host went to {_hosts(extra)} ({extra[0].status})"
     finally:
         dep.delete_servers(servers + extra)
-        dep.compute("DELETE", f"/os-server-groups/{group}")
+        dep.delete_group(group)
 
 
 def _excluded_host_check(dep: Any, what: str, exclude: Any, include: Any) -> None:
@@ -111,7 +112,7 @@ def _excluded_host_check(dep: Any, what: str, exclude: Any, include: Any) -> Non
     SERVERS servers one by one, count those on it; nova-api and nova-conductor restart
     between repetitions."""
     reps = []
-    booted: list[dict[str, Any]] = []
+    booted: list[Server] = []
     _clean(dep)
     try:
         for rep in range(REPEATS):
@@ -179,8 +180,8 @@ def test_deleted_servers_leave_no_usage(deployment: Any) -> None:
     FIGURES[dep.mode]["usage_after_delete"] = used
     assert not used, f"placement usages left after deleting every server: {used}"
     for server in servers:
-        allocs = dep.placement("GET", f"/allocations/{server['id']}").json()["allocations"]
-        assert not allocs, f"{server['name']}: allocations left {allocs}"
+        allocs = dep.allocations(server.id)
+        assert not allocs, f"{server.name}: allocations left {allocs}"
 
 
 def test_allocation_candidates_from_memory(deployment: Any) -> None:
@@ -225,13 +226,13 @@ def test_shm_status_verify(deployment: Any) -> None:
     FIGURES[dep.mode]["shm_status_verify"] = proc.stdout.strip().splitlines()[-1:]
 
 
-def _move(dep: Any, sid: str, action: dict[str, Any], confirm: bool) -> dict[str, Any]:
+def _move(dep: Any, sid: str, action: Callable[[str], None], confirm: bool) -> Server:
     """One move of server ``sid``: the action, then (a cold migration or a resize) its
     confirmation; the server once settled again."""
-    dep.server_action(sid, action)
+    action(sid)
     server = dep.wait_server(sid)
-    if confirm and server["status"] == "VERIFY_RESIZE":
-        dep.server_action(sid, {"confirmResize": None})
+    if confirm and server.status == "VERIFY_RESIZE":
+        dep.confirm_resize(sid)
         server = dep.wait_server(sid, ("ACTIVE",))
     return server
 
@@ -261,28 +262,26 @@ def test_cold_migrate_resize_and_live_migrate(deployment: Any) -> None:
     name = _name()
     dep.boot(name)
     server = dep.wait_servers(name, 1)[0]
-    sid = server["id"]
-    hosts: list[str] = [server.get("OS-EXT-SRV-ATTR:host") or "-"]
+    sid = server.id
+    hosts: list[str] = [server.compute_host or "-"]
     seconds: dict[str, float] = {}
-    moves: list[tuple[str, dict[str, Any], bool, str]] = [
-        ("cold_migrate", {"migrate": None}, True, "shm.tiny"),
-        ("resize", {"resize": {"flavorRef": dep.flavor_ids["shm.small"]}}, True,
-         "shm.small"),
-        ("live_migrate", {"os-migrateLive": {"host": None, "block_migration": "auto"}},
-         False, "shm.small")]
+    moves: list[tuple[str, Callable[[str], None], bool, str]] = [
+        ("cold_migrate", dep.migrate, True, "shm.tiny"),
+        ("resize", lambda s: dep.resize(s, "shm.small"), True, "shm.small"),
+        ("live_migrate", dep.live_migrate, False, "shm.small")]
     try:
         assert not _faults([server]), _faults([server])
         for what, action, confirm, flavor in moves:
             t0 = time.monotonic()
             server = _move(dep, sid, action, confirm)
-            host = server.get("OS-EXT-SRV-ATTR:host") or "-"
+            host = server.compute_host or "-"
             hosts.append(host)
-            why = (f"{what}: {server['status']} on {host} (from {hosts[-2]}), fault "
-                   f"{(server.get('fault') or {}).get('message')}; migrations "
-                   f"{[(m['migration_type'], m['status'], m['dest_compute']) for m in dep.migrations(sid)]}")
-            assert server["status"] == "ACTIVE" and host != hosts[-2], why
-            assert server["flavor"]["original_name"] == flavor, \
-                f"{what}: flavor {server['flavor']['original_name']}, not {flavor}"
+            why = (f"{what}: {server.status} on {host} (from {hosts[-2]}), fault "
+                   f"{(server.fault or {}).get('message')}; migrations "
+                   f"{[(m.migration_type, m.status, m.dest_compute) for m in dep.migrations(sid)]}")
+            assert server.status == "ACTIVE" and host != hosts[-2], why
+            assert server.flavor.original_name == flavor, \
+                f"{what}: flavor {server.flavor.original_name}, not {flavor}"
             allocs, used = _wait_held_on(dep, sid, host, dep.flavor_resources(flavor))
             seconds[what] = round(time.monotonic() - t0, 1)
             assert allocs == {host: dep.flavor_resources(flavor)}, \
@@ -301,7 +300,7 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
     _clean(dep)
     count = 3
     reps: list[dict[str, Any]] = []
-    booted: list[dict[str, Any]] = []
+    booted: list[Server] = []
     try:
         for how, host in (("stopped", dep.hosts[-1]), ("killed", dep.hosts[-2])):
             t0 = time.monotonic()
