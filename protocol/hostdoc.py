@@ -40,7 +40,8 @@ Namespaces
                 first message, so a scheduler knows the source for what it is before it
                 has published any change.
 ``services``    (an API-side source) ``{host: {disabled,
-                disabled_reason, forced_down, deleted, changed}}``.
+                disabled_reason, forced_down, deleted, changed, stamps}}``; ``stamps``:
+                per field, the wall time it was last written.
 ``nodes``       (an API-side source) ``{compute node uuid: {deleted, changed}}``.
 ``catalogue``   (an API-side source) ``{aggregate uuid: {name, metadata, hosts,
                 id, deleted, changed}}``; ``changed`` is the wall time of the change.

@@ -13,13 +13,19 @@ it on top of the hosts' own documents.
 
 What it publishes (namespaces named in :mod:`protocol.hostdoc`)::
 
-    services     {host: {"disabled", "disabled_reason", "forced_down", "deleted", "changed"}}
+    services     {host: {"disabled", "disabled_reason", "forced_down", "deleted", "changed",
+                         "stamps": {field: when that field was last written}}}
     nodes        {compute node uuid: {"deleted", "changed"}}
     catalogue    {aggregate uuid: {"name", "metadata", "hosts", "id"?, "deleted"?, "changed"}}
 
 ``changed`` is the wall time of the change (``time.time()``): several API and
 conductor processes may each run a source (one per process, since a source
-has a single writer), and a scheduler takes, per key, the entry changed last.
+has a single writer), and a scheduler takes, per key, the entry changed last;
+for a service, per field (``stamps``).  A ``Service.save`` writes only some
+fields, and each process merges them into its own copy of the entry, whose
+other fields may be older than another process's writes: nova-api's workers
+taking a force-down and then a disable of one host in turn would otherwise
+publish, last, an entry that still says what the first worker last saw.
 
 Where it hooks (:func:`install`): after nova's ``Service.create/save/destroy``,
 ``ComputeNode.create/destroy`` and the Aggregate operations succeed, i.e. in the
@@ -146,6 +152,7 @@ class ApiStateSource:
         # read the object before the lock: its fields are all of it for a first hearing
         values = {name: bool(get(name, False)) for name in ("disabled", "forced_down")}
         values["disabled_reason"] = get("disabled_reason")
+        stamp = self.wall() if changed is None else changed
 
         def merged(held: dict[str, Any] | None) -> dict[str, Any]:
             written = fields
@@ -155,6 +162,11 @@ class ApiStateSource:
                 written = SERVICE_FIELDS
             else:
                 entry = dict(held)
+            # every write stamps what it wrote, even a value this copy already held: another
+            # process may have written another value since
+            stamps = dict(entry.get("stamps") or {})
+            stamps.update(dict.fromkeys(written | {"deleted"}, stamp))
+            entry["stamps"] = stamps
             entry["deleted"] = deleted
             for name in written & {"disabled", "forced_down"}:
                 entry[name] = values[name]
@@ -166,7 +178,7 @@ class ApiStateSource:
                     entry.pop("disabled_reason", None)
             return entry
 
-        self._update(hostdoc.API_SERVICES, host, merged, changed)
+        self._update(hostdoc.API_SERVICES, host, merged, stamp)
 
     def node_changed(self, node_uuid: str, *, deleted: bool) -> None:
         """A compute node was created (again) or deleted."""
@@ -196,7 +208,8 @@ class ApiStateSource:
 # -- the scheduler side: every API source's document merged ------------------------------
 
 class ApiState:
-    """What the API sources say, merged: per key, the entry changed last (any source).
+    """What the API sources say, merged: per key, the entry changed last (any source); for a
+    service, per field, the value written last (:func:`merge_service`).
 
     Built by the SharedHostManager from the cache's views of API sources (a
     source whose document has an ``services``, ``nodes`` or ``catalogue``
@@ -222,9 +235,45 @@ class ApiState:
                     if type(entry) is not dict:
                         continue
                     held = into.get(key)
-                    if held is None or _stamp(entry) >= _stamp(held):
+                    if held is None:
+                        into[key] = entry
+                    elif ns == hostdoc.API_SERVICES and ("stamps" in entry or "stamps" in held):
+                        into[key] = merge_service(held, entry)
+                    elif _stamp(entry) >= _stamp(held):
                         into[key] = entry
         return state
+
+
+#: a service entry's fields stamped one by one (``stamps``)
+STAMPED_FIELDS = ("disabled", "disabled_reason", "forced_down", "deleted")
+
+
+def merge_service(held: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """Two sources' entries of one service: each field as written last (``entry``'s on a tie,
+    as for whole entries); an absent ``disabled_reason`` is a value too (none).  An entry
+    without ``stamps`` stamps every field with its ``changed``."""
+    out = dict(entry if _stamp(entry) >= _stamp(held) else held)
+    stamps: dict[str, float] = {}
+    for name in STAMPED_FIELDS:
+        a, b = _field_stamp(held, name), _field_stamp(entry, name)
+        winner = entry if b >= a else held
+        stamps[name] = max(a, b)
+        if name in winner:
+            out[name] = winner[name]
+        else:
+            out.pop(name, None)
+    out["stamps"] = stamps
+    out["changed"] = max(_stamp(held), _stamp(entry))
+    return out
+
+
+def _field_stamp(entry: dict[str, Any], name: str) -> float:
+    stamps = entry.get("stamps")
+    if type(stamps) is dict:
+        value = stamps.get(name)
+        if type(value) is int or type(value) is float:
+            return float(value)
+    return _stamp(entry)
 
 
 def _record_time(record: Any) -> float:

@@ -9,6 +9,8 @@ reaches the cache from its owner when it changes (design §2).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
 
@@ -321,6 +323,7 @@ def test_a_fresh_api_source_is_applied_from_its_first_change(order, change):
 
 # -- read your writes: a fenced change counts in the next decision ---------------------------
 
+@pytest.mark.slow
 def test_a_decision_after_a_fenced_force_down_never_places_on_the_host():
     """The API call returned once its force-down was on the stream and fenced; this
     scheduler's stream is behind (the change arrives 0.3 s later): the next decision waits
@@ -360,3 +363,55 @@ def test_a_fence_the_stream_never_brings_is_given_up_after_its_timeout():
     assert cache.fence_stats["expired"] == 1 and not cache.fences
     cache.ingest_control(Encoder().encode(Fence(nodes[0].uuid, 1, 0)))  # already held
     assert cache.fence_stats["met"] == 1 and not cache.fences
+
+
+def _saved(host: str, **fields) -> objects.Service:
+    """A Service as nova-api saves it: loaded, then ``fields`` set (what obj_what_changed says)."""
+    service = objects.Service(host=host, binary="nova-compute", disabled=False, forced_down=False)
+    service.obj_reset_changes()
+    for name, value in fields.items():
+        setattr(service, name, value)
+    return service
+
+
+def test_two_api_workers_taking_turns_each_field_as_written_last():
+    """Force down, unforce, disable, enable within a second, taken by nova-api's two workers in
+    turn: each worker holds its own copy of the entry, so whole-entry merging published the
+    first worker's stale forced_down=True last and the host never came back."""
+    nodes, cache, manager = _world()
+    clock = iter(float(t) for t in range(10, 100))
+    a = api_source.ApiStateSource("nova-api-a", wall=lambda: next(clock))
+    b = api_source.ApiStateSource("nova-api-b", wall=lambda: next(clock))
+    for w in (a, b):  # both started knowing the host enabled and up
+        w.preload([objects.Service(host="host1", binary="nova-compute", disabled=False,
+                                   forced_down=False)], [])
+    for worker, fields in ((a, {"forced_down": True}), (b, {"forced_down": False}),
+                           (b, {"disabled": True, "disabled_reason": "x"}), (a, {"disabled": False})):
+        service = _saved("host1", **fields)
+        worker.service_changed(service, saved=set(service.obj_what_changed()))
+    for seq, w in enumerate((a, b)):
+        _publish(cache, w, seq)
+    host1 = _hosts(manager)["host1"]
+    assert host1.service["forced_down"] is False and host1.service["disabled"] is False
+    assert compute_filter.ComputeFilter().host_passes(host1, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["disabled", "forced_down"]),
+                          st.booleans()), max_size=12))
+def test_api_workers_merged_say_what_was_written_last(writes):
+    """Any interleaving of saves over three API processes: the schedulers' merge of their
+    documents is, field by field, the value written last (the database's)."""
+    clock = iter(float(t) for t in range(1, 1000))
+    workers = [api_source.ApiStateSource(f"nova-api-{i}", wall=lambda: next(clock)) for i in range(3)]
+    truth = {"disabled": False, "forced_down": False}
+    for w in workers:
+        w.preload([objects.Service(host="h", binary="nova-compute", **truth)], [])
+    for i, name, value in writes:
+        service = _saved("h", **{name: value})
+        workers[i].service_changed(service, saved=set(service.obj_what_changed()))
+        truth[name] = value
+    views = [type("View", (), {"source": w.source, "version": (1, 0),
+                               "doc": w.document(w.source)})() for w in workers]
+    merged = api_source.ApiState.from_views(views).services["h"]
+    assert {name: merged[name] for name in truth} == truth
