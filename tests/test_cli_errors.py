@@ -111,6 +111,7 @@ def _stderr_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_each_mistake_ends_with_one_line_and_its_exit_code(tmp_path):
     cases = _cases(tmp_path)
     failures = []

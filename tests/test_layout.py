@@ -15,6 +15,8 @@ import ast
 import os
 import sys
 
+import pytest
+
 TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("protocol", "transport", "compute_reporter", "shared_host_manager", "simulator", "shm_cli")
 
@@ -264,6 +266,7 @@ PLANTED_IN_NOVA = [
 ]
 
 
+@pytest.mark.slow
 def test_a_planted_import_against_novas_direction_is_caught(tmp_path, monkeypatch):
     """The nova rules can fail: each planted import is reported, at module level, in a function,
     absolute or relative; and the layers' rule reports the upward ones as well."""

@@ -20,7 +20,8 @@ from openstack.compute.v2.server import Server
 REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
 SERVERS = int(os.environ.get("SHM_DEPLOYMENT_SERVERS", "6"))
 
-pytestmark = [pytest.mark.deployment, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.nova, pytest.mark.rabbit,
+              pytest.mark.databases, pytest.mark.timeout(1800)]
 
 
 def _name() -> str:

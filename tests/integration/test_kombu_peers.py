@@ -11,6 +11,8 @@ import pytest
 from transport.base import CastError, ControlPlane
 from transport.kombu_peers import KombuPeerPlane
 
+pytestmark = pytest.mark.rabbit
+
 
 def _wait(pred, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout

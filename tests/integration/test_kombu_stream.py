@@ -319,6 +319,7 @@ def test_existing_stream_with_other_retention_is_used(settings, rabbit_url, wait
         plane.close()
 
 
+@pytest.mark.slow
 def test_connections_cut_while_publishing(plane, rabbitmqctl, wait_until):
     n, cuts = 4000, 3
     col = Collector()

@@ -21,6 +21,8 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+pytestmark = pytest.mark.rabbit
+
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOSTS = 30
 
@@ -90,6 +92,7 @@ def deployment(rabbit_url, oslo_rabbit_url, tmp_path, delete_broker_queues):
                           f"{stopic}.s0-{suffix}", f"{stopic}.s1-{suffix}"])
 
 
+@pytest.mark.slow
 def test_an_operator_sees_health_lag_and_convergence_then_stops_everything(deployment):
     procs, urls, tmp_path = deployment
 

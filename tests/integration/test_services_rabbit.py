@@ -26,6 +26,8 @@ from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
 from transport.oslo_rpc import OsloRpcControlPlane
 from transport.rpcapi import peer_topic
 
+pytestmark = pytest.mark.rabbit
+
 
 @pytest.fixture
 def planes(rabbit_url, oslo_rabbit_url, stream_name, delete_broker_queues):
@@ -63,6 +65,7 @@ def _claim(sched, source, resources):
     return claim
 
 
+@pytest.mark.slow
 def test_reporters_and_two_schedulers_converge_then_claim(planes):
     data, control, topics = planes
     reporters = [make_reporter(data, control, f"r{i}", hosts=20, seed=i, topics=topics)
@@ -138,6 +141,7 @@ def test_reporter_restart_new_epoch_is_established(planes, tmp_path):
         _stop(reporter, sched)
 
 
+@pytest.mark.slow
 def test_connections_cut_mid_run_everything_reconverges(planes, rabbitmqctl):
     data, control, topics = planes
     reporter = make_reporter(data, control, "r", hosts=30, seed=2, topics=topics,
@@ -235,6 +239,7 @@ def test_bad_input_on_the_real_bus_is_dropped_and_counted(planes, rabbit_url, st
         _stop(reporter, sched)
 
 
+@pytest.mark.slow
 def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_broker_queues):
     """[cache] announce_claims over oslo.messaging (design §5.2): a peer deducts an accepted
     claim until its delta lists it, a rejected one until the host's rejection, forwarded by
@@ -285,6 +290,7 @@ def test_schedulers_announce_their_claims_to_their_live_peers(planes, delete_bro
         delete_broker_queues([peers, f"{peers}.s0", f"{peers}.s1"])
 
 
+@pytest.mark.slow
 def test_a_scarce_request_goes_to_the_coordinator_on_the_peer_topic(planes, delete_broker_queues):
     """[filter_scheduler] scarce_coordinator over RabbitMQ (design §5.4): s1 hands a request
     only one host fits to s0 (first by name) as a scarce_request cast on the peer topic

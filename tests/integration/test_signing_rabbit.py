@@ -28,6 +28,8 @@ from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
 from transport.oslo_rpc import OsloRpcControlPlane
 from transport.rpcapi import ReporterAPI, SchedulerAPI
 
+pytestmark = pytest.mark.rabbit
+
 MASTER = b"signing integration master secret"
 
 
@@ -90,6 +92,7 @@ def test_forged_source_and_forged_origin_are_rejected_and_counted(signed_cloud):
     assert s0.cache.origins[victim] == "r"
 
 
+@pytest.mark.slow
 def test_replayed_old_messages_are_rejected_and_counted(signed_cloud):
     data, control, topics, reporter, (s0, _) = signed_cloud
     source = sorted(s0.receiver.sources)[0]
@@ -129,6 +132,7 @@ def old_snapshot_version(snap: Snapshot) -> tuple[int, int]:
     return snap.epoch, snap.seq
 
 
+@pytest.mark.slow
 def test_a_claim_result_for_another_schedulers_claim_is_rejected_and_counted(signed_cloud):
     _, control, topics, _, (s0, s1) = signed_cloud
     source = sorted(s1.receiver.sources)[0]

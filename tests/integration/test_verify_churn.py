@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = [pytest.mark.rabbit, pytest.mark.slow]
+
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KOMBU_URL = "amqp://guest:guest@127.0.0.1:5672//"
 OSLO_URL = "rabbit://guest:guest@127.0.0.1:5672/"

@@ -21,6 +21,8 @@ from shared_host_manager.nova import api_publisher, api_source  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from transport import factory  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 fx.setup_nova()
 
 TOPICS = ("shm-reporter-api-test", "shm-scheduler-api-test")

@@ -15,6 +15,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -30,6 +32,7 @@ def _configs(tmp_path, section: str, name: str, default: str = "", shared: str =
     return shm_conf, nova_conf
 
 
+@pytest.mark.slow
 def test_scheduler_entry_point_runs_nova_with_the_shared_host_manager(tmp_path):
     shm_conf, nova_conf = _configs(
         tmp_path, "cache", "sched-test", "[scheduler]\nworkers = 1\n",
@@ -72,6 +75,7 @@ def test_scheduler_entry_point_runs_nova_with_the_shared_host_manager(tmp_path):
     assert result.stdout.strip().endswith("ok")
 
 
+@pytest.mark.slow
 def test_compute_entry_point_hooks_the_tracker_and_starts_a_reporter(tmp_path):
     shm_conf, nova_conf = _configs(
         tmp_path, "reporter", "compute-test", "reserved_host_memory_mb = 512\n",

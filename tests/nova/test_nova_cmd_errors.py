@@ -23,6 +23,9 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 
+# every test starts nova's console scripts as processes (nova's imports): 2 to 8 s each
+pytestmark = [pytest.mark.nova, pytest.mark.slow]
+
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.dirname(sys.executable)
 RABBIT = ("127.0.0.1", 5672)
@@ -142,6 +145,7 @@ CONDUCTOR = "nova-conductor-shared"
 WRONG_PASSWORD = "the broker at 127.0.0.1:5672 refused the login of user 'guest'"
 
 
+@pytest.mark.rabbit
 @needs_rabbit
 @pytest.mark.parametrize("prog,section", [(SCHEDULER, "cache"), (COMPUTE, "reporter"),
                                           (CONDUCTOR, "reporter")])

@@ -27,6 +27,8 @@ from shared_host_manager.nova import host_manager as shm  # noqa: E402
 from shared_host_manager.nova.core import document as ndoc  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 fx.setup_nova()
 
 

@@ -32,6 +32,8 @@ from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from simulator import bench_decisions  # noqa: E402
 from simulator.synthetic_hosts import host_doc, load_receiver  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 CONF = fx.setup_nova()
 
 FILTERS = ("ComputeFilter", "ResourceFitFilter", "ImagePropertiesFilter")

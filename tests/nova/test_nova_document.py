@@ -15,6 +15,8 @@ from protocol.messages import Snapshot  # noqa: E402
 from shared_host_manager.nova.core import document as ndoc  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 fx.setup_nova()
 
 FIELDS = ("host", "nodename", "uuid", "free_ram_mb", "free_disk_mb", "vcpus_total", "vcpus_used",

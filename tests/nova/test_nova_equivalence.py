@@ -30,6 +30,8 @@ from nova_world import MEMBER, build_world, with_candidates  # noqa: E402
 from shared_host_manager.nova.core.document import canonical_primitive  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 FILTERS = {
     "ComputeFilter": compute_filter.ComputeFilter,
     "ComputeCapabilitiesFilter": compute_capabilities_filter.ComputeCapabilitiesFilter,

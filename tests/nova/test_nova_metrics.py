@@ -8,6 +8,8 @@ from nova import exception
 
 from shared_host_manager.nova import cmd
 
+pytestmark = pytest.mark.nova
+
 
 class _Service:
     def __init__(self) -> None:

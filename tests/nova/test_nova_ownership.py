@@ -20,6 +20,8 @@ from shared_host_manager.nova.core import document as ndoc  # noqa: E402
 from shared_host_manager.nova.core import vector  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 PEERS = ("s1", "s2", "s3")
 
 

@@ -21,6 +21,8 @@ from protocol.messages import Snapshot  # noqa: E402
 from shared_host_manager.nova.core import document as ndoc  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 
 def _state(world, manager, host):
     return next(h for h in with_candidates(world.our_states(manager)) if h.host == host)

@@ -28,6 +28,8 @@ from shared_host_manager.updatelog.recorder import Recorder  # noqa: E402
 from shared_host_manager.updatelog.replay import replay  # noqa: E402
 from shm_cli import main as cli  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 N = 10
 
 

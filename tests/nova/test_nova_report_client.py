@@ -41,6 +41,8 @@ from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from shared_host_manager.placement import PlacementConfig, ProviderState, Unanswered, answer  # noqa: E402
 from simulator.placement_real import RealPlacement  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 AGG_A = "aaaaaaaa-0000-4000-8000-000000000001"
 AGG_B = "bbbbbbbb-0000-4000-8000-000000000002"
 

@@ -29,6 +29,8 @@ from shared_host_manager.nova import host_manager, request_filters  # noqa: E402
 from shared_host_manager.nova.api_source import ApiStateSource  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 NAMES = ("require_tenant_aggregate", "map_az_to_placement_aggregate", "isolate_aggregates")
 HOSTS = [f"host{i}" for i in range(6)]
 PROJECTS = [f"project-{i}" for i in range(4)]

@@ -23,6 +23,8 @@ from shared_host_manager.nova.core import document as ndoc  # noqa: E402
 from shared_host_manager.nova.row_entries import RowEntries  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 fx.setup_nova()
 
 HOSTS = 5
@@ -173,6 +175,7 @@ class _Cloud:
         assert [service(h) for h in a.shells] == [service(h) for h in b.shells]
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(step, min_size=1, max_size=30))
 def test_kept_entries_answer_what_deriving_every_host_answers(steps: list[tuple]) -> None:

@@ -21,6 +21,9 @@ pytest.importorskip("wsgi_intercept")
 
 from simulator import nova_sim  # noqa: E402
 
+# every test builds the two clouds (a module fixture) or one of its own: tens of seconds
+pytestmark = [pytest.mark.nova, pytest.mark.slow]
+
 REQUESTS = 24
 
 

@@ -49,6 +49,8 @@ from shared_host_manager.nova.core.document import (  # noqa: E402
 from shared_host_manager.nova.core.index_table import IndexTable, Templates  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 CONF = fx.setup_nova()
 
 FILTERS = ["ComputeFilter", "ComputeCapabilitiesFilter", "ImagePropertiesFilter",
@@ -629,6 +631,7 @@ def test_bench_decision_only_in_a_deployments_state_agrees_with_novas_handlers(c
     assert result["vector"]["samples"] == 2
 
 
+@pytest.mark.slow
 def test_bench_nova_runs_each_side_with_its_process_gc(tmp_path) -> None:
     """``shm bench nova``: nova's database side with Python's GC, the drop-in with its own (in
     a process of its own: nova's database setup is once per process).  osprofiler is installed

@@ -67,6 +67,8 @@ from shared_host_manager.nova.core import plugins as core_plugins  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
 from simulator.synthetic_hosts import host_doc, load_receiver  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 CONF = fx.setup_nova()
 
 #: our filter name -> nova 34's class of that name
@@ -326,6 +328,7 @@ def _nova_passes(f: object, hs: object, spec: object) -> bool:
         return False
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hosts=clouds(), req=requests(), options=st.fixed_dictionaries(OPTIONS))
 def test_our_filters_and_weighers_decide_as_novas(hosts: list[dict], req: dict, options: dict) -> None:
@@ -374,6 +377,7 @@ def test_our_filters_and_weighers_decide_as_novas(hosts: list[dict], req: dict, 
         _clear(options)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hosts=clouds(), req=requests(), count=st.integers(2, 3),
        options=st.fixed_dictionaries(OPTIONS))
@@ -442,6 +446,7 @@ def test_a_multi_create_request_takes_the_hosts_novas_loop_takes(
         _clear(options)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hosts=clouds(), req=requests(), options=st.fixed_dictionaries(OPTIONS),
        pending=st.lists(st.sampled_from([0, 0, 1, 2]), min_size=8, max_size=8))

@@ -42,6 +42,8 @@ pytest.importorskip("wsgi_intercept")
 
 from servers import database_unavailable  # noqa: E402
 
+pytestmark = pytest.mark.nova
+
 CAPACITY_MB = 10240
 CLAIM_MB = 5120
 THREADS = 12
@@ -219,12 +221,16 @@ def test_concurrent_claims_on_sqlite_never_exceed_capacity():
     _assert_exactly_capacity(_in_process(concurrent_claims, None))
 
 
+@pytest.mark.databases
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("server_url", list(SERVERS), indirect=True)
 def test_concurrent_claims_on_a_server_never_exceed_capacity(server_url):
     _assert_exactly_capacity(_in_process(concurrent_claims, server_url))
 
 
+@pytest.mark.databases
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("server_url", list(SERVERS), indirect=True)
 def test_placement_retrying_inside_the_request_transaction_overcommits(server_url):
@@ -236,6 +242,8 @@ def test_placement_retrying_inside_the_request_transaction_overcommits(server_ur
     assert r["used"] > CAPACITY_MB
 
 
+@pytest.mark.databases
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("server_url", list(SERVERS), indirect=True)
 def test_the_harness_returns_the_conflict_to_the_client(server_url):

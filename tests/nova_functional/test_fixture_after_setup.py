@@ -14,6 +14,8 @@ pytest.importorskip("placement")
 
 from nova_paste import paste_config  # noqa: E402
 
+pytestmark = [pytest.mark.nova, pytest.mark.slow]
+
 HERE = Path(__file__).resolve().parent
 TOP = HERE.parent.parent
 

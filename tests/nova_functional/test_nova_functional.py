@@ -13,10 +13,11 @@ database, and every test that scheduled went through our decisions), and every
 decision recorded in the schedulers' update logs re-runs the same
 (``SHM_NOVA_FUNCTIONAL_REPLAY=0`` leaves the logs out).
 
-It runs in CI (``.ci/run``); locally ``SHM_SKIP_NOVA_FUNCTIONAL=1`` skips it
-(it takes minutes).  Outcomes and times of both sides are written to
-``SHM_NOVA_FUNCTIONAL_OUT`` (default: a temporary directory) as JSON lines;
-``SHM_NOVA_FUNCTIONAL_SELECTION`` names another selection file (a quick local check).
+It runs in CI (``.ci/run``) and with the rest of the suite; it is marked ``nova_functional``
+and ``slow`` (it takes minutes): ``-m "not nova_functional"`` leaves it out.  Outcomes and
+times of both sides are written to ``SHM_NOVA_FUNCTIONAL_OUT`` (default: a temporary
+directory) as JSON lines; ``SHM_NOVA_FUNCTIONAL_SELECTION`` names another selection file (a
+quick local check).
 
 The baseline side's outcomes are recorded in ``baseline.json`` for the nova and
 placement releases they were measured on and the selection's exact list of
@@ -48,9 +49,8 @@ from nova_paste import paste_config as _paste_config  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TOP = HERE.parent.parent
-SKIP = os.environ.get("SHM_SKIP_NOVA_FUNCTIONAL") == "1"
 
-pytestmark = pytest.mark.skipif(SKIP, reason="SHM_SKIP_NOVA_FUNCTIONAL=1")
+pytestmark = [pytest.mark.nova_functional, pytest.mark.nova, pytest.mark.slow]
 
 
 #: seconds a worker may go without reporting a test before it is taken for hung (the longest

@@ -388,6 +388,7 @@ _SETTINGS = dict(deadline=None, suppress_health_check=[
 _WORLDS = dict(world=world_st(), opts=options_st, requests=st.lists(request_st(), min_size=1, max_size=6))
 
 
+@pytest.mark.slow
 @differences_found
 @settings(max_examples=EXAMPLES["sqlite"], **_SETTINGS)
 @given(**_WORLDS)
@@ -397,6 +398,7 @@ def test_candidates_equal_placement_sqlite(placements: _OneAtATime, world: list[
 
 
 @pytest.mark.databases
+@pytest.mark.slow
 @differences_found
 @settings(max_examples=EXAMPLES["mariadb"], **_SETTINGS)
 @given(**_WORLDS)

@@ -197,6 +197,7 @@ def test_single_precision_ratios() -> None:
     assert uuids(answer(s, "resources=VCPU:7")) == []
 
 
+@pytest.mark.nova
 def test_nova_resource_request() -> None:
     pytest.importorskip("nova")
     from shared_host_manager.nova.core.nova_setup import setup_nova_objects

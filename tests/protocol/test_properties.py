@@ -42,6 +42,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -654,6 +655,7 @@ def run_scenario(sc: dict[str, Any]) -> World:
 SETTINGS = settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_invariants_under_faults(sc: dict[str, Any]) -> None:

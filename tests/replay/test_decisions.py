@@ -76,6 +76,7 @@ def test_a_changed_option_changes_decisions_and_is_reported(mini_run):
     assert not result.mismatches and not result.effect_mismatches
 
 
+@pytest.mark.nova
 def test_novas_classes_re_run_the_recorded_decisions_the_same(mini_run):
     """``--decision-option decision_core=nova``: the decisions recorded with the engine's own
     classes, re-run with nova 34's own through the vector core, come out the same."""
@@ -88,6 +89,7 @@ def test_novas_classes_re_run_the_recorded_decisions_the_same(mini_run):
     assert result.ok
 
 
+@pytest.mark.nova
 def test_decisions_recorded_with_novas_classes_replay_with_them(mini_run):
     """An engine that decided with nova's classes records its core with its options: the
     replay re-runs its decisions with nova's classes too, and they come out the same."""

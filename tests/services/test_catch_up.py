@@ -61,7 +61,7 @@ def _big() -> RequestSpec:
                        instance_uuids=[uuid.uuid4().hex])
 
 
-@pytest.mark.parametrize("catch_up", [0.0, WINDOW + 1.0])
+@pytest.mark.parametrize("catch_up", [0.0, pytest.param(WINDOW + 1.0, marks=pytest.mark.slow)])
 def test_a_host_freed_just_before_the_decision_counts_once_caught_up(catch_up):
     bus = InProcessBus(threaded=True)
     reporter, manager = _full_cloud(bus, catch_up)

@@ -43,7 +43,8 @@ def _drive(manager: ReporterManager, tracker: SimulatedTracker, sink: _Sink, rou
         manager.poll(sink.now + 0.5)
 
 
-@pytest.mark.parametrize("ring_size, held", [(512, BOUND), (256, BOUND), (40, 40)])
+@pytest.mark.parametrize("ring_size, held", [pytest.param(512, BOUND, marks=pytest.mark.slow),
+                                             (256, BOUND), (40, 40)])
 def test_the_ring_holds_at_most_what_a_resync_can_send_and_levels_off(ring_size, held):
     tracker = SimulatedTracker(HOSTS, seed=3, prefix="r0", change_interval=1.0)
     manager = ReporterManager("r0", {h: tracker.document(h) for h in tracker.hosts()},

@@ -28,6 +28,7 @@ SCHEDULES = int(os.environ.get("SHM_FAULTS_SCHEDULES", "2000"))
 BOUND = 100
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # ~1-2 min on CI's 2 cores; far longer on a machine shared with others
 def test_fault_schedules_keep_every_invariant():
     report = run_schedules(SEED, SCHEDULES, workers=min(2, os.cpu_count() or 1))

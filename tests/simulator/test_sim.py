@@ -36,6 +36,7 @@ def test_each_mode_keeps_the_invariants(mode):
         assert sum(result["claims_rejected_by_choice"].values()) == result["claims_rejected"]
 
 
+@pytest.mark.nova
 @pytest.mark.parametrize("mode", ["shared", "legacy", "caching"])
 def test_each_mode_decides_with_novas_classes_when_asked(mode):
     """``--core nova``: every mode's engine loads nova 34's filter and weigher classes (the
@@ -172,6 +173,7 @@ def test_recorded_run_replays_with_matching_digests(tmp_path):
         assert result.decisions_checked > 0 and not result.decision_diffs, result.decision_diffs[:1]
 
 
+@pytest.mark.slow
 def test_recorded_run_replays_from_every_later_part(tmp_path, monkeypatch):
     # 3 schedulers announcing their claims, logs in small parts: each log replayed from each of
     # its later parts (as after retention) holds, from the part's base, the claims pending and
@@ -235,7 +237,9 @@ def _database_url(name: str) -> str | None:
     return url
 
 
-@pytest.mark.parametrize("database", sorted(_DATABASES))
+@pytest.mark.parametrize("database", [
+    pytest.param(name, marks=[pytest.mark.databases] if _DATABASES[name] else [])
+    for name in sorted(_DATABASES)])
 def test_legacy_database_holds_every_change_from_the_start(database):
     """Hosts change all the time while the database is loaded: none may keep a stale row."""
     url = _database_url(database)

@@ -39,6 +39,7 @@ def _queue_exists(name: str) -> bool:
 
 
 @pytest.mark.rabbit
+@pytest.mark.slow
 def test_scheduler_processes_keep_the_invariants(rabbit, tmp_path, monkeypatch):
     closed: list = []
     close = run_transport.RunTransport.close
