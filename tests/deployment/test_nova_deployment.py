@@ -167,6 +167,34 @@ def test_disabled_host_gets_nothing(deployment: Any) -> None:
                          lambda h: dep.disable(h, False))
 
 
+def test_quick_toggles_through_both_api_workers_leave_the_host_eligible(deployment: Any) -> None:
+    """Force down, unforce, disable and enable one compute back to back, three times: nova-api's
+    two workers take the calls in turn, each publishing from its own copy of the service's
+    state; afterwards every compute is eligible again (an anti-affinity group takes one server
+    per compute, none in ERROR)."""
+    dep = deployment
+    _clean(dep)
+    host = dep.hosts[-1]
+    for _ in range(3):
+        dep.force_down(host, True)
+        dep.force_down(host, False)
+        dep.disable(host, True)
+        dep.disable(host, False)
+    group = dep.create_group(_name())
+    name = _name()
+    servers: list[Server] = []
+    try:
+        for i in range(len(dep.hosts)):
+            dep.boot(f"{name}-{i}", group=group)
+        servers = dep.wait_servers(name, len(dep.hosts))
+        hosts = _hosts(servers)
+        assert not _faults(servers) and sorted(hosts) == sorted(dep.hosts), \
+            f"after the toggles of {host}: servers per host {dict(hosts)}, faults {_faults(servers)}"
+    finally:
+        dep.delete_servers(servers)
+        dep.delete_group(group)
+
+
 def test_deleted_servers_leave_no_usage(deployment: Any) -> None:
     """Servers booted and deleted: every provider's usages back to zero, no allocation
     left for any of them."""

@@ -14,9 +14,9 @@ bound (a wait, not a timing assertion).
 Faults go through explicit interfaces: the feed's ``confirm`` seam (a publish
 the broker did not confirm, or a confirm that raises), stopping and starting
 the services, and SIGKILL of placement's own uWSGI workers while claims are in
-flight (the one test that runs placement's API as processes).  Needs RabbitMQ at 127.0.0.1:5672 and MariaDB at 127.0.0.1:3306
-(skipped without them; SHM_REQUIRE_RABBITMQ=1 / SHM_REQUIRE_DATABASES=1 make
-a missing one fail).
+flight (the one test that runs placement's API as processes).  Needs RabbitMQ
+at 127.0.0.1:5672 and MariaDB at 127.0.0.1:3306 (skipped without them;
+SHM_REQUIRE_RABBITMQ=1 / SHM_REQUIRE_DATABASES=1 make a missing one fail).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ from transport import no_eventlet  # noqa: E402,F401  (before oslo_messaging)
 from transport.kombu_stream import KombuStreamDataPlane, StreamSettings  # noqa: E402
 from transport.oslo_rpc import OsloRpcControlPlane  # noqa: E402
 
-pytestmark = pytest.mark.rabbit
+pytestmark = [pytest.mark.rabbit, pytest.mark.databases, pytest.mark.slow]
 
 MV = "1.36"
 #: generous: the machine running the tests may be loaded; every wait polls for a condition
