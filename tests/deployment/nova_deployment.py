@@ -613,7 +613,7 @@ class Deployment:
             self.wait_service("nova-compute", host, timeout=180)
         wait_until(lambda: len(self.resource_providers()) >= len(self.hosts), 120,
                    "every compute's resource provider")
-        self._manage("cell_v2", "discover_hosts", "--verbose")
+        self.discover_hosts()
         # the hypervisors API lists the nodes of mapped hosts only
         wait_until(lambda: len(list(self.conn.compute.hypervisors())) >= len(self.hosts), 60,
                    "every compute's hypervisor")
@@ -713,6 +713,15 @@ class Deployment:
 
     def service_id(self, host: str) -> str:
         return str(self.service(host).id)
+
+    def delete_service(self, host: str) -> None:
+        """``openstack compute service delete``: nova deletes the service, its compute node,
+        the node's resource provider and the host mapping."""
+        self.conn.compute.delete_service(self.service_id(host))
+
+    def discover_hosts(self) -> None:
+        """``nova-manage cell_v2 discover_hosts``: maps computes that have no host mapping."""
+        self._manage("cell_v2", "discover_hosts", "--verbose")
 
     def force_down(self, host: str, down: bool = True) -> None:
         self.conn.compute.update_service_forced_down(self.service(host), forced=down)

@@ -167,6 +167,25 @@ def test_disabled_host_gets_nothing(deployment: Any) -> None:
                          lambda h: dep.disable(h, False))
 
 
+def _one_per_compute(dep: Any, what: str) -> None:
+    """An anti-affinity group, its members requested one at a time (each once the previous
+    settled: stock nova's late check can turn back-to-back members into retries): one
+    member on every compute, none in ERROR; the members and the group deleted after."""
+    group = dep.create_group(_name())
+    name = _name()
+    try:
+        members: list[Server] = []
+        for i in range(len(dep.hosts)):
+            dep.boot(f"{name}-{i}", group=group)
+            members = dep.wait_servers(name, i + 1)
+        hosts = _hosts(members)
+        assert not _faults(members) and sorted(hosts) == sorted(dep.hosts), \
+            f"{what}: members per host {dict(hosts)}, faults {_faults(members)}"
+    finally:
+        dep.delete_servers(dep.servers(name))
+        dep.delete_group(group)
+
+
 def test_quick_toggles_through_both_api_workers_leave_the_host_eligible(deployment: Any) -> None:
     """Force down, unforce, disable and enable one compute back to back, three times: nova-api's
     two workers take the calls in turn, each publishing from its own copy of the service's
@@ -180,19 +199,7 @@ def test_quick_toggles_through_both_api_workers_leave_the_host_eligible(deployme
         dep.force_down(host, False)
         dep.disable(host, True)
         dep.disable(host, False)
-    group = dep.create_group(_name())
-    name = _name()
-    servers: list[Server] = []
-    try:
-        for i in range(len(dep.hosts)):
-            dep.boot(f"{name}-{i}", group=group)
-        servers = dep.wait_servers(name, len(dep.hosts))
-        hosts = _hosts(servers)
-        assert not _faults(servers) and sorted(hosts) == sorted(dep.hosts), \
-            f"after the toggles of {host}: servers per host {dict(hosts)}, faults {_faults(servers)}"
-    finally:
-        dep.delete_servers(servers)
-        dep.delete_group(group)
+    _one_per_compute(dep, f"after the toggles of {host}")
 
 
 def test_deleted_servers_leave_no_usage(deployment: Any) -> None:
@@ -367,3 +374,40 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
         FIGURES[dep.mode]["down_computes"] = reps
     bad = [r for r in reps if r["on_host"] or r["errors"]]
     assert not bad, f"servers on a down compute or in ERROR: {bad}"
+
+
+def test_a_deleted_compute_gets_nothing_until_it_starts_again(deployment: Any) -> None:
+    """A compute killed (SIGKILL: no goodbye) and its service deleted through the API at
+    once, long before nova would see it down: servers requested right after all go
+    elsewhere, none fails.  Started again, nova-compute creates its service and node anew
+    and, once mapped (``discover_hosts``), takes servers again: an anti-affinity group gets
+    one server on every compute."""
+    dep = deployment
+    _clean(dep)
+    host = dep.hosts[0]
+    count = 3
+    booted: list[Server] = []
+    try:
+        dep.kill(host)
+        dep.delete_service(host)
+        name = _name()
+        for i in range(count):
+            dep.boot(f"{name}-{i}")
+        servers = dep.wait_servers(name, count)
+        booted += servers
+        hosts = _hosts(servers)
+        FIGURES[dep.mode]["deleted_compute"] = dict(host=host, on_host=hosts.get(host, 0),
+                                                    servers=count, errors=len(_faults(servers)))
+        assert not hosts.get(host) and not _faults(servers), \
+            f"servers on the deleted compute {host}: {dict(hosts)}, faults {_faults(servers)}"
+        dep.restart(host)
+        dep.wait_service("nova-compute", host)
+        wait_until(lambda: len(dep.resource_providers()) >= len(dep.hosts), 120,
+                   f"{host}'s resource provider again")
+        dep.discover_hosts()
+        _one_per_compute(dep, f"after {host} started again")
+    finally:
+        if not dep.processes[host].alive():
+            dep.restart(host)
+        if booted:
+            dep.delete_servers(booted)
