@@ -35,6 +35,7 @@ keeps it running until interrupted (its endpoints and run directory are printed)
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -89,6 +90,8 @@ PLACEMENT_MICROVERSION = "1.39"
 # SERVICE_DOWN_TIME is down (nova's API, the scheduler's ComputeFilter)
 REPORT_INTERVAL = 2
 SERVICE_DOWN_TIME = 20
+#: a compute's RPC reply timeout (nova's: 60 s), below SERVICE_DOWN_TIME: see the computes' config
+COMPUTE_RPC_TIMEOUT = 15
 FLAVORS = {"shm.tiny": dict(ram=64, vcpus=1, disk=1),  # every server boots with it
            "shm.small": dict(ram=128, vcpus=2, disk=2)}  # the resize check's
 ADMIN_TOKEN = "admin:admin"
@@ -509,7 +512,13 @@ class Deployment:
             state = self.dir / "state" / host
             state.mkdir(parents=True, exist_ok=True)
             nova(host, self._shm_conf(reporter=host, metrics_port=self.metrics_ports[host]),
-                 DEFAULT=dict(host=host, state_path=state, instances_path=state / "instances"),
+                 DEFAULT=dict(host=host, state_path=state, instances_path=state / "instances",
+                              # a report in flight when the conductor restarts waits this
+                              # long for a reply that never comes; with nova's 60 s the
+                              # compute shows down meanwhile, and nova-api then skips the
+                              # COMPUTE_STATUS_DISABLED sync of an enable (the host stays
+                              # out of placement's candidates until the compute restarts)
+                              rpc_response_timeout=COMPUTE_RPC_TIMEOUT),
                  # a compute reaches the databases through the conductor only
                  database=dict(connection=None), api_database=dict(connection=None))
 
@@ -655,6 +664,16 @@ class Deployment:
                     return svc
             return None
         return wait_until(up, timeout, f"{binary} {name} up")
+
+    def wait_reported_since(self, since: datetime.datetime, timeout: float = 120) -> None:
+        """Every compute has reported (its service's ``updated_at``) after ``since`` (naive
+        UTC, as nova stores it): after a conductor restart, through the new conductor."""
+        def reported() -> bool:
+            fresh = {svc.host for svc in self.services()
+                     if svc.updated_at and svc.state == "up"
+                     and datetime.datetime.fromisoformat(svc.updated_at).replace(tzinfo=None) > since}
+            return set(self.hosts) <= fresh
+        wait_until(reported, timeout, f"every compute reporting after {since.isoformat()}")
 
     def restart(self, *names: str) -> None:
         """Restart processes by name (``api``, ``conductor``, ``scheduler``, ``compute-N``)
