@@ -43,6 +43,10 @@ LAYERS: list[tuple[str, ...]] = [
 #: the drop-in, neither on the other
 NOVA_PARTS: dict[str, tuple[str, frozenset[str]]] = {
     "shared_host_manager.nova.core": ("core", frozenset({"core"})),
+    # the vector forms of nova's filters and weighers, one module per module of nova's
+    "shared_host_manager.nova.core.forms": ("core", frozenset({"core"})),
+    "shared_host_manager.nova.core.forms.filters": ("core", frozenset({"core"})),
+    "shared_host_manager.nova.core.forms.weights": ("core", frozenset({"core"})),
     "shared_host_manager.nova": ("drop-in", frozenset({"core", "drop-in"})),
     "shared_host_manager.nova.replay": ("replay", frozenset({"core", "drop-in", "replay"})),
     "shared_host_manager.nova.testing": ("testing", frozenset({"core", "drop-in", "testing"})),

@@ -16,12 +16,21 @@ tests in tests/nova/test_nova_vector.py are the definition of "same"):
 * what depends only on what few hosts differ in (aggregate metadata,
   capabilities, supported instances, metrics names) runs nova's own code once
   per *distinct* input, on one host of each group, and the answer is spread to
-  the group (so the semantics are nova's, not a copy);
+  the group (so the semantics are nova's, not a copy: :mod:`.forms.base`);
 * any other filter (a subclass, an out-of-tree plugin, NUMATopologyFilter with a
   requested NUMA topology, PciPassthroughFilter with PCI requests, JsonFilter
   with a query) runs as nova's own class, per host, on the survivors only, in
   nova's order; so does every filter and weigher on a host nova's manager has
   already touched (consumed in a multi-create).
+
+The forms themselves are one module per module of nova's, under nova's module
+name: ``forms/filters/<name>.py`` answers for the classes of
+``nova/scheduler/filters/<name>.py``, ``forms/weights/<name>.py`` for those of
+``nova/scheduler/weights/<name>.py`` (:mod:`.forms`).  This module builds the
+registries from them and keeps what runs them: the request's rows
+(:class:`HostRows`), nova's wrapper rules (:func:`pre_filter`), the handlers'
+loops (:func:`run_filters`, :func:`weigh`), and which class a form stands for
+(nova's, as shipped: :func:`is_base_filter_all`, :func:`is_base_weigher`).
 
 The forms read their hosts through
 :class:`~shared_host_manager.decision.host_table.HostTable` only (design §5.8):
@@ -38,8 +47,10 @@ Life cycle (one request)::
         attributes yet), and a copy of what the lock protects (liveness,
         pending claims, aggregates, the numbers of COLUMNS from the Store)
     get_filtered_hosts -> nova's force/ignore/requested_destination rules on the
-        rows' names, then the filters in nova's order -> a list of shells
-    get_weighed_hosts -> weights per weigher, nova.weights.normalize's
+        rows' names (pre_filter), then the filters in nova's order (run_filters:
+        each one's form in forms/filters/, or nova's class) -> a list of shells
+    get_weighed_hosts -> weights per weigher (weigh: each one's form in
+        forms/weights/, or nova's class), nova.weights.normalize's
         arithmetic, multipliers per aggregate group -> WeighedHosts, sorted as
         nova sorts (stable, descending)
     the manager touches the chosen host and alternates: only those shells
@@ -62,69 +73,13 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 from nova import conf as nova_conf
 from nova.scheduler import filters as nova_filters
-from nova.scheduler import utils as nova_utils
 from nova.scheduler import weights as nova_weights
-from nova.scheduler.filters import (
-    affinity_filter,
-    aggregate_image_properties_isolation,
-    aggregate_instance_extra_specs,
-    aggregate_multitenancy_isolation,
-    all_hosts_filter,
-    compute_capabilities_filter,
-    compute_filter,
-    image_props_filter,
-    io_ops_filter,
-    isolated_hosts_filter,
-    json_filter,
-    metrics_filter,
-    num_instances_filter,
-    numa_topology_filter,
-    pci_passthrough_filter,
-    type_filter,
-)
-from nova.scheduler.weights import (
-    affinity as w_affinity,
-)
-from nova.scheduler.weights import (
-    compute as w_compute,
-)
-from nova.scheduler.weights import (
-    cpu as w_cpu,
-)
-from nova.scheduler.weights import (
-    cross_cell as w_cross_cell,
-)
-from nova.scheduler.weights import (
-    disk as w_disk,
-)
-from nova.scheduler.weights import (
-    hypervisor_version as w_hv,
-)
-from nova.scheduler.weights import (
-    image_props as w_image_props,
-)
-from nova.scheduler.weights import (
-    io_ops as w_io_ops,
-)
-from nova.scheduler.weights import (
-    metrics as w_metrics,
-)
-from nova.scheduler.weights import (
-    num_instances as w_num_instances,
-)
-from nova.scheduler.weights import (
-    pci as w_pci,
-)
-from nova.scheduler.weights import (
-    ram as w_ram,
-)
 
 from shared_host_manager.decision.host_table import (
     COLUMN,
@@ -133,18 +88,23 @@ from shared_host_manager.decision.host_table import (
     add_pending,
     service_down,
 )
-from shared_host_manager.decision.index import PASS_ALL, PassAll
+from shared_host_manager.decision.index import PASS_ALL
+from shared_host_manager.nova.core.forms.base import (
+    BoolArray,
+    Engaged,
+    FilterAnswer,
+    FloatArray,
+    IntArray,
+    Probe,
+    VectorFilter,
+    VectorWeigher,
+)
+from shared_host_manager.nova.core.forms.filters import FORMS as FILTER_FORMS
+from shared_host_manager.nova.core.forms.weights import FORMS as WEIGHER_FORMS
 
 LOG = logging.getLogger(__name__)
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
-IntArray = npt.NDArray[np.int64]
 _T = TypeVar("_T")
-
-#: the numbers this scheduler's pending claims change (host_state.SharedHostState._make does the same)
-_ADJUSTED = frozenset({"free_ram_mb", "free_disk_mb", "disk_mb_used", "vcpus_used",
-                       "num_instances", "num_io_ops", "pci_free"})
 
 
 def pool_key(pool: Any) -> str:
@@ -475,28 +435,6 @@ def candidates(rows: HostRows, uuid: str) -> Any:
     return copy.deepcopy(rows.alloc_reqs[uuid]) if rows.alloc_reqs is not None else None
 
 
-class Probe:
-    """What a group-wise filter or multiplier reads (aggregates), for nova's own code."""
-
-    __slots__ = ("aggregates", "host", "nodename")
-
-    def __init__(self, aggregates: Sequence[Any], host: str, nodename: str) -> None:
-        self.aggregates = aggregates
-        self.host = host
-        self.nodename = nodename
-
-    def __repr__(self) -> str:
-        return f"({self.host}, {self.nodename})"
-
-
-class MetricsProbe(Probe):
-    __slots__ = ("metrics",)
-
-    def __init__(self, aggregates: Sequence[Any], host: str, nodename: str, metrics: Any) -> None:
-        super().__init__(aggregates, host, nodename)
-        self.metrics = metrics
-
-
 def rows_of(hosts: Any) -> HostRows | None:
     """The request rows all of ``hosts`` belong to, or None (then nova's handlers decide)."""
     rows = None
@@ -575,351 +513,23 @@ def pre_filter(rows: HostTable, idx: list[int], spec_obj: Any) -> tuple[list[int
 
 # -- filters ---------------------------------------------------------------------------------
 
-#: a vector filter, asked only for a request that engages its filter (:func:`engaged`):
-#: (filter, rows, row numbers (lazy rows only), spec) -> pass mask, PASS_ALL when it knows
-#: that no row is removed (every kept group answer passes), or None when this request needs
-#: nova's per-host class (then the filter runs per host)
-FilterAnswer = BoolArray | PassAll | None
-VectorFilter = Callable[[Any, HostTable, IntArray, Any], FilterAnswer]
-
-
-def _grouped(f: Any, rows: HostTable, idx: IntArray, spec: Any, name: str,
-             value: Callable[[Any], Any], key: Hashable) -> BoolArray | PassAll:
-    """nova's own ``f._filter_one`` once per distinct ``value`` of the rows' templates, on
-    one host of the group; kept across decisions under ``key`` (what ``f`` reads of the
-    request) where the holder keeps such answers.  PASS_ALL: every value has its kept
-    answer, and each passes."""
-    ids = rows.value_ids(name, value)
-    kept = rows.value_answers(name, (type(f), key))
-    if kept is not None and len(kept) == rows.value_count(name) and all(kept.values()):
-        return PASS_ALL  # whichever rows the filters before left
-    return _once_per_group(idx, ids, lambda row: f._filter_one(rows.host(row), spec),
-                           kept=kept)
-
-
-def _once_per_group(idx: IntArray, gids: IntArray, decide: Callable[[int], Any],
-                    dtype: Any = bool, kept: dict[int, Any] | None = None
-                    ) -> npt.NDArray[Any]:
-    """``decide(row)`` for one row per distinct ``gids[row]`` (small numbers), spread to the
-    rows sharing it (no sort: the groups are few, the rows many); with ``kept``, the
-    answers of earlier decisions by group number, taken from and added to it."""
-    if not len(idx):
-        return np.empty(0, dtype=dtype)
-    g = gids[idx]
-    first = np.full(int(g.max()) + 1, -1, dtype=np.int64)
-    first[g[::-1]] = idx[::-1]  # the last write wins: each group's first row in idx
-    present = np.flatnonzero(first >= 0)
-    answers = np.zeros(len(first), dtype=dtype)
-    if kept is None:
-        answers[present] = np.fromiter((decide(row) for row in first[present].tolist()),
-                                       dtype=dtype, count=len(present))
-    else:
-        for gid, row in zip(present.tolist(), first[present].tolist(), strict=True):
-            answer = kept.get(gid, kept)
-            if answer is kept:
-                answer = kept[gid] = decide(row)
-            answers[gid] = answer
-    return answers[g]
-
-
-def _agg_probe(rows: HostTable) -> Callable[[int], Any]:
-    return lambda row: Probe(rows.aggregates(row), rows.name(row), rows.nodename(row))
-
-
-def _rebuild_skips(f: Any, spec: Any) -> bool:
-    return not f.RUN_ON_REBUILD and nova_utils.request_is_rebuild(spec)
-
-
-def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if type(f.servicegroup_api._driver).__name__ != "DbDriver":
-        return None  # another servicegroup driver: nova's class asks it per host
-    # nova: abs(utcnow - last_seen_up) <= service_down_time, with last_seen_up = wall clock of
-    # the last message (host_state.SharedHostState._make); microsecond rounding aside, the same comparison
-    up = rows.heard_within(idx, nova_conf.CONF.service_down_time)
-    return (rows.col("down")[idx] == 0.0) & up
-
-
-def _capability_names(spec: Any) -> tuple[str, ...]:
-    """The host attributes the flavor's extra specs ask ComputeCapabilitiesFilter about."""
-    flavor = spec.flavor
-    if "extra_specs" not in flavor:
-        return ()
-    tops: list[str] = []
-    for key in flavor.extra_specs:
-        if key == "hw:maxphysaddr_bits":
-            tops.append("cpu_info")
-            continue
-        scope = key.split(":")
-        if len(scope) == 1:
-            tops.append(key)
-        elif scope[0] == "capabilities" and len(scope) > 1:
-            tops.append(scope[1])
-    return tuple(sorted(set(tops)))
-
-
-def _capabilities(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    cls: type = type(f)  # as type: mypy does not take type[X] for Hashable
-    names, extra_specs = rows.derived(cls, lambda: (
-        _capability_names(spec), tuple(sorted(spec.flavor.extra_specs.items()))))
-    for name in names:
-        # a number this scheduler's claims change, or a per-request attribute: per host
-        if name in _ADJUSTED or rows.per_request_attribute(name):
-            return None
-        if name in ("limits", "allocation_candidates", "instances", "aggregates", "service",
-                    "updated", "stats", "metrics", "numa_topology", "pci_stats", "host_ip"):
-            return None
-    # nova's class reads the flavor's extra specs of the request, nothing else
-    return _grouped(f, rows, idx, spec, "cap:" + ",".join(names), lambda t: repr(tuple(
-        (t.attrs.get(n), t.attrs["stats"].get(n)) for n in names)), extra_specs)
-
-
-def _checked_image(f: Any, spec: Any) -> tuple[Any, tuple[Any, Any, Any]]:
-    """The image properties, and the three ImagePropertiesFilter checks (nova's default
-    architecture counted in): none set, the filter passes every host."""
-    from nova.objects import fields
-
-    props = spec.image.properties if spec.image else {}
-    return props, (fields.Architecture.canonicalize(props.get(
-        "hw_architecture", f._get_default_architecture())),
-        fields.HVType.canonicalize(props.get("img_hv_type")),
-        fields.VMMode.canonicalize(props.get("hw_vm_mode")))
-
-
-def _image_keys(f: Any, spec: Any) -> Hashable:
-    """What ImagePropertiesFilter reads of the request: the checked properties (the default
-    architecture counted in), the requested hypervisor version, the address bits."""
-    props, checked = _checked_image(f, spec)
-    return checked, props.get("img_hv_requested_version"), props.get("hw_maxphysaddr_bits")
-
-
-def _image_props(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    key = rows.derived((type(f), f._get_default_architecture()), lambda: _image_keys(f, spec))
-    return _grouped(f, rows, idx, spec, "image", lambda t: repr((
-        t.attrs["supported_instances"], t.attrs["hypervisor_version"], t.attrs["cpu_info"])),
-        key)
-
-
-def _anti_affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    group = spec.instance_group
-    members = set(group.members)
-    rules = group.rules
-    limit = rules["max_server_per_host"] if rules and "max_server_per_host" in rules else 1
-    me = spec.instance_uuid
-    if limit < 1:  # no row passes for holding none: every row's own answer
-        candidates = np.arange(len(idx))
-        out = np.empty(len(idx), dtype=bool)
-    else:  # a row holding no member passes: only the holders are asked
-        candidates = np.flatnonzero(_holding(rows, idx, members))
-        out = np.ones(len(idx), dtype=bool)
-    for j in candidates.tolist():
-        insts = rows.instances_of(int(idx[j]))
-        out[j] = me in insts or len(members.intersection(insts)) < limit
-    return out
-
-
-def _holding(rows: HostTable, idx: IntArray, uuids: Collection[str]) -> BoolArray:
-    """Per row of ``idx``: does it hold any of ``uuids``."""
-    holders = rows.rows_with_instances(uuids, idx)
-    if not holders:
-        return np.zeros(len(idx), dtype=bool)
-    return np.isin(idx, np.fromiter(holders, dtype=np.int64, count=len(holders)))
-
-
-def _affinity(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    group_hosts = spec.instance_group.hosts
-    return np.fromiter((rows.name(r) in group_hosts for r in idx.tolist()), dtype=bool,
-                       count=len(idx))
-
-
-def _overlap(hint: str, same: bool) -> VectorFilter:
-    def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-        uuids = spec.get_scheduler_hint(hint)
-        wanted = {uuids} if isinstance(uuids, str) else set(uuids)
-        hit = _holding(rows, idx, wanted)
-        return hit if same else ~hit
-    return vf
-
-
-def _per_host(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    return None  # rare (a CIDR or JSON query hint): nova's class per host
-
-
-def _per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any], Any],
-               dtype: Any = bool) -> npt.NDArray[Any] | PassAll:
-    """``answer(host)`` for the rows of ``idx``, asked once per aggregate group on a probe
-    holding the group's aggregates; kept across decisions under ``key`` where the holder
-    keeps such answers (``key``: what ``answer`` reads besides the aggregates; None: not
-    known, asked again).  PASS_ALL: every kept bool answer is True."""
-    kept = None
-    if key is not None and rows.keeps_group_answers:
-        try:
-            kept = rows.group_answers(key, lambda aggregates: answer(Probe(aggregates, "", "")))
-        except Exception:  # noqa: BLE001 - nova's code raised for some group: ask the groups
-            kept = None    # of these rows only, as nova's handler would (and raise if it does)
-    if kept is not None:
-        if dtype is bool and all(kept.tolist()):  # a few groups: cheaper than numpy's all
-            return PASS_ALL
-        return kept[rows.group_ids()[idx]].astype(dtype, copy=False)
-    probe = _agg_probe(rows)
-    return _once_per_group(idx, rows.group_ids(), lambda row: answer(probe(row)), dtype=dtype)
-
-
-def _limit(column: str, getter: str, option: str) -> VectorFilter:
-    """NumInstances/IoOps (and their aggregate forms): the limit per aggregate group, by nova."""
-    def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-        get_max = getattr(f, getter)
-        # nova's getters read the option and the aggregates, not the request
-        key = (type(f), getattr(nova_conf.CONF.filter_scheduler, option))
-        lim = _per_group(rows, idx, key, lambda host: get_max(host, spec), dtype=np.float64)
-        assert lim is not PASS_ALL  # numbers, not answers
-        return rows.col(column)[idx] < lim
-    return vf
-
-
-#: what nova's aggregate filters read of a request besides the hosts' aggregates: their
-#: per-group answers are kept across decisions under it (a class without an entry is asked
-#: every request)
-_REQUEST_KEYS: dict[type, Callable[[Any], Any]] = {
-    aggregate_instance_extra_specs.AggregateInstanceExtraSpecsFilter: lambda spec: tuple(
-        sorted(spec.flavor.extra_specs.items())) if "extra_specs" in spec.flavor else None,
-    aggregate_multitenancy_isolation.AggregateMultiTenancyIsolation: lambda spec: (
-        spec.project_id,),
-}
-
-
-def _aggregates_key(f: Any, spec: Any) -> Hashable | None:
-    request_key = _REQUEST_KEYS.get(type(f))
-    if request_key is None or _rebuild_skips(f, spec):
-        return None
-    return type(f), request_key(spec)
-
-
-def _by_aggregates(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    cls: type = type(f)  # as type: mypy does not take type[X] for Hashable
-    key = rows.derived(cls, lambda: _aggregates_key(f, spec))
-    return _per_group(rows, idx, key, lambda host: bool(f._filter_one(host, spec)))
-
-
-def _isolated(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    c = nova_conf.CONF.filter_scheduler
-    isolated_hosts = c.isolated_hosts
-    restrict = c.restrict_isolated_hosts_to_isolated_images
-    host_isolated = np.fromiter((rows.name(r) in isolated_hosts for r in idx.tolist()), dtype=bool,
-                                count=len(idx))
-    if not c.isolated_images:
-        return ~host_isolated if restrict else PASS_ALL
-    image_ref = spec.image.id if spec.image and "id" in spec.image else None
-    image_isolated = image_ref in c.isolated_images
-    if restrict:
-        return host_isolated == image_isolated
-    return host_isolated if image_isolated else PASS_ALL
-
-
-def _metrics(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    # nova's class reads the metric names it parsed from its option, not the request
-    return _grouped(f, rows, idx, spec, "metric_names",
-                    lambda t: tuple(sorted(m.name for m in t.attrs["metrics"])),
-                    tuple(sorted(f.keys)))
-
-
-def _numa(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    if spec.numa_topology:
-        return None  # a NUMA fit per host and candidate: nova's class
-    extra_specs = spec.flavor.extra_specs
-    image_props = spec.image.properties
-    ids = rows.value_ids("numa_policy", lambda t: (bool(t.attrs["numa_topology"]), bool(
-        t.attrs["numa_topology"].has_threads) if t.attrs["numa_topology"] else None))
-    return _once_per_group(idx, ids, lambda row: f._satisfies_cpu_policy(
-        rows.host(row), extra_specs, image_props))
-
-
-def _pci(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
-    return None  # PCI devices asked for: nova's class per host, on its candidates
-
-
 #: nova filter class -> its vector form (exact class only: subclasses run as themselves), for
-#: a request that engages the filter (:func:`engaged`; :func:`filter_answer` asks both)
-VECTOR_FILTERS: dict[type, VectorFilter] = {
-    compute_filter.ComputeFilter: _compute_filter,
-    compute_capabilities_filter.ComputeCapabilitiesFilter: _capabilities,
-    image_props_filter.ImagePropertiesFilter: _image_props,
-    affinity_filter.ServerGroupAntiAffinityFilter: _anti_affinity,
-    affinity_filter.ServerGroupAffinityFilter: _affinity,
-    affinity_filter.SameHostFilter: _overlap("same_host", True),
-    affinity_filter.DifferentHostFilter: _overlap("different_host", False),
-    affinity_filter.SimpleCIDRAffinityFilter: _per_host,
-    aggregate_instance_extra_specs.AggregateInstanceExtraSpecsFilter: _by_aggregates,
-    aggregate_image_properties_isolation.AggregateImagePropertiesIsolation: _by_aggregates,
-    aggregate_multitenancy_isolation.AggregateMultiTenancyIsolation: _by_aggregates,
-    type_filter.AggregateTypeAffinityFilter: _by_aggregates,
-    num_instances_filter.NumInstancesFilter: _limit("num_instances", "_get_max_instances_per_host",
-                                                    "max_instances_per_host"),
-    num_instances_filter.AggregateNumInstancesFilter: _limit(
-        "num_instances", "_get_max_instances_per_host", "max_instances_per_host"),
-    io_ops_filter.IoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host", "max_io_ops_per_host"),
-    io_ops_filter.AggregateIoOpsFilter: _limit("num_io_ops", "_get_max_io_ops_per_host",
-                                               "max_io_ops_per_host"),
-    isolated_hosts_filter.IsolatedHostsFilter: _isolated,
-    json_filter.JsonFilter: _per_host,
-    metrics_filter.MetricsFilter: _metrics,
-    all_hosts_filter.AllHostsFilter: lambda f, rows, idx, spec: PASS_ALL,
-    numa_topology_filter.NUMATopologyFilter: _numa,
-    pci_passthrough_filter.PciPassthroughFilter: _pci,
-}
-
-
-
-
-def _runs(f: Any, spec: Any) -> bool:
-    """nova's class runs for this request (a rebuild skips the classes not RUN_ON_REBUILD)."""
-    return not _rebuild_skips(f, spec)
-
-
-def _group_policy(f: Any, spec: Any) -> bool:
-    group = spec.instance_group
-    return _runs(f, spec) and group is not None and f.policy_name == group.policy
-
-
-def _hint(name: str) -> Callable[[Any, Any], bool]:
-    return lambda f, spec: _runs(f, spec) and bool(spec.get_scheduler_hint(name))
-
+#: a request that engages the filter (:func:`engaged`; :func:`filter_answer` asks both); one
+#: module per module of nova's in forms/filters/
+VECTOR_FILTERS: dict[type, VectorFilter] = {cls: form.answer for cls, form in FILTER_FORMS.items()}
 
 #: per nova filter class, whether a request engages it: when not, nova's class passes every
 #: host whatever the hosts hold (the request alone decides), and its vector form is not asked
 #: (a class without an entry is always engaged)
-_ENGAGED: dict[type, Callable[[Any, Any], bool]] = {
-    compute_filter.ComputeFilter: _runs,
-    compute_capabilities_filter.ComputeCapabilitiesFilter: lambda f, spec: _runs(f, spec)
-    and bool(_capability_names(spec)),
-    image_props_filter.ImagePropertiesFilter: lambda f, spec: _runs(f, spec)
-    and any(_checked_image(f, spec)[1]),
-    affinity_filter.ServerGroupAntiAffinityFilter: _group_policy,
-    affinity_filter.ServerGroupAffinityFilter: lambda f, spec: _runs(f, spec)
-    and spec.instance_group is not None and f.policy_name in spec.instance_group.policies
-    and bool(spec.instance_group.hosts),
-    affinity_filter.SameHostFilter: _hint("same_host"),
-    affinity_filter.DifferentHostFilter: _hint("different_host"),
-    affinity_filter.SimpleCIDRAffinityFilter: _hint("build_near_host_ip"),
-    json_filter.JsonFilter: _hint("query"),
-    num_instances_filter.NumInstancesFilter: _runs,
-    num_instances_filter.AggregateNumInstancesFilter: _runs,
-    io_ops_filter.IoOpsFilter: _runs,
-    io_ops_filter.AggregateIoOpsFilter: _runs,
-    isolated_hosts_filter.IsolatedHostsFilter: _runs,
-    metrics_filter.MetricsFilter: _runs,
-    numa_topology_filter.NUMATopologyFilter: _runs,
-    pci_passthrough_filter.PciPassthroughFilter: lambda f, spec: _runs(f, spec)
-    and bool(spec.pci_requests) and bool(spec.pci_requests.requests),
-    all_hosts_filter.AllHostsFilter: lambda f, spec: False,
-}
-
+_ENGAGED: dict[type, Engaged] = {cls: form.engaged for cls, form in FILTER_FORMS.items()
+                                 if form.engaged is not None}
 
 #: the classes whose engagement or vector form reads what is set per instance of a request
 #: (the instance's uuid, its group's hosts and members); the others read only what requests
 #: alike share (flavor, image, project, hints, group policy)
-PER_INSTANCE: frozenset[type] = frozenset({
-    affinity_filter.ServerGroupAffinityFilter, affinity_filter.ServerGroupAntiAffinityFilter,
-    w_affinity.ServerGroupSoftAffinityWeigher, w_affinity.ServerGroupSoftAntiAffinityWeigher})
+PER_INSTANCE: frozenset[type] = frozenset(
+    [cls for cls, form in FILTER_FORMS.items() if form.per_instance]
+    + [cls for cls, w_form in WEIGHER_FORMS.items() if w_form.per_instance])
 
 
 def engaged_key(f: Any) -> Hashable | None:
@@ -928,10 +538,13 @@ def engaged_key(f: Any) -> Hashable | None:
     may share the answer under this key.  None: it reads what is set per instance (of
     that, only the group's)."""
     cls: type = type(f)  # as type: mypy does not take type[X] for Hashable
-    if cls is affinity_filter.ServerGroupAffinityFilter:
-        return None  # engaged once the group has hosts
-    if cls is image_props_filter.ImagePropertiesFilter:
-        return cls, f._get_default_architecture()  # counted in when the image has none
+    form = FILTER_FORMS.get(cls)
+    if form is None:
+        return cls
+    if form.engaged_per_instance:
+        return None  # ServerGroupAffinityFilter: engaged once the group has hosts
+    if form.engaged_by is not None:
+        return cls, form.engaged_by(f)  # ImagePropertiesFilter's default architecture
     return cls
 
 
@@ -1034,102 +647,16 @@ def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec:
 
 # -- weighers --------------------------------------------------------------------------------
 
-#: a vector weigher: (weigher, rows, lazy row numbers, spec) -> raw weights (before the clamp)
-VectorWeigher = Callable[[Any, HostTable, IntArray, Any], "FloatArray | None"]
-
-
-def _column(name: str) -> VectorWeigher:
-    return lambda w, rows, idx, spec: rows.col(name)[idx]
-
-
-def _pci_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray:
-    # nova.scheduler.weights.pci: MAX_DEVS - min(free, MAX_DEVS - 1)
-    free = rows.col("pci_free")[idx]
-    return w_pci.MAX_DEVS - np.minimum(free, w_pci.MAX_DEVS - 1)
-
-
-def _cpu(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray:
-    return rows.col("vcpus_total")[idx] * rows.col("cpu_allocation_ratio")[idx] \
-        - rows.col("vcpus_used")[idx]
-
-
-def _cross_cell(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray:
-    rd = spec.requested_destination if "requested_destination" in spec else None
-    if rd and "cell" in rd and rd.cell and rd.allow_cross_cell_move:
-        cell = rd.cell.uuid
-        return np.fromiter((1.0 if rows.cell_uuid(r) == cell else -1.0 for r in idx.tolist()),
-                           dtype=np.float64, count=len(idx))
-    return np.zeros(len(idx))
-
-
-def _soft(sign: float) -> VectorWeigher:
-    def vw(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray:
-        group = spec.instance_group
-        if not group or w.policy_name != group.policy:
-            return np.zeros(len(idx))
-        members = set(group.members)
-        out = np.zeros(len(idx))
-        for j in np.flatnonzero(_holding(rows, idx, members)).tolist():
-            out[j] = sign * len(members.intersection(rows.instances_of(int(idx[j]))))
-        return out
-    return vw
-
-
-def _image_props_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray | None:
-    if nova_conf.CONF.filter_scheduler.image_props_weight_multiplier == 0.0:
-        return np.zeros(len(idx))
-    return None  # reads instances' image metadata from the cell DB: nova's class per host
-
-
-def _metrics_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray | None:
-    if not w.setting:
-        return np.zeros(len(idx))
-    metrics = rows.values("metrics", lambda t: t.attrs["metrics"])
-    out = np.empty(len(idx), dtype=np.float64)
-    for j, row in enumerate(idx.tolist()):
-        out[j] = w._weigh_object(MetricsProbe(rows.aggregates(row), rows.name(row),
-                                               rows.nodename(row), metrics[row]), spec)
-    return out
-
-
-VECTOR_WEIGHERS: dict[type, VectorWeigher] = {
-    w_ram.RAMWeigher: _column("free_ram_mb"),
-    w_disk.DiskWeigher: _column("free_disk_mb"),
-    w_cpu.CPUWeigher: _cpu,
-    w_io_ops.IoOpsWeigher: _column("num_io_ops"),
-    w_num_instances.NumInstancesWeigher: _column("num_instances"),
-    w_compute.BuildFailureWeigher: _column("failed_builds"),
-    w_hv.HypervisorVersionWeigher: _column("hypervisor_version"),
-    w_pci.PCIWeigher: _pci_weight,
-    w_cross_cell.CrossCellWeigher: _cross_cell,
-    w_affinity.ServerGroupSoftAffinityWeigher: _soft(1.0),
-    w_affinity.ServerGroupSoftAntiAffinityWeigher: _soft(-1.0),
-    w_image_props.ImagePropertiesWeigher: _image_props_weight,
-    w_metrics.MetricsWeigher: _metrics_weight,
-}
-
+#: nova weigher class -> its vector form (exact class only); one module per module of nova's
+#: in forms/weights/
+VECTOR_WEIGHERS: dict[type, VectorWeigher] = {cls: form.raw for cls, form in WEIGHER_FORMS.items()}
 
 _SHIPPED.update({cls: _shipped(cls) for cls in VECTOR_WEIGHERS})
 
 #: the option each of nova's weighers reads for its multiplier, (group, name): all its
 #: answer depends on besides the host's aggregates
 _MULTIPLIER_OPTIONS: dict[type, tuple[str, str]] = {
-    w_ram.RAMWeigher: ("filter_scheduler", "ram_weight_multiplier"),
-    w_disk.DiskWeigher: ("filter_scheduler", "disk_weight_multiplier"),
-    w_cpu.CPUWeigher: ("filter_scheduler", "cpu_weight_multiplier"),
-    w_io_ops.IoOpsWeigher: ("filter_scheduler", "io_ops_weight_multiplier"),
-    w_num_instances.NumInstancesWeigher: ("filter_scheduler", "num_instances_weight_multiplier"),
-    w_compute.BuildFailureWeigher: ("filter_scheduler", "build_failure_weight_multiplier"),
-    w_hv.HypervisorVersionWeigher: ("filter_scheduler", "hypervisor_version_weight_multiplier"),
-    w_pci.PCIWeigher: ("filter_scheduler", "pci_weight_multiplier"),
-    w_cross_cell.CrossCellWeigher: ("filter_scheduler", "cross_cell_move_weight_multiplier"),
-    w_affinity.ServerGroupSoftAffinityWeigher: ("filter_scheduler",
-                                                "soft_affinity_weight_multiplier"),
-    w_affinity.ServerGroupSoftAntiAffinityWeigher: ("filter_scheduler",
-                                                    "soft_anti_affinity_weight_multiplier"),
-    w_image_props.ImagePropertiesWeigher: ("filter_scheduler", "image_props_weight_multiplier"),
-    w_metrics.MetricsWeigher: ("metrics", "weight_multiplier"),
-}
+    cls: form.multiplier_option for cls, form in WEIGHER_FORMS.items()}
 #: (class, option value) -> nova's multiplier for a host in no aggregate
 _DEFAULTS: dict[tuple[type, Any], float] = {}
 
@@ -1255,5 +782,11 @@ def _multipliers(w: Any, rows: HostTable, idx: list[int], arr: IntArray,
     return out
 
 
-__all__ = ["VECTOR_FILTERS", "VECTOR_WEIGHERS", "HostRows", "Hosts", "Store", "candidates", "pre_filter",
-           "rows_of", "run_filters", "snapshot", "take_over", "weigh", "weigh_rows"]
+# the forms' shared names are re-exported: the drop-in, the engine's plugins and the tests
+# import them from here
+__all__ = ["PER_INSTANCE", "VECTOR_FILTERS", "VECTOR_WEIGHERS", "BoolArray", "FilterAnswer",
+           "FloatArray", "HostRows", "Hosts", "IntArray", "Probe", "Snap", "Store", "VectorFilter",
+           "VectorWeigher", "candidates", "default_multiplier", "engaged", "engaged_key",
+           "filter_answer", "is_base_filter_all", "is_base_weigher", "node_uuid", "pci_taken",
+           "pool_counts", "pool_key", "pre_filter", "rows_of", "run_filters", "snapshot",
+           "take_over", "weigh", "weigh_rows"]
