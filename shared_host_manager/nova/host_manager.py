@@ -59,6 +59,21 @@ nova gives builds up (``SchedulerManager._cleanup_allocations``: a multi-create
 that could not place every instance), :func:`install` has it cancel their
 pending claims too, so they stop holding the hosts at once.
 
+Claim announcement (design §5.2): with peers to tell (the cache's
+``claim_announcer``), the host nova's manager claims first is announced to them
+before placement answers, as an *intent* with the instance as claim id, and the
+pending claim again once placement accepted it.  The intent is an explicit step
+of the drop-in's decision, not of weighing: ``get_weighed_hosts`` only weighs
+and orders (nova's order, or this scheduler's own host first with
+``host_ownership``, a function of the rows and the live peers), and the
+drop-in's manager (``report_client.AnnouncingSchedulerManager``, which
+``nova-scheduler-shared``, the functional fixture and the simulator run) calls
+:meth:`SharedHostManager.announce_intent` with the host nova's
+``_get_sorted_hosts`` put first, after its pick among ``host_subset_size`` and
+before ``_schedule`` claims it; only with ``host_subset_size = 1``.  nova's own
+SchedulerManager over this host manager announces no intent (the accepted
+claims still are).
+
 State from its owners (design §2): each host's document from its compute;
 service state, service and compute-node deletions and the aggregate catalogue
 from the API-side sources (:mod:`.api_source`), whose newest word per host or
@@ -431,26 +446,31 @@ class SharedHostManager(nova_host_manager.HostManager):
             self.phase_seconds["weigh"] += time.perf_counter() - started
         if weighed:
             self._steps.weighed(weighed[0].obj.__dict__.get("_rows"), weighed)
-            self._announce_intent(weighed[0].obj, spec_obj)
         return weighed
 
-    def _announce_intent(self, host: Any, spec_obj: Any) -> None:
-        """Tell the peers the host nova's manager is about to claim in placement (its first,
-        with nova's host_subset_size = 1): they deduct it from now, not from when placement
-        answered, hundreds of milliseconds later (design §5.2).  The claim recorded after
-        placement accepted has the same id, so a peer holds it once; an intent placement
-        refused is held until peer_claim_ttl."""
+    def announce_intent(self, host: Any, spec_obj: Any) -> bool:
+        """Tell the peers ``host`` is the one nova's manager claims first in placement for
+        ``spec_obj``'s instance; returns whether it was announced.
+
+        The drop-in's manager calls it once nova's ``_get_sorted_hosts`` put ``host`` first
+        (``report_client.AnnouncingSchedulerManager``), so the peers deduct it from now, not
+        from when placement answered, hundreds of milliseconds later (design §5.2).  The claim
+        recorded after placement accepted has the same id, so a peer holds it once; an intent
+        placement refused is held until peer_claim_ttl."""
         announce = self.cache.claim_announcer
         instance = spec_obj.instance_uuid if "instance_uuid" in spec_obj else None
+        # only with nova's host_subset_size = 1, the setting the intent was measured with
+        # (design §5.2); a larger subset is nova's own spreading of racing schedulers
         if announce is None or not instance \
                 or nova_host_manager.CONF.filter_scheduler.host_subset_size != 1:
-            return
+            return False
         d = host.__dict__
         tpl = d["_rows"].tpls[d["_row"]] if "_rows" in d and "_tpl" not in d else d.get("_tpl")
         if tpl is None:
-            return
+            return False  # not one of our hosts (nova's own HostState): no version to claim on
         announce(self._claim(vector.node_uuid(host), tpl.version, spec_obj, instance))
         self.counters["intents_announced"] += 1
+        return True
 
     def _claim(self, source: str, version: tuple[int, int], spec_obj: Any, instance: str,
                usage: dict[str, Any] | None = None) -> Claim:

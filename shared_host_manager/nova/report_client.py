@@ -48,7 +48,9 @@ How it gets into nova (the hook)
 nova's manager reads its client through one property,
 ``SchedulerManager.placement_client`` (``report.report_client_singleton()``,
 one client per process).  The drop-in overrides that property in a subclass,
-:class:`SharedSchedulerManager`, and names the subclass in nova's own table of
+:class:`SharedSchedulerManager` (which also announces the host nova claims
+first, a step after nova's ``_get_sorted_hosts``: :class:`AnnouncingSchedulerManager`,
+see :mod:`.host_manager`), and names the subclass in nova's own table of
 the class each service binary runs, ``nova.service.SERVICE_MANAGERS
 ['nova-scheduler']`` (read by ``Service.create``; nova has no configuration
 option for it since Rocky): :func:`install`, called by
@@ -96,6 +98,7 @@ from typing import Any
 from nova.scheduler import manager as nova_manager
 from nova.scheduler.client import report
 
+from shared_host_manager.nova.host_manager import SharedHostManager
 from shared_host_manager.placement import PlacementConfig, Unanswered
 
 LOG = logging.getLogger(__name__)
@@ -321,8 +324,30 @@ class SharedReportClient(report.SchedulerReportClient):
 
 # -- into nova's scheduler ----------------------------------------------------------------------
 
-class SharedSchedulerManager(nova_manager.SchedulerManager):
-    """nova's SchedulerManager whose ``placement_client`` is its own :class:`SharedReportClient`.
+class AnnouncingSchedulerManager(nova_manager.SchedulerManager):
+    """nova's SchedulerManager with the drop-in's claim announcement as a step of its decision.
+
+    nova's ``_get_sorted_hosts`` filters, weighs and picks the host it claims first (its
+    random pick among ``host_subset_size``); then, before nova's ``_schedule`` claims it in
+    placement, the host manager announces that host to the peers
+    (:meth:`.SharedHostManager.announce_intent`).  The drop-in's managers derive from it
+    (:class:`SharedSchedulerManager`, the simulator's), so the step is written once.
+    Under nova's own HostManager it does nothing.
+    """
+
+    def _get_sorted_hosts(self, spec_obj: Any, host_states: Any, index: int) -> Any:
+        hosts = super()._get_sorted_hosts(spec_obj, host_states, index)
+        host_manager = self.host_manager
+        # after nova's pick, so the intent names the host nova claims first; on every call,
+        # the alternates' re-sort of a multi-create too, as when weighing announced it
+        if hosts and isinstance(host_manager, SharedHostManager):
+            host_manager.announce_intent(hosts[0], spec_obj)
+        return hosts
+
+
+class SharedSchedulerManager(AnnouncingSchedulerManager):
+    """nova's SchedulerManager whose ``placement_client`` is its own :class:`SharedReportClient`,
+    announcing the host it claims first (:class:`AnnouncingSchedulerManager`).
 
     Built like nova's (``Service.create`` once :func:`install` named it); the client is built on
     first use, with the errors nova's ``report_client_singleton`` logs and raises (its
@@ -430,6 +455,6 @@ class ReportClientCollector:
         yield candidates
 
 
-__all__ = ["MANAGER_PATH", "ReportClientCollector", "SharedReportClient", "SharedSchedulerManager",
-           "claimed_resources", "clients", "install", "placement_config_from_conf", "set_view_provider",
-           "uninstall"]
+__all__ = ["MANAGER_PATH", "AnnouncingSchedulerManager", "ReportClientCollector", "SharedReportClient",
+           "SharedSchedulerManager", "claimed_resources", "clients", "install",
+           "placement_config_from_conf", "set_view_provider", "uninstall"]

@@ -117,8 +117,8 @@ def test_a_claim_placement_accepted_is_deducted_by_the_peers(schedulers):
 
 def test_the_host_about_to_be_claimed_is_announced_before_placement_answers(schedulers):
     """With nova's host_subset_size = 1, the best weighed host is the one nova's manager
-    claims first: announced as soon as it is weighed (an intent), it is held once by a peer,
-    also when the claim recorded after placement accepted follows with the same id."""
+    claims first: announced (an intent) by the drop-in's step after the sort, it is held once
+    by a peer, also when the claim recorded after placement accepted follows with the same id."""
     from protocol.codec import Encoder
 
     (cache1, m1), (cache2, m2) = schedulers["s1"], schedulers["s2"]
@@ -136,6 +136,8 @@ def test_the_host_about_to_be_claimed_is_announced_before_placement_answers(sche
     rows = m1.get_host_states_by_uuids(None, None, spec)
     weighed = m1.get_weighed_hosts(m1.get_filtered_hosts(rows, spec, 0), spec)
     first = weighed[0].obj
+    assert sent == []  # weighing tells nobody
+    assert m1.announce_intent(first, spec)
     assert [(c.source, c.claim_id) for c in sent] == [(vector.node_uuid(first), spec.instance_uuid)]
     (seen,) = m2.get_host_states_by_uuids(None, [vector.node_uuid(first)], spec)
     assert seen.free_ram_mb == free[seen.uuid] - 2048
@@ -143,3 +145,126 @@ def test_the_host_about_to_be_claimed_is_announced_before_placement_answers(sche
     assert len(sent) == 2
     (seen,) = m2.get_host_states_by_uuids(None, [first.uuid], spec)
     assert seen.free_ram_mb == free[seen.uuid] - 2048  # held once
+
+
+def test_weighing_alone_announces_nothing(schedulers):
+    """get_weighed_hosts is a query (issue 35): no intent is sent and no peer deducts anything,
+    whichever host ownership puts first."""
+    (cache1, m1), (_, m2) = schedulers["s1"], schedulers["s2"]
+    sent = []
+    cache1.claim_announcer = sent.append
+    spec = fx.request_spec(instance_uuid=fx.uuid_for("query", 1), memory_mb=2048)
+    free = {h.uuid: h.free_ram_mb for h in m2.get_host_states_by_uuids(None, None, spec)}
+    for _ in range(2):
+        rows = m1.get_host_states_by_uuids(None, None, spec)
+        assert m1.get_weighed_hosts(m1.get_filtered_hosts(rows, spec, 0), spec)
+    assert sent == [] and m1.counters["intents_announced"] == 0
+    assert m1.counters["owned_choices"] == 2  # it did order
+    assert {h.uuid: h.free_ram_mb for h in m2.get_host_states_by_uuids(None, None, spec)} == free
+
+
+def test_select_destinations_announces_each_host_nova_claims_first(nova_conf):
+    """A multi-create with alternates through nova's select_destinations and the drop-in's
+    manager: each instance's host is announced after nova's sort and before its claim in
+    placement, then its accepted claim; the alternates' re-sort announces the host it puts
+    first for the last instance, as weighing did before the announcement became a step."""
+    from nova import context as nova_context
+    from nova import objects
+
+    from shared_host_manager.nova import report_client as rc
+
+    docs = _docs(8)
+    cache = fx.cache_from_documents(docs, name="s1")
+    placement = fx.FakePlacement(list(docs))
+    sent = []
+    cache.claim_announcer = lambda c: sent.append(
+        (c.source, c.claim_id, [u for u, _ in placement.claims]))
+    uuids = [fx.uuid_for("step", 1), fx.uuid_for("step", 2)]
+    group = objects.InstanceGroup(policy="anti-affinity", policies=["anti-affinity"], rules={},
+                                  members=list(uuids), hosts=[])
+    spec = fx.request_spec(instance_uuid=uuids[0], group=group, num_instances=2)
+    shm.set_cache_provider(lambda: cache)
+    try:
+        with fx.patched_scheduler(placement):
+            # the step nova-scheduler-shared runs (SharedSchedulerManager), with nova's
+            # placement client: FakePlacement through patched_scheduler
+            mgr = rc.AnnouncingSchedulerManager()
+            mgr.host_manager.register_claims = True
+            selections = mgr.select_destinations(
+                nova_context.get_admin_context(), spec_obj=spec, instance_uuids=uuids,
+                return_objects=True, return_alternates=True)
+    finally:
+        shm.set_cache_provider(None)
+    first, second = (alts[0].compute_node_uuid for alts in selections)
+    alternate = selections[1][1].compute_node_uuid
+    assert len({first, second, alternate}) == 3
+    assert sent == [(first, uuids[0], []), (first, uuids[0], uuids[:1]),
+                    (second, uuids[1], uuids[:1]), (second, uuids[1], uuids),
+                    (alternate, uuids[1], uuids)]
+    assert mgr.host_manager.counters["intents_announced"] == 3
+    # nova's own manager over the drop-in weighs without announcing: only accepted claims
+    del sent[:]
+    placement.claims.clear()
+    spec2 = fx.request_spec(instance_uuid=fx.uuid_for("step", 3))
+    shm.set_cache_provider(lambda: cache)
+    try:
+        with fx.patched_scheduler(placement):
+            from nova.scheduler import manager as nova_manager
+
+            plain = nova_manager.SchedulerManager()
+            plain.host_manager.register_claims = True
+            (alts,) = plain.select_destinations(
+                nova_context.get_admin_context(), spec_obj=spec2,
+                instance_uuids=[spec2.instance_uuid], return_objects=True,
+                return_alternates=True)
+    finally:
+        shm.set_cache_provider(None)
+    assert sent == [(alts[0].compute_node_uuid, spec2.instance_uuid, [spec2.instance_uuid])]
+
+
+def test_every_drop_in_manager_runs_the_step():
+    """nova-scheduler-shared and the functional fixture build SharedSchedulerManager (through
+    nova's SERVICE_MANAGERS), the simulator its own manager: all run the one step."""
+    from oslo_utils import importutils
+
+    from shared_host_manager.nova import report_client as rc
+    from shared_host_manager.nova.testing import simulation
+
+    assert issubclass(importutils.import_class(rc.MANAGER_PATH), rc.AnnouncingSchedulerManager)
+    assert issubclass(simulation._scheduler_manager_class(), rc.AnnouncingSchedulerManager)
+
+
+def test_the_intent_names_the_host_nova_picked_among_equally_weighed_ones(nova_conf):
+    """nova's shuffle_best_same_weighed_hosts picks at random among the best hosts of equal
+    weight, after weighing: the intent names the host nova then claims, not the first one
+    weighing returned."""
+    from nova import context as nova_context
+
+    from shared_host_manager.nova import report_client as rc
+
+    nova_conf.set(**{"filter_scheduler.shuffle_best_same_weighed_hosts": True})
+    # every weigher's input alike (compute_node varies disk by i % 50 and i % 3, metrics by i % 7)
+    nodes = [fx.compute_node(1050 * k, free_ram_mb=8192) for k in range(6)]
+    docs = {cn.uuid: ndoc.document_from_compute_node(cn, service=fx.service_dict(cn.host),
+                                                     cell_uuid=fx.CELL1) for cn in nodes}
+    cache = fx.cache_from_documents(docs, name="s1")
+    placement = fx.FakePlacement(list(docs))
+    sent = []
+    cache.claim_announcer = sent.append
+    shm.set_cache_provider(lambda: cache)
+    try:
+        with fx.patched_scheduler(placement):
+            mgr = rc.AnnouncingSchedulerManager()
+            mgr.host_manager.register_claims = False  # every request sees the same tie
+            chosen = []
+            for k in range(8):
+                spec = fx.request_spec(instance_uuid=fx.uuid_for("tie", k))
+                (alts,) = mgr.select_destinations(
+                    nova_context.get_admin_context(), spec_obj=spec,
+                    instance_uuids=[spec.instance_uuid], return_objects=True,
+                    return_alternates=False)
+                chosen.append(alts[0].compute_node_uuid)
+    finally:
+        shm.set_cache_provider(None)
+    assert [c.source for c in sent] == chosen
+    assert len(set(chosen)) > 1  # nova's pick did vary

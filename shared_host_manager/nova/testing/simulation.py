@@ -44,9 +44,10 @@ nova's is replaced beyond what the drop-in's ``install`` documents):
 ``placement_query`` (``get_allocation_candidates``), ``host_states``
 (``get_host_states_by_uuids``), ``filter_weigh`` (``get_filtered_hosts`` +
 ``get_weighed_hosts``, which consume nova's per-host allocation-request
-generator), ``placement_claim`` (``claim_resources``), and ``compute`` (the
-builds at the chosen hosts).  What ``select_destinations`` spends beyond the
-first four (request filters, Selection objects, notifications) is ``other``.
+generator, and the drop-in's ``announce_intent``), ``placement_claim``
+(``claim_resources``), and ``compute`` (the builds at the chosen hosts).
+What ``select_destinations`` spends beyond the first four (request filters,
+Selection objects, notifications) is ``other``.
 
 Life cycle: ``NovaCloud(hosts, mode=...)`` builds everything (nova's global
 configuration and DB context managers are per process: one cloud per
@@ -127,6 +128,12 @@ def _timed_host_manager(base: type) -> type:
             with _Phase("filter_weigh"):
                 return super().get_weighed_hosts(hosts, spec_obj)
 
+        def announce_intent(self, host: Any, spec_obj: Any) -> bool:
+            # timed where weighing announced it before it was a step of its own, so that
+            # the phases stay comparable with earlier runs (only SharedHostManager has it)
+            with _Phase("filter_weigh"):
+                return bool(super().announce_intent(host, spec_obj))
+
     Timed.__name__ = Timed.__qualname__ = f"Timed{base.__name__}"
     return Timed
 
@@ -196,14 +203,16 @@ def _report_client_class(shared: bool = False) -> type:
 
 
 def _scheduler_manager_class() -> type:
-    from nova.scheduler import manager as nova_manager
+    from shared_host_manager.nova.report_client import AnnouncingSchedulerManager
 
-    class SimSchedulerManager(nova_manager.SchedulerManager):
+    class SimSchedulerManager(AnnouncingSchedulerManager):
         """nova's SchedulerManager with its own report client and a timed host manager.
 
         nova's reads ``report_client_singleton()``: one client per process.  Here
         every scheduler is a process of its own in a deployment, so each gets
-        its own client (the property is nova's interface for it).
+        its own client (the property is nova's interface for it).  The drop-in's
+        step after nova's sort (the claim announcement) is the deployment's; under
+        nova's own HostManager (``legacy``) it does nothing.
         """
 
         def __init__(self, placement_client: Any, host_manager: Callable[[], Any]) -> None:
