@@ -34,6 +34,8 @@ import time
 import warnings
 from typing import Any
 
+from shared_host_manager.gc_threshold import tuned
+
 DEFAULT_FILTERS = ["ComputeFilter", "ComputeCapabilitiesFilter", "ImagePropertiesFilter",
                    "ServerGroupAntiAffinityFilter", "ServerGroupAffinityFilter"]
 
@@ -90,14 +92,8 @@ def main(argv: list[str] | None = None, prog: str = "shm bench nova") -> int:
     args = build_parser(prog).parse_args(argv)
     warnings.simplefilter("ignore")
     logging.getLogger("nova").setLevel(logging.ERROR)
-    from shared_host_manager.nova import host_manager
-
-    before = gc.get_threshold()
-    host_manager.tune_gc(args.gc_young_threshold)
-    try:
+    with tuned(args.gc_young_threshold):  # main() may run inside another program (the tests)
         return _main(args)
-    finally:
-        gc.set_threshold(*before)  # main() may run inside another program (the tests)
 
 
 def _main(args: argparse.Namespace) -> int:

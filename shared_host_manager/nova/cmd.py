@@ -321,9 +321,9 @@ def _start_scheduler_service(*_: Any) -> None:
     global _endpoint
     service = scheduler_service()
     if not service.running:
-        from shared_host_manager.nova import host_manager
+        from shared_host_manager.gc_threshold import tune_gc
 
-        host_manager.tune_gc(_register_nova_opts().shared_host_manager.gc_young_threshold)
+        tune_gc(_register_nova_opts().shared_host_manager.gc_young_threshold)
         service.start()
         LOG.info("shared host-state cache %s started (gc thresholds %s)", service.name,
                  gc.get_threshold())

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from oslo_config import cfg
 
+from shared_host_manager.gc_threshold import YOUNG_THRESHOLD
+
 GROUP = "shared_host_manager"
 
 opts = [
@@ -69,7 +71,7 @@ Related options: needs [cache] membership_interval > 0 in the stream
 configuration (each scheduler's own entry on the stream); [filter_scheduler]
 host_subset_size applies after it.
 """),
-    cfg.IntOpt("gc_young_threshold", default=100000, min=0, help="""
+    cfg.IntOpt("gc_young_threshold", default=YOUNG_THRESHOLD, min=0, help="""
 (nova-scheduler) Python's first garbage-collector threshold in the scheduler
 process (gc.set_threshold), set when the host-state cache starts. Each request
 makes a few objects per host (the per-request host views, nova's weighed

@@ -104,7 +104,6 @@ The contract: docs/design.md §5.5 (recording: §8).
 from __future__ import annotations
 
 import datetime
-import gc
 import logging
 import threading
 import time
@@ -460,8 +459,12 @@ class SharedHostManager(nova_host_manager.HostManager):
         announce = self.cache.claim_announcer
         instance = spec_obj.instance_uuid if "instance_uuid" in spec_obj else None
         # only with nova's host_subset_size = 1, the setting the intent was measured with
-        # (design §5.2); a larger subset is nova's own spreading of racing schedulers
-        if announce is None or not instance \
+        # (design §5.2); a larger subset is nova's own spreading of racing schedulers.  An
+        # instance claimed already (nova sorts the hosts again for its alternates) claims
+        # nothing more: an intent would hold that host at every peer for nothing.  (A move of
+        # an instance this scheduler placed lately goes unannounced too; its claim after
+        # placement's answer is still announced)
+        if announce is None or not instance or instance in self._claimed \
                 or nova_host_manager.CONF.filter_scheduler.host_subset_size != 1:
             return False
         d = host.__dict__
@@ -921,14 +924,6 @@ def _our_conf() -> Any:
 # -- installing into nova -------------------------------------------------------------------
 
 _originals: dict[str, Any] = {}
-
-
-def tune_gc(young_threshold: int) -> None:
-    """Python's first garbage-collector threshold for this process (see [shared_host_manager]
-    gc_young_threshold; 0: leave it).  The older generations keep their thresholds."""
-    if young_threshold > 0:
-        _, g1, g2 = gc.get_threshold()
-        gc.set_threshold(young_threshold, g1, g2)
 
 
 def install(*, min_version_from_stream: bool = True, request_filters_from_stream: bool = True,

@@ -193,11 +193,16 @@ def test_without_a_cache_the_error_says_what_to_do():
 def test_the_scheduler_process_gc_threshold():
     import gc
 
+    from shared_host_manager.gc_threshold import YOUNG_THRESHOLD, tune_gc, tuned
+
     before = gc.get_threshold()
     try:
-        shm.tune_gc(0)  # 0: Python's own thresholds stay
+        tune_gc(0)  # 0: Python's own thresholds stay
         assert gc.get_threshold() == before
-        shm.tune_gc(100000)
+        tune_gc(100000)
         assert gc.get_threshold() == (100000, before[1], before[2])
     finally:
         gc.set_threshold(*before)
+    with tuned():  # a command's run, its thresholds restored after it
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
+    assert gc.get_threshold() == before
