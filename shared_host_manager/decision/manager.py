@@ -10,14 +10,16 @@ Life cycle of a request::
 
     select_destinations(spec)
       under the cache lock: decide on the current view, register the claims as
-                            pending                      (no database, no broker wait)
+                            pending; the tracker returns them (no database, no
+                            broker wait)
       the caller's thread:  once the lock is released, cast each claim with its
-                            build request to the reporter of its host
-      claim sender thread:  the same for alternates, claimed on ingest
+                            build request to the reporter of its host (ClaimSender.cast)
       ingest (any thread):  after every stream/control message the cache calls
                             back here, under its lock: claim outcomes go to the
-                            tracker; a rejection claims the next alternate; when
-                            every instance is placed or failed, the caller wakes
+                            tracker; a rejection claims the next alternate, which
+                            the tracker returns; when every instance is placed or
+                            failed, the caller wakes
+      claim sender thread:  casts the alternates claimed on ingest (ClaimSender.put)
       -> RequestResult (placed: instance -> host, failed: instance -> reason)
 
     an affinity group whose listed members no view holds: catch up with the stream
@@ -37,11 +39,14 @@ Life cycle of a request::
                             the ScarceAnswer back
 
 Threads: callers may decide concurrently from many threads; decisions and
-ingest serialise on the cache lock, and the engine only ever queues claims,
-so no cast happens under the lock.  A decision's own claims go out from the
-caller's thread as soon as it releases the lock (not through the sender thread's
-queue): the sooner a claim reaches its host, the sooner its delta reaches the
-peers, and the shorter the window in which a peer decides on the same capacity.
+ingest serialise on the cache lock.  The engine and the tracker send nothing:
+they return the claims they registered, and every claim leaves through the one
+:class:`ClaimSender`, never under the lock.  A decision's own claims go out from
+the caller's thread as soon as it releases the lock (not through the sender
+thread's queue): the sooner a claim reaches its host, the sooner its delta
+reaches the peers, and the shorter the window in which a peer decides on the
+same capacity.  An alternate claimed on ingest goes to the sender thread: the
+ingesting thread holds the lock and must not wait on a cast.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from protocol.messages import Claim, ScarceAnswer, ScarceRequest
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, Delegated, NoValidHost
 from shared_host_manager.decision.request import RequestSpec, spec_from_wire, spec_to_wire
-from shared_host_manager.decision.request_tracker import RequestFinished, RequestTracker
+from shared_host_manager.decision.request_tracker import RequestFinished, RequestTracker, claims_of
 from shared_host_manager.service import SchedulerService
 
 LOG = logging.getLogger(__name__)
@@ -93,7 +98,10 @@ class _Waiter:
 
 
 class ClaimSender:
-    """Casts claims from a thread of its own: the engine only queues them (it runs under a lock)."""
+    """The one route a scheduler's claims leave by: :meth:`cast` from the calling thread
+    (a decision's claims, once the cache lock is released), :meth:`put` for a thread of
+    its own (claims made under the lock, on ingest, where no cast may wait).  Never
+    raises: a claim not cast is counted in ``failed`` and expires at its deadline."""
 
     def __init__(self, send: Callable[[Claim], bool]) -> None:
         self._queue: queue.SimpleQueue[Claim | None] = queue.SimpleQueue()
@@ -102,16 +110,26 @@ class ClaimSender:
         self._thread = threading.Thread(target=self._run, name="claim-sender", daemon=True)
         self._thread.start()
 
-    def put(self, claim: Claim) -> None:
-        self._queue.put(claim)
+    def cast(self, claims: Iterable[Claim]) -> None:
+        """Cast ``claims`` from this thread, in order."""
+        for claim in claims:
+            self._cast(claim)
+
+    def put(self, claims: Iterable[Claim]) -> None:
+        """Have the sender thread cast ``claims``, in order."""
+        for claim in claims:
+            self._queue.put(claim)
+
+    def _cast(self, claim: Claim) -> None:
+        try:
+            if not self._send(claim):
+                self.failed += 1  # no route: the claim expires at its deadline
+        except Exception:  # a lost claim expires at its deadline and is counted there
+            self.failed += 1
 
     def _run(self) -> None:
         while (claim := self._queue.get()) is not None:
-            try:
-                if not self._send(claim):
-                    self.failed += 1  # no route: the claim expires at its deadline
-            except Exception:  # a lost claim expires at its deadline and is counted there
-                self.failed += 1
+            self._cast(claim)
 
     def close(self) -> None:
         self._queue.put(None)
@@ -125,11 +143,9 @@ class SchedulerManager:
         self.service = service
         self.lock = service.cache.lock
         self.request_timeout = request_timeout
+        #: every claim of this scheduler leaves through it
         self._sender = ClaimSender(service.send_claim)
-        #: per thread: the claims of the decision it is making (None: not deciding)
-        self._deciding = threading.local()
-        self.engine = DecisionEngine(service.receiver, self._queue_claim, config=config,
-                                     rng=rng or random.Random())
+        self.engine = DecisionEngine(service.receiver, config=config, rng=rng or random.Random())
         #: follow the live peers the service reads from the stream (design §2), unless
         #: given a fixed list
         self.follow_membership = not peers
@@ -168,18 +184,13 @@ class SchedulerManager:
         if self._scarce_workers is not None:
             self._scarce_workers.shutdown(wait=False, cancel_futures=True)
 
-    def _queue_claim(self, claim: Claim) -> None:  # under the cache lock
-        mine = getattr(self._deciding, "claims", None)
-        if mine is not None:
-            mine.append(claim)  # cast by select_destinations once the lock is released
-        else:
-            self._sender.put(claim)
-
     def _on_ingest(self) -> None:  # under the cache lock
         outcomes = self.service.receiver.drain_outcomes()
         if not outcomes:
             return
-        for event in self.tracker.process(outcomes, self.service.clock()):
+        events = self.tracker.process(outcomes, self.service.clock())
+        self._sender.put(claims_of(events))
+        for event in events:
             if type(event) is not RequestFinished:
                 continue
             waiter = self._waiters.pop(event.request_id, None)
@@ -200,8 +211,6 @@ class SchedulerManager:
         A scarce request goes to the peers' coordinator when there is one (design §5.4);
         ``delegable=False`` decides here whatever it is (the coordinator's own call)."""
         waiter = _Waiter()
-        mine: list[Claim] = []
-        self._deciding.claims = mine
         if self._members_unlocated(spec) and self.service.catch_up():
             # an affinity group's members are somewhere: their hosts' deltas (published as
             # their claims were accepted) may be on the stream still; deciding without them
@@ -210,26 +219,21 @@ class SchedulerManager:
                 self.affinity_catch_ups += 1
         settle = self.engine.config.no_valid_host_catch_up
         try:
-            decided = self._decide(spec, waiter, delegable)
-            if not decided and settle > 0 and self.service.catch_up(settle):
+            claims = self._decide(spec, waiter, delegable)
+            if claims is None and settle > 0 and self.service.catch_up(settle):
                 # NoValidHost only on a view holding what the stream held when we decided:
                 # a host freed a moment ago may be in a delta still on its way (design §5.4)
                 waiter.result.failed = {}
-                decided = self._decide(spec, waiter, delegable)
+                claims = self._decide(spec, waiter, delegable)
                 with self._handed_lock:
                     self.catch_ups += 1
-                    self.caught_up_decided += decided
+                    self.caught_up_decided += claims is not None
         except Delegated as handed:
             return self._hand_over(spec, handed.coordinator, waiter, handed.why)
-        finally:
-            self._deciding.claims = None
-        for claim in mine:
-            try:
-                if not self.service.send_claim(claim):
-                    self._sender.failed += 1  # no route: the claim expires at its deadline
-            except Exception:  # a lost claim expires at its deadline and is counted there
-                self._sender.failed += 1
-        if decided and not waiter.event.wait(self.request_timeout):
+        if claims is None:
+            return waiter.result
+        self._sender.cast(claims)  # the lock is released: from this thread, at once
+        if not waiter.event.wait(self.request_timeout):
             waiter.result.timed_out = True
         return waiter.result
 
@@ -240,9 +244,11 @@ class SchedulerManager:
         with self.lock:
             return self.engine.members_unlocated(spec)
 
-    def _decide(self, spec: RequestSpec, waiter: _Waiter, delegable: bool = True) -> bool:
-        """Decide ``spec`` under the lock; False when it failed at once (NoValidHost).
-        Delegated propagates: the request goes to the coordinator."""
+    def _decide(self, spec: RequestSpec, waiter: _Waiter, delegable: bool = True
+                ) -> list[Claim] | None:
+        """Decide ``spec`` under the lock; the claims to cast once it is released, or None
+        when it failed at once (NoValidHost).  Delegated propagates: the request goes to
+        the coordinator."""
         with self.lock:
             # the peers' claims that arrived while the lock was taken count in this decision
             self.service.cache.apply_peer_claims()
@@ -252,14 +258,15 @@ class SchedulerManager:
                 self.engine.set_peers(self._peers)
             start = time.perf_counter()
             try:
-                tracked = self.tracker.submit(spec, self.service.clock(), delegable=delegable)
+                tracked, claims = self.tracker.submit(spec, self.service.clock(),
+                                                      delegable=delegable)
             except NoValidHost as exc:
                 waiter.result.decision_s += time.perf_counter() - start
                 waiter.result.failed = {u: exc.reason for u in spec.instance_uuids}
-                return False
+                return None
             waiter.result.decision_s += time.perf_counter() - start
             self._waiters[tracked.request_id] = waiter
-        return True
+        return claims
 
     # -- scarce requests: handing over and deciding for peers (design §5.4) -----------
 

@@ -39,9 +39,12 @@ Rules:
 * Every first resolution of a tracked claim feeds the adaptive subset
   (rejected: a collision; accepted: not); EXPIRED and EPOCH_CHANGED say
   nothing about collisions and are not fed.
-* Pure: no clock (``now`` is an argument), no I/O; claims go out through the
-  engine's ``send_claim``.  Not thread-safe: call it under the same lock as
-  the engine (the service layer drains outcomes and processes them under it).
+* Pure: no clock (``now`` is an argument), no I/O.  It sends nothing: the
+  claims it makes are returned, a decision's by :meth:`RequestTracker.submit`
+  (:class:`Submitted`), an alternate's in the :class:`InstanceRescheduled` event
+  that :meth:`RequestTracker.process` returns (:func:`claims_of`); the caller
+  casts them once it released its lock.  Not thread-safe: call it under the same
+  lock as the engine (the service layer drains outcomes and processes them under it).
 
 The contract: docs/design.md §5.4.
 """
@@ -53,8 +56,9 @@ import itertools
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from protocol.messages import Claim
 from protocol.receiver import Outcome
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost, Selection
 from shared_host_manager.decision.request import RequestSpec
@@ -122,7 +126,12 @@ class InstanceRescheduled:
     failed_source: str
     outcome: Outcome
     selection: Selection
-    claim_id: str
+    #: the alternate's claim, pending in the receiver: the caller casts it
+    claim: Claim
+
+    @property
+    def claim_id(self) -> str:
+        return self.claim.claim_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +149,19 @@ class RequestFinished:
 
 
 Event = InstanceScheduled | InstanceRescheduled | InstanceFailed | RequestFinished
+
+
+def claims_of(events: Iterable[Event]) -> list[Claim]:
+    """The claims ``events`` made (an alternate's per InstanceRescheduled), to be cast."""
+    return [e.claim for e in events if type(e) is InstanceRescheduled]
+
+
+class Submitted(NamedTuple):
+    """A decision tracked (:meth:`RequestTracker.submit`) and the claims it registered,
+    which the caller casts."""
+
+    request: TrackedRequest
+    claims: list[Claim]
 
 _SUCCESS = (Outcome.ACCEPTED, Outcome.INCLUDED)
 _FAILURE = (Outcome.REJECTED, Outcome.EXPIRED, Outcome.EPOCH_CHANGED)
@@ -162,18 +184,19 @@ class RequestTracker:
 
     # -- intake ---------------------------------------------------------------------
 
-    def submit(self, spec: RequestSpec, now: float, **kwargs: Any) -> TrackedRequest:
-        """Decide ``spec`` (engine.select_destinations) and track its claims.
+    def submit(self, spec: RequestSpec, now: float, **kwargs: Any) -> Submitted:
+        """Decide ``spec`` (engine.select_destinations) and track its claims; returns the
+        tracked request and the claims, which the caller casts.
 
         NoValidHost and Delegated from the decision propagate (nothing was claimed).
         """
         self.stats["submitted"] += 1
         try:
-            selections = self.engine.select_destinations(spec, now, **kwargs)
+            decision = self.engine.select_destinations(spec, now, **kwargs)
         except NoValidHost:
             self.stats["no_valid_host_at_once"] += 1
             raise
-        return self.track(spec, selections)
+        return Submitted(self.track(spec, decision.rows), decision.claims)
 
     def track(self, spec: RequestSpec, selections: list[list[Selection]]) -> TrackedRequest:
         """Track the claims of a decision made with ``engine.select_destinations``."""
@@ -194,7 +217,9 @@ class RequestTracker:
     # -- outcomes -------------------------------------------------------------------
 
     def process(self, outcomes: Iterable[tuple[str, str, Outcome]], now: float) -> list[Event]:
-        """Feed ``receiver.drain_outcomes()``; returns what happened to tracked instances."""
+        """Feed ``receiver.drain_outcomes()``; returns what happened to tracked instances,
+        with the claims of the alternates it claimed in their InstanceRescheduled events
+        (:func:`claims_of`), for the caller to cast."""
         events: list[Event] = []
         for claim_id, source, outcome in outcomes:
             inst = self._by_claim.pop(claim_id, None)
@@ -258,7 +283,7 @@ class RequestTracker:
                 self._by_claim[claim.claim_id] = inst
                 self.stats["rescheduled"] += 1
                 return InstanceRescheduled(inst.request_id, inst.instance_uuid, source, outcome,
-                                           alternate, claim.claim_id)
+                                           alternate, claim)
             inst.history.append(f"{alternate.host}: {reason}")
         inst.state = InstanceState.FAILED
         inst.claim_id = None
@@ -282,4 +307,5 @@ class RequestTracker:
 
 
 __all__ = ["Event", "InstanceFailed", "InstanceRescheduled", "InstanceScheduled", "InstanceState",
-           "RequestFinished", "RequestTracker", "TrackedInstance", "TrackedRequest"]
+           "RequestFinished", "RequestTracker", "Submitted", "TrackedInstance", "TrackedRequest",
+           "claims_of"]

@@ -805,7 +805,7 @@ class Replayer:
             config = SchedulerConfig(**values)
             if self.decision_options:
                 config = dataclasses.replace(config, **_typed_options(config, self.decision_options))
-            self.engine = DecisionEngine(self.held_receiver, lambda claim: None, config=config,
+            self.engine = DecisionEngine(self.held_receiver, config=config,
                                          rng=random.Random(0), path=spec.get("path") or "fast",
                                          live_schedulers=spec.get("live") or 1)
         except Exception as exc:  # noqa: BLE001 — report, never crash
@@ -846,7 +846,7 @@ class Replayer:
                 # logs written before scarce requests were handed over lack "delegable"
                 rows = engine.select_destinations(spec, rec.now, return_alternates=data.get("alts", True),
                                                   live_schedulers=data.get("live"), path=data.get("path"),
-                                                  dry_run=True, delegable=data.get("delegable", False))
+                                                  dry_run=True, delegable=data.get("delegable", False)).rows
                 got: dict[str, Any] = {"rows": [[row[0].instance_uuid, [[s.source, s.weight] for s in row]]
                                                 for row in rows]}
             except (NoValidHost, Delegated) as exc:

@@ -67,7 +67,7 @@ from shared_host_manager.cache import HostStateCache
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, RequestSpec
-from shared_host_manager.decision.request_tracker import RequestTracker
+from shared_host_manager.decision.request_tracker import RequestTracker, claims_of
 from shared_host_manager.updatelog.recorder import Recorder
 from simulator.faults.planted import PlantedBug, receiver_policy
 from simulator.synthetic_hosts import host_doc
@@ -294,7 +294,7 @@ class Scheduler:
         offset = cache.load(self.state_path)
         self.cursor = w.stream_first if offset is None else offset + 1
         config = SchedulerConfig()
-        self.engine = DecisionEngine(receiver, self._send_claim, config=config,
+        self.engine = DecisionEngine(receiver, config=config,
                                      rng=random.Random(w.rng.getrandbits(32)))
         if recorder is not None:  # the cache's recorder logs the decisions too
             self.engine.set_observer(recorder)
@@ -317,14 +317,16 @@ class Scheduler:
     def _send(self, endpoint: str, message: Message) -> None:
         self.world.cast(self.name, endpoint, self.encoder.encode(message))
 
-    def _send_claim(self, claim: Claim) -> None:
+    def send_claims(self, claims: list[Claim]) -> None:
+        """Cast the claims the engine registered (the world has no threads: at once)."""
         assert self.cache is not None
-        self.claims[claim.claim_id] = claim
-        endpoint = self.cache.endpoint_of(claim.source)
-        if endpoint is not None:
-            self.world.cast(self.name, endpoint, self.encoder.encode(claim))
-            if self.cache.recorder is not None:
-                self.cache.recorder.sent(endpoint, claim, self.local(self.world.now))
+        for claim in claims:
+            self.claims[claim.claim_id] = claim
+            endpoint = self.cache.endpoint_of(claim.source)
+            if endpoint is not None:
+                self.world.cast(self.name, endpoint, self.encoder.encode(claim))
+                if self.cache.recorder is not None:
+                    self.cache.recorder.sent(endpoint, claim, self.local(self.world.now))
 
     def _on_ingest(self) -> None:  # under the cache lock, as SchedulerManager._on_ingest
         assert self.cache is not None and self.tracker is not None
@@ -332,7 +334,7 @@ class Scheduler:
         if not outcomes:
             return
         self.world.checker.outcomes(self, outcomes)
-        self.tracker.process(outcomes, self.local(self.world.now))
+        self.send_claims(claims_of(self.tracker.process(outcomes, self.local(self.world.now))))
 
 
 # -- the world -------------------------------------------------------------------------------
@@ -500,7 +502,7 @@ class FaultWorld:
                 assert s.cache is not None and s.tracker is not None
                 with s.cache.lock:
                     try:
-                        s.tracker.submit(spec, s.local(self.now))
+                        s.send_claims(s.tracker.submit(spec, s.local(self.now)).claims)
                     except NoValidHost:
                         pass
             self._guard(s.name, submit)

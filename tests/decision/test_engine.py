@@ -20,10 +20,7 @@ PATHS = ("fast", "slow")
 
 def _engine(docs, path="fast", seed=1, **cfg):
     rec = load_receiver(docs, down_interval=1e9)
-    sent = []
-    engine = DecisionEngine(rec, sent.append, config=SchedulerConfig(**cfg), path=path,
-                            rng=random.Random(seed))
-    return engine, sent
+    return DecisionEngine(rec, config=SchedulerConfig(**cfg), path=path, rng=random.Random(seed))
 
 
 def _docs(n=5, **kw):
@@ -33,13 +30,15 @@ def _docs(n=5, **kw):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_best_host_claimed_with_alternates(path):
-    engine, sent = _engine(_docs(), path)
+    engine = _engine(_docs(), path)
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512), instance_uuids=["vm1"])
-    [[chosen, *alts]] = engine.select_destinations(spec, 0.0)
+    decision = engine.select_destinations(spec, 0.0)
+    [[chosen, *alts]] = decision.rows
     assert (chosen.source, chosen.instance_uuid) == ("cn4", "vm1") and chosen.claim_id
     assert [a.source for a in alts] == ["cn3", "cn2"] and all(a.claim_id is None for a in alts)
-    # the claim is pending in the receiver and was handed to send_claim
-    [claim] = sent
+    # the claim is pending in the receiver and returned for the caller to cast
+    [claim] = decision.claims
+    assert claim.claim_id == chosen.claim_id
     view = engine.receiver.sources["cn4"]
     assert claim.claim_id in view.pending and claim.instance == "vm1"
     assert (claim.epoch, claim.seq) == view.version
@@ -51,35 +50,35 @@ def test_best_host_claimed_with_alternates(path):
 def test_multi_instance_consumes_as_it_goes(path):
     # each host fits exactly one 4-vcpu instance
     docs = {f"cn{i}": host_doc(f"h{i}", vcpus=4, cpu_ratio=1.0, memory_mb=8192 + i) for i in range(3)}
-    engine, sent = _engine(docs, path)
+    engine = _engine(docs, path)
     spec = RequestSpec(flavor=Flavor(vcpus=4, memory_mb=1024), num_instances=3)
-    result = engine.select_destinations(spec, 0.0)
-    assert sorted(r[0].source for r in result) == ["cn0", "cn1", "cn2"]
-    assert len({c.claim_id for c in sent}) == 3
+    decision = engine.select_destinations(spec, 0.0)
+    assert sorted(r[0].source for r in decision.rows) == ["cn0", "cn1", "cn2"]
+    assert len({c.claim_id for c in decision.claims}) == 3
     # nothing is left for a fourth, and the failure claims nothing
     with pytest.raises(NoValidHost, match="ResourceFitFilter"):
         engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1)), 0.0)
-    assert len(sent) == 3
+    assert engine.receiver.pending_claims() == 3
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_all_or_nothing(path):
     docs = {f"cn{i}": host_doc(f"h{i}", vcpus=4, cpu_ratio=1.0) for i in range(2)}
-    engine, sent = _engine(docs, path)
+    engine = _engine(docs, path)
     with pytest.raises(NoValidHost, match="instance 3 of 3"):
         engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=4), num_instances=3), 0.0)
-    assert sent == [] and engine.receiver.pending_claims() == 0
+    assert engine.receiver.pending_claims() == 0
     # and the hosts are still whole for the next request
     assert len(engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=4), num_instances=2),
-                                          0.0)) == 2
+                                          0.0).rows) == 2
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_anti_affinity_within_one_request(path):
-    engine, _ = _engine(_docs(3), path)
+    engine = _engine(_docs(3), path)
     group = InstanceGroup("anti-affinity")
     result = engine.select_destinations(
-        RequestSpec(flavor=Flavor(vcpus=1), num_instances=3, instance_group=group), 0.0)
+        RequestSpec(flavor=Flavor(vcpus=1), num_instances=3, instance_group=group), 0.0).rows
     assert len({r[0].source for r in result}) == 3
     with pytest.raises(NoValidHost):
         engine.select_destinations(
@@ -89,15 +88,15 @@ def test_anti_affinity_within_one_request(path):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_affinity_within_one_request_and_across_requests(path):
-    engine, _ = _engine(_docs(4), path)
+    engine = _engine(_docs(4), path)
     group = InstanceGroup("affinity")
     result = engine.select_destinations(
-        RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["a", "b", "c"], instance_group=group), 0.0)
+        RequestSpec(flavor=Flavor(vcpus=1), instance_uuids=["a", "b", "c"], instance_group=group), 0.0).rows
     assert len({r[0].source for r in result}) == 1
     # a later request of the same group follows its members (pending claims count)
     group.members = ["a", "b", "c"]
     [[later, *_]] = engine.select_destinations(
-        RequestSpec(flavor=Flavor(vcpus=1), instance_group=group), 0.0)
+        RequestSpec(flavor=Flavor(vcpus=1), instance_group=group), 0.0).rows
     assert later.source == result[0][0].source
 
 
@@ -110,19 +109,19 @@ def test_an_affinity_anchor_that_cannot_take_the_whole_request_is_passed_over(pa
             "cn1": host_doc("h1", vcpus=4, cpu_ratio=1.0, memory_mb=8192)}
     group_uuid = next(u for u in (f"g{i}" for i in range(100))
                       if RendezvousChoice(u).index(["cn0", "cn1"]) == 1)
-    engine, sent = _engine(docs, path)
+    engine = _engine(docs, path)
     spec = RequestSpec(flavor=Flavor(vcpus=4, memory_mb=1024), instance_uuids=["a", "b"],
                        instance_group=InstanceGroup("affinity", uuid=group_uuid))
-    result = engine.select_destinations(spec, 0.0)
-    assert [r[0].source for r in result] == ["cn0", "cn0"]
-    assert engine.stats["anchors_refused"] == 1 and len(sent) == 2
+    decision = engine.select_destinations(spec, 0.0)
+    assert [r[0].source for r in decision.rows] == ["cn0", "cn0"]
+    assert engine.stats["anchors_refused"] == 1 and len(decision.claims) == 2
     # a group no host can take whole is NoValidHost, and claims nothing
     too_big = RequestSpec(flavor=Flavor(vcpus=4, memory_mb=1024), instance_uuids=["c", "d", "e"],
                           instance_group=InstanceGroup("affinity", uuid=group_uuid + "x"))
-    engine, sent = _engine(docs, path)
+    engine = _engine(docs, path)
     with pytest.raises(NoValidHost):
         engine.select_destinations(too_big, 0.0)
-    assert sent == [] and engine.stats["anchors_refused"] == 2
+    assert engine.receiver.pending_claims() == 0 and engine.stats["anchors_refused"] == 2
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -132,31 +131,33 @@ def test_an_affinity_group_is_followed_before_its_members_are_listed(path):
     # request goes to the same host, although the first one's weight dropped out of the
     # best hosts the first member's host was chosen from (design §5.4)
     docs = {f"cn{i}": host_doc(f"h{i}", memory_mb=16384) for i in range(40)}
-    engine, sent = _engine(docs, path)
+    engine = _engine(docs, path)
     flavor = Flavor(vcpus=1, memory_mb=4096)
-    hosts = set()
+    hosts, claims = set(), []
     for i in range(3):
         group = InstanceGroup("affinity", uuid="g1")
-        [[s, *_]] = engine.select_destinations(
+        decision = engine.select_destinations(
             RequestSpec(flavor=flavor, instance_uuids=[f"vm{i}"], instance_group=group), 0.0)
-        hosts.add(s.source)
+        hosts.add(decision.rows[0][0].source)
+        claims.extend(decision.claims)
     assert len(hosts) == 1
-    assert all(c.group is not None and c.group.uuid == "g1" for c in sent)
+    assert all(c.group is not None and c.group.uuid == "g1" for c in claims)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_an_anti_affinity_group_counts_the_members_it_does_not_list(path):
     # stacking: without the first member counted, the second would take the same host and
     # be rejected by it
-    engine, sent = _engine(_docs(3), path, ram_weight_multiplier=-1.0)
-    chosen = []
+    engine = _engine(_docs(3), path, ram_weight_multiplier=-1.0)
+    chosen, claims = [], []
     for i in range(2):
-        [[s, *_]] = engine.select_destinations(RequestSpec(
+        decision = engine.select_destinations(RequestSpec(
             flavor=Flavor(vcpus=1), instance_uuids=[f"vm{i}"],
             instance_group=InstanceGroup("anti-affinity", uuid="g")), 0.0)
-        chosen.append(s.source)
+        chosen.append(decision.rows[0][0].source)
+        claims.extend(decision.claims)
     assert len(set(chosen)) == 2
-    assert sent[1].group is not None and sent[1].group.members == ("vm0", "vm1")
+    assert claims[1].group is not None and claims[1].group.members == ("vm0", "vm1")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -169,9 +170,9 @@ def test_an_affinity_group_is_located_by_its_recorded_members_and_peer_claims(pa
     # the arbiter records the group of an instance it accepted (protocol.groups)
     docs["cn1"] = host_doc("h1", memory_mb=9216, instances={
         "placed": {"claim": "c0", "resources": {"vcpus": 1}, "group": "g-rec"}})
-    engine, _ = _engine(docs, path)
+    engine = _engine(docs, path)
     spec = RequestSpec(flavor=Flavor(vcpus=1), instance_group=InstanceGroup("affinity", uuid="g-rec"))
-    [[s, *_]] = engine.select_destinations(spec, 0.0)
+    [[s, *_]] = engine.select_destinations(spec, 0.0).rows
     assert s.source == "cn1"
     # a live peer's announced claim carries its group too
     from protocol.groups import ClaimGroup
@@ -195,17 +196,17 @@ def test_an_affinity_group_is_located_by_its_recorded_members_and_peer_claims(pa
 
 @pytest.mark.parametrize("path", PATHS)
 def test_force_and_ignore_hosts(path):
-    engine, _ = _engine(_docs(), path)
-    [[s, *alts]] = engine.select_destinations(RequestSpec(force_hosts=["H1"]), 0.0)
+    engine = _engine(_docs(), path)
+    [[s, *alts]] = engine.select_destinations(RequestSpec(force_hosts=["H1"]), 0.0).rows
     assert s.source == "cn1" and alts == []
-    [[s, *_]] = engine.select_destinations(RequestSpec(ignore_hosts=["h4", "h3"]), 0.0)
+    [[s, *_]] = engine.select_destinations(RequestSpec(ignore_hosts=["h4", "h3"]), 0.0).rows
     assert s.source == "cn2"
-    [[s, *_]] = engine.select_destinations(RequestSpec(force_nodes=["h0"]), 0.0)
+    [[s, *_]] = engine.select_destinations(RequestSpec(force_nodes=["h0"]), 0.0).rows
     assert s.source == "cn0"
     # forcing skips ordinary filters but not what placement decides (resource fit)
-    engine2, _ = _engine(_docs(), path, enabled_filters=("ComputeFilter", "ResourceFitFilter",
+    engine2 = _engine(_docs(), path, enabled_filters=("ComputeFilter", "ResourceFitFilter",
                                                          "AvailabilityZoneFilter"))
-    [[s, *_]] = engine2.select_destinations(RequestSpec(force_hosts=["h1"], availability_zone="x"), 0.0)
+    [[s, *_]] = engine2.select_destinations(RequestSpec(force_hosts=["h1"], availability_zone="x"), 0.0).rows
     assert s.source == "cn1"
     with pytest.raises(NoValidHost):
         engine2.select_destinations(RequestSpec(force_hosts=["h1"], flavor=Flavor(vcpus=1000)), 0.0)
@@ -216,32 +217,32 @@ def test_alternates_stay_in_the_cell(path):
     docs = _docs(6)
     for i in (5, 3, 1):
         docs[f"cn{i}"]["compute"]["cell_uuid"] = "cell2"
-    engine, _ = _engine(docs, path)
-    [[s, *alts]] = engine.select_destinations(RequestSpec(), 0.0)
+    engine = _engine(docs, path)
+    [[s, *alts]] = engine.select_destinations(RequestSpec(), 0.0).rows
     assert s.source == "cn5" and [a.source for a in alts] == ["cn3", "cn1"]
 
 
 def test_claim_ids_are_unique_and_carry_the_version():
-    engine, sent = _engine(_docs(), "fast")
-    for _ in range(20):
-        engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=1)), 0.0)
-    ids = [c.claim_id for c in sent]
+    engine = _engine(_docs(), "fast")
+    claims = [c for _ in range(20) for c in engine.select_destinations(
+        RequestSpec(flavor=Flavor(vcpus=1, memory_mb=1)), 0.0).claims]
+    ids = [c.claim_id for c in claims]
     assert len(set(ids)) == 20
-    assert all(c.claim_id.endswith(f"@{c.epoch}.{c.seq}") for c in sent)
-    other, sent2 = _engine(_docs(), "fast", seed=2)
-    other.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=1)), 0.0)
-    assert sent2[0].claim_id not in ids  # another engine (e.g. after a restart) has another nonce
+    assert all(c.claim_id.endswith(f"@{c.epoch}.{c.seq}") for c in claims)
+    other = _engine(_docs(), "fast", seed=2)
+    [claim] = other.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=1)), 0.0).claims
+    assert claim.claim_id not in ids  # another engine (e.g. after a restart) has another nonce
 
 
 def test_subset_size_spreads_choices_among_the_best():
     # RAM only: zero-sized claims change nothing it weighs (IoOpsWeigher would count them)
-    engine, _ = _engine(_docs(8), "fast", host_subset_size_min=1, host_subset_size_max=4,
+    engine = _engine(_docs(8), "fast", host_subset_size_min=1, host_subset_size_max=4,
                         weight_classes=("RAMWeigher",), host_subset_choice="random")
     chosen = {engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0)), 0.0,
-                                         live_schedulers=4)[0][0].source for _ in range(40)}
+                                         live_schedulers=4).rows[0][0].source for _ in range(40)}
     assert chosen == {"cn7", "cn6", "cn5", "cn4"}
     one = {engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=0, memory_mb=0)), 0.0,
-                                      live_schedulers=1)[0][0].source for _ in range(5)}
+                                      live_schedulers=1).rows[0][0].source for _ in range(5)}
     assert len(one) == 1
 
 
@@ -253,9 +254,9 @@ def test_rendezvous_choice_spreads_schedulers_not_decisions():
     for name in [f"scheduler-{i}" for i in range(8)]:
         rec = load_receiver(_docs(8), down_interval=1e9)
         rec.name = name
-        engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
+        engine = DecisionEngine(rec, config=SchedulerConfig(
             host_subset_size_min=4, host_subset_size_max=4, weight_classes=("RAMWeigher",)))
-        own = {engine.select_destinations(spec, 0.0)[0][0].source for _ in range(5)}
+        own = {engine.select_destinations(spec, 0.0).rows[0][0].source for _ in range(5)}
         assert len(own) == 1, "one scheduler is stable while its subset is"
         picks[name] = own.pop()
         assert picks[name] in {"cn7", "cn6", "cn5", "cn4"}
@@ -276,7 +277,7 @@ def test_adaptive_subset():
 
 
 def test_selected_hosts_fit_in_the_scheduler_view():
-    engine, sent = _engine(_docs(3, vcpus=4, cpu_ratio=1.0), "fast")
+    engine = _engine(_docs(3, vcpus=4, cpu_ratio=1.0), "fast")
     placed = 0
     while True:
         try:
@@ -293,8 +294,8 @@ def test_selected_hosts_fit_in_the_scheduler_view():
 def test_ordered_hosts_matches_between_paths_and_explains():
     docs = _docs(6)
     docs["cn2"]["service"]["disabled"] = True
-    fast, _ = _engine(docs, "fast")
-    slow, _ = _engine(docs, "slow")
+    fast = _engine(docs, "fast")
+    slow = _engine(docs, "slow")
     spec = RequestSpec(flavor=Flavor(vcpus=1))
     assert fast.ordered_hosts(spec) == slow.ordered_hosts(spec)
     assert "cn2" not in dict(fast.ordered_hosts(spec))
@@ -307,18 +308,19 @@ def test_ordered_hosts_matches_between_paths_and_explains():
 
 @pytest.mark.parametrize("path", PATHS)
 def test_decisions_never_write_to_the_receivers_documents(path):
-    engine, sent = _engine(_docs(6, aggregates={"a": {"name": "a", "metadata": {"x": "1"}}}), path)
+    engine = _engine(_docs(6, aggregates={"a": {"name": "a", "metadata": {"x": "1"}}}), path)
     before = {s: (v.digest(), v.version) for s, v in engine.receiver.sources.items()}
     group = InstanceGroup("affinity")
+    claims = []
     for i in range(10):
-        engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1), num_instances=2,
-                                               instance_group=group if i % 2 else None,
-                                               build_request={"image": "cirros"},
-                                               request_id=f"r{i}"), 0.0)
+        claims += engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1), num_instances=2,
+                                                         instance_group=group if i % 2 else None,
+                                                         build_request={"image": "cirros"},
+                                                         request_id=f"r{i}"), 0.0).claims
     for s, v in engine.receiver.sources.items():
         v._digest = None  # recompute from the document itself
         assert (v.digest(), v.version) == before[s]
-    assert sent[0].request == {"image": "cirros", "request_id": "r0"}
+    assert claims[0].request == {"image": "cirros", "request_id": "r0"}
 
 
 def test_peers_claim_hosts_they_own_so_concurrent_decisions_differ():
@@ -331,19 +333,19 @@ def test_peers_claim_hosts_they_own_so_concurrent_decisions_differ():
     for name in ("sched-a", "sched-b"):
         rec = load_receiver(_docs(8), down_interval=1e9)
         rec.name = name
-        engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
+        engine = DecisionEngine(rec, config=SchedulerConfig(
             host_subset_size_min=2, host_subset_size_max=2, weight_classes=("RAMWeigher",)))
         engine.set_peers(["sched-a", "sched-b"])
         engines.append(engine)
-    first = [e.select_destinations(spec, 0.0)[0][0].source for e in engines]
+    first = [e.select_destinations(spec, 0.0).rows[0][0].source for e in engines]
     assert first[0] != first[1]
     for engine, source in zip(engines, first, strict=True):
-        assert engine._ownership.owns(source)
+        assert engine.peer_coordination.ownership.owns(source)
     owners = [PeerOwnership("sched-a", ["sched-b"]).owns(f"cn{i}") for i in range(200)]
     assert 60 < sum(owners) < 140
     # alone again: ownership off, plain subset choice
     engines[0].set_peers([])
-    assert engines[0]._ownership is None and engines[0].live_schedulers == 1
+    assert engines[0].peer_coordination.ownership is None and engines[0].live_schedulers == 1
 
 
 PEERS = ["owner", "x", "y"]
@@ -370,7 +372,7 @@ def test_a_scheduler_owning_no_candidate_avoids_the_owners_front_and_spreads():
     engines = _racing_engines(docs, peers, hand_to_owner=False)
     picks = {}
     for name, engine in engines.items():
-        picks[name] = engine.select_destinations(spec, 0.0)[0][0].source
+        picks[name] = engine.select_destinations(spec, 0.0).rows[0][0].source
         assert engine.stats["peer_choices" if name != "owner" else "owned_choices"] == 1
     best_first = sorted(owned, key=lambda s: -docs[s]["compute"]["memory_mb"])
     assert picks["owner"] == best_first[0]  # the owner claims its best host
@@ -386,7 +388,7 @@ def _racing_engines(docs, peers, **cfg):
     for name in peers:
         rec = load_receiver(docs, down_interval=1e9)
         rec.name = name
-        engine = DecisionEngine(rec, lambda claim: None, config=SchedulerConfig(
+        engine = DecisionEngine(rec, config=SchedulerConfig(
             weight_classes=("RAMWeigher",), **cfg))
         engine.set_peers(peers)
         engines[name] = engine
@@ -413,14 +415,14 @@ def test_racing_schedulers_share_a_scarce_requests_few_hosts_out(schedulers, fit
     # each decides its own scarce requests (no coordinator): the matching spreads them
     engines = _racing_engines(_scarce_cloud(fitting), peers, scarce_coordinator=False)
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
-    picks = {name: e.select_destinations(spec, 0.0)[0][0].source for name, e in engines.items()}
+    picks = {name: e.select_destinations(spec, 0.0).rows[0][0].source for name, e in engines.items()}
     assert all(p.startswith("big") for p in picks.values())
     assert len(set(picks.values())) == min(fitting, schedulers)
     for name, engine in engines.items():
         assert engine.stats["scarce_choices"] == 1
-        owners = {engine._ownership.owner(f"big{i}") for i in range(fitting)}
+        owners = {engine.peer_coordination.ownership.owner(f"big{i}") for i in range(fitting)}
         if name in owners:  # an owner of candidates takes its best one
-            assert engine._ownership.owns(picks[name])
+            assert engine.peer_coordination.ownership.owns(picks[name])
 
 
 @pytest.mark.parametrize("salt", range(8))
@@ -436,10 +438,7 @@ def test_racing_schedulers_claims_on_scarce_hosts_are_all_accepted(salt):
     arbiters = {s: SourceMachine(s, 1, {ns: dict(v) for ns, v in doc.items()})
                 for s, doc in docs.items()}
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
-    claims = []
-    for engine in engines.values():
-        engine.send_claim = claims.append
-        engine.select_destinations(spec, 0.0)
+    claims = [c for engine in engines.values() for c in engine.select_destinations(spec, 0.0).claims]
     results = [m for c in claims for m in (s.message for s in arbiters[c.source].handle_claim(c, 0.0))
                if type(m) is ClaimResult]
     assert len(results) == 4 and all(r.accepted for r in results), [r.reason for r in results]
@@ -472,7 +471,6 @@ def test_a_scarce_request_goes_to_the_coordinator_which_decides_every_one_on_one
     spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384))
     claims, outcomes = [], []
     for engine in engines.values():
-        engine.send_claim = claims.append
         assert engine.coordinator == (None if engine is coordinator else min(peers))
         if engine is not coordinator:
             with pytest.raises(Delegated) as handed:
@@ -481,7 +479,7 @@ def test_a_scarce_request_goes_to_the_coordinator_which_decides_every_one_on_one
             assert engine.stats["delegated"] == 1 and not engine.receiver.pending_claims()
     for _ in peers:  # the coordinator decides its own and the three handed over
         try:
-            coordinator.select_destinations(spec, 0.0, delegable=False)
+            claims += coordinator.select_destinations(spec, 0.0, delegable=False).claims
             outcomes.append("placed")
         except NoValidHost:
             outcomes.append("no valid host")
@@ -490,14 +488,13 @@ def test_a_scarce_request_goes_to_the_coordinator_which_decides_every_one_on_one
     assert len(results) == 3 and all(r.accepted for r in results)
     # a request many hosts fit is never handed over
     small = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512))
-    assert all(e.select_destinations(small, 0.0) for e in engines.values())
+    assert all(e.select_destinations(small, 0.0).rows for e in engines.values())
     # the option off: nothing is handed over, and the race costs a rejection
     off = _racing_engines(docs, peers, scarce_coordinator=False)
     raced = []
     for engine in off.values():
         assert engine.coordinator is None
-        engine.send_claim = raced.append
-        engine.select_destinations(spec, 0.0)
+        raced += engine.select_destinations(spec, 0.0).claims
     fresh = {s: SourceMachine(s, 1, {ns: dict(v) for ns, v in doc.items()}) for s, doc in docs.items()}
     assert sorted(r.accepted for r in _arbitrate(fresh, raced)) == [False, True, True, True]
 
@@ -510,22 +507,22 @@ def test_requests_many_hosts_fit_keep_off_the_few_hosts_a_scarce_request_needs()
     # look deep enough that "a" owns small hosts among the candidates too
     engine = _racing_engines(docs, peers, host_subset_size_min=8)["a"]
     small = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512))
-    owned_big = [s for s in ("big0", "big1") if engine._ownership.owns(s)]
+    owned_big = [s for s in ("big0", "big1") if engine.peer_coordination.ownership.owns(s)]
     # before any scarce request: a small one goes to the best host it owns, a big host
-    first = engine.select_destinations(small, 0.0)[0][0].source
-    assert engine._ownership.owns(first)
+    first = engine.select_destinations(small, 0.0).rows[0][0].source
+    assert engine.peer_coordination.ownership.owns(first)
     # a scarce request is seen: from now on, small requests stay off big0 and big1
     engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384)), 1.0)
     for i in range(5):
-        source = engine.select_destinations(small, 1.0 + i * 0.1)[0][0].source
-        assert source.startswith("small") and engine._ownership.owns(source)
+        source = engine.select_destinations(small, 1.0 + i * 0.1).rows[0][0].source
+        assert source.startswith("small") and engine.peer_coordination.ownership.owns(source)
     assert engine.stats["scarce_skips"] >= (1 if owned_big else 0)
     # a request as large as the scarce one is not kept off them
-    big = engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384)), 1.5)
+    big = engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=16384)), 1.5).rows
     assert big[0][0].source.startswith("big")
     # and the memory fades
     later = 2.0 + SCARCE_MEMORY
-    assert engine._kept(["big0", "big1"], {"memory_mb": 512}, later) == [False, False]
+    assert engine.peer_coordination.kept(["big0", "big1"], {"memory_mb": 512}, later) == [False, False]
 
 
 def test_a_request_many_hosts_fit_is_not_scarce_when_the_subset_is_shallower_than_the_limit():
@@ -555,7 +552,7 @@ def test_a_scheduler_owning_no_candidate_hands_the_request_to_the_owner_of_the_b
         assert engines[name].stats["handed_to_owner"] == 1
         assert engines[name].receiver.pending_claims() == 0  # nothing claimed
     best = max(owned, key=lambda s: docs[s]["compute"]["memory_mb"])
-    assert engines["owner"].select_destinations(spec, 0.0, delegable=False)[0][0].source == best
+    assert engines["owner"].select_destinations(spec, 0.0, delegable=False).rows[0][0].source == best
     # handed to it, a scheduler that owns none decides it itself: no ping-pong
-    assert engines["x"].select_destinations(spec, 0.0, delegable=False)[0][0].source in owned
+    assert engines["x"].select_destinations(spec, 0.0, delegable=False).rows[0][0].source in owned
     assert engines["x"].stats["peer_choices"] == 1

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Engine
 from protocol.messages import ClaimResult
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
-from shared_host_manager.decision.request_tracker import RequestTracker
+from shared_host_manager.decision.request_tracker import RequestTracker, claims_of
 from simulator.synthetic_hosts import cloud, load_receiver
 
 
@@ -32,8 +32,8 @@ def test_select_destinations_issues_no_sql_statement():
         statements.clear()
 
         receiver = load_receiver(cloud(300, seed=3), down_interval=1e9)
-        sent = []
-        tracker = RequestTracker(DecisionEngine(receiver, sent.append, rng=random.Random(0)))
+        sent = []  # the claims the tracker returns, cast as the manager would
+        tracker = RequestTracker(DecisionEngine(receiver, rng=random.Random(0)))
         flavors = [Flavor(vcpus=v, memory_mb=m, root_gb=d) for v, m, d in
                    ((1, 512, 10), (2, 4096, 20), (4, 8192, 40), (8, 16384, 80))]
         placed = 0
@@ -45,7 +45,7 @@ def test_select_destinations_issues_no_sql_statement():
                 instance_group=InstanceGroup("anti-affinity") if i % 11 == 0 else None,
                 request_id=f"r{i}")
             try:
-                tracker.submit(spec, float(i))
+                sent += tracker.submit(spec, float(i)).claims
                 placed += 1
             except NoValidHost:
                 pass
@@ -53,7 +53,7 @@ def test_select_destinations_issues_no_sql_statement():
                 claim = sent[-1]
                 receiver.receive(ClaimResult(claim.claim_id, receiver.name, claim.source, False,
                                              claim.epoch, claim.seq, "no"), float(i))
-                tracker.process(receiver.drain_outcomes(), float(i))
+                sent += claims_of(tracker.process(receiver.drain_outcomes(), float(i)))
         assert placed > 250 and tracker.engine.stats["alternates_claimed"] > 0
         assert statements == []
     finally:

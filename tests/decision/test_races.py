@@ -43,6 +43,7 @@ from shared_host_manager.decision.request_tracker import (
     InstanceScheduled,
     RequestFinished,
     RequestTracker,
+    claims_of,
 )
 from simulator.synthetic_hosts import host_doc
 
@@ -56,28 +57,38 @@ class Scheduler:
                                         down_interval=30.0, claim_deadline=claim_deadline)
         self.index = HostIndex(self.receiver)
         self.claims: list[Claim] = []
-
-        def send_claim(claim):
-            self.claims.append(claim)
-            cluster.send(Send(claim.source, claim))
-            if announce:
-                for peer in cluster.schedulers:
-                    if peer != name:
-                        cluster.send(Send(peer, dataclasses.replace(claim, request={})))
-
-        self.engine = DecisionEngine(self.receiver, send_claim, index=self.index, rng=rng,
+        self.cluster = cluster
+        self.announce = announce
+        self.engine = DecisionEngine(self.receiver, index=self.index, rng=rng,
                                      config=SchedulerConfig(host_subset_size_max=4),
                                      live_schedulers=4)
         self.tracker = RequestTracker(self.engine)
         self.outcomes: list[tuple[str, str, Outcome]] = []
         self.events: list = []
 
+    def send_claims(self, claims):
+        for claim in claims:
+            self.claims.append(claim)
+            self.cluster.send(Send(claim.source, claim))
+            if self.announce:
+                for peer in self.cluster.schedulers:
+                    if peer != self.name:
+                        self.cluster.send(Send(peer, dataclasses.replace(claim, request={})))
+
+    def submit(self, spec, now):
+        """Decide ``spec`` and cast its claims, as the manager does."""
+        request, claims = self.tracker.submit(spec, now)
+        self.send_claims(claims)
+        return request
+
     def after_ingest(self, now):
         """What the service layer does after each ingest step, under its lock."""
         self.index.sync()
         outcomes = self.receiver.drain_outcomes()
         self.outcomes.extend(outcomes)
-        self.events.extend(self.tracker.process(outcomes, now))
+        events = self.tracker.process(outcomes, now)
+        self.send_claims(claims_of(events))
+        self.events.extend(events)
 
 
 class Cluster:
@@ -160,7 +171,7 @@ def _race(cluster, seed):
             spec = _spec(rng, n)
             n += 1
             try:
-                req = sched.tracker.submit(spec, cluster.now)
+                req = sched.submit(spec, cluster.now)
                 submitted[req.request_id] = (sched.name, list(req.instances))
             except NoValidHost:
                 failed_at_once.add(spec.request_id)
@@ -283,7 +294,7 @@ def test_racing_schedulers_keep_server_group_policies(seed):
                                instance_group=group, project_id="p", request_id=f"g{n}")
             n += 1
             try:
-                sched.tracker.submit(spec, cluster.now)
+                sched.submit(spec, cluster.now)
             except NoValidHost:
                 pass
         cluster.step(0.01)

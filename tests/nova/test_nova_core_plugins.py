@@ -48,7 +48,7 @@ def _engine(docs: dict, path: str = "fast", config: SchedulerConfig | None = Non
     shared = core_plugins.Shared()
     rec = load_receiver(docs, **receiver)  # type: ignore[arg-type]
     return DecisionEngine(
-        rec, lambda claim: None, config=config, path=path,
+        rec, config=config, path=path,
         filters=core_plugins.load_filters(config.enabled_filters, config, shared),
         weighers=core_plugins.load_weighers(config.weight_classes, config, shared))
 
@@ -107,7 +107,7 @@ def test_a_claim_reaches_novas_classes_at_the_next_decision(path: str) -> None:
     try:
         engine = _engine(docs, path, config)
         took = [engine.select_destinations(RequestSpec(flavor=Flavor(1, 512, 1),
-                                                       instance_uuids=(f"i{k}",)), 0.0)[0][0].source
+                                                       instance_uuids=(f"i{k}",)), 0.0).rows[0][0].source
                 for k in range(3)]
         assert sorted(took) == ["a", "b", "c"]
     finally:
@@ -161,7 +161,7 @@ def test_a_multi_create_consumes_on_novas_host_objects() -> None:
                              weight_classes=("RAMWeigher",), host_subset_size_max=1)
     engine = _engine(docs, config=config)
     spec = RequestSpec(flavor=Flavor(1, 3072, 1), instance_uuids=("i1", "i2", "i3"))
-    took = [row[0].source for row in engine.select_destinations(spec, 0.0, dry_run=True)]
+    took = [row[0].source for row in engine.select_destinations(spec, 0.0, dry_run=True).rows]
     # RAMWeigher: b (8 GB free) first; then a (4 GB) against b's 5 GB left: b; then a
     assert took == ["b", "b", "a"]
 

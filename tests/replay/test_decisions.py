@@ -16,11 +16,18 @@ from shared_host_manager.updatelog.reader import LogReader, resolve_log
 from shared_host_manager.updatelog.replay import Replayer, replay
 
 
+def _cast(run, decision):
+    """Cast a decision's claims to the reporter, as the manager does; returns its rows."""
+    for claim in decision.claims:
+        run._to_reporter("r0", claim)
+    return decision.rows
+
+
 def _recorded_run(mini_run, *, unbounded_weighers=False, core="own"):
     run = mini_run(checkpoint_interval=0.2)
     run.run(5)
     cache = run.caches["s0"]
-    engine = DecisionEngine(cache.receiver, lambda claim: run._to_reporter("r0", claim),
+    engine = DecisionEngine(cache.receiver,
                             config=SchedulerConfig(host_subset_size_min=3, decision_core=core),
                             rng=random.Random(7))
     if unbounded_weighers:  # as engines weighed before the weighers took nova's minval
@@ -33,7 +40,7 @@ def _recorded_run(mini_run, *, unbounded_weighers=False, core="own"):
                            num_instances=1 + i % 2, request_id=f"req-{i}", project_id="p1")
         with cache.lock:
             try:
-                placed.append(engine.select_destinations(spec, run.clock()))
+                placed.append(_cast(run, engine.select_destinations(spec, run.clock())))
             except NoValidHost:
                 failed += 1
         run.run(2)
@@ -131,8 +138,7 @@ def test_decisions_among_peers_replay_with_the_scarce_requests_remembered(mini_r
     run = mini_run(checkpoint_interval=0.2)
     run.run(5)
     cache = run.caches["s0"]
-    engine = DecisionEngine(cache.receiver, lambda claim: run._to_reporter("r0", claim),
-                            config=SchedulerConfig(), rng=random.Random(7))
+    engine = DecisionEngine(cache.receiver, config=SchedulerConfig(), rng=random.Random(7))
     engine.set_peers(["s0", "s1"])
     engine.set_observer(run.recorders["s0"])
     for i in range(9):
@@ -141,7 +147,7 @@ def test_decisions_among_peers_replay_with_the_scarce_requests_remembered(mini_r
                            request_id=f"req-{i}", project_id="p1")
         with cache.lock:
             try:
-                engine.select_destinations(spec, run.clock())
+                _cast(run, engine.select_destinations(spec, run.clock()))
             except NoValidHost:
                 pass
         run.run(2)
@@ -162,8 +168,8 @@ def test_decisions_after_a_part_base_re_run_with_the_claims_held_there(mini_run,
     run = mini_run(max_file_bytes=16 * 1024, checkpoint_interval=0.1, max_total_bytes=96 * 1024)
     run.settle(5)
     cache = run.caches["s1"]
-    engine = DecisionEngine(cache.receiver, lambda claim: run._to_reporter("r0", claim),
-                            config=SchedulerConfig(host_subset_size_min=3), rng=random.Random(7))
+    engine = DecisionEngine(cache.receiver, config=SchedulerConfig(host_subset_size_min=3),
+                            rng=random.Random(7))
     engine.set_observer(run.recorders["s1"])
     sources = sorted(run.sources)
     for i in range(40):
@@ -174,7 +180,7 @@ def test_decisions_after_a_part_base_re_run_with_the_claims_held_there(mini_run,
         spec = RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512), request_id=f"req-{i}",
                            project_id="p1")
         with cache.lock, contextlib.suppress(NoValidHost):
-            engine.select_destinations(spec, run.clock())
+            _cast(run, engine.select_destinations(spec, run.clock()))
         run.pump()
     run.close()
     parts = resolve_log(run.log("s1"))

@@ -74,11 +74,13 @@ def test_recorded_run_replays_and_the_lost_delta_shows_in_diff(bus, tmp_path):
     try:
         wait_for(lambda: all(len(s.receiver.sources) == 16 for s in schedulers), what="all sources")
         s0 = schedulers[0]
-        engine = DecisionEngine(s0.receiver, s0.send_claim, rng=random.Random(3))
+        engine = DecisionEngine(s0.receiver, rng=random.Random(3))
         recording.attach(engine)
         with s0.cache.lock:
-            engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512),
-                                                   request_id="req-1"), s0.clock())
+            decision = engine.select_destinations(RequestSpec(flavor=Flavor(vcpus=1, memory_mb=512),
+                                                              request_id="req-1"), s0.clock())
+        for claim in decision.claims:
+            s0.send_claim(claim)
         armed.set()
         wait_for(lambda: bool(dropped), what="a lost delta")
         quiesce(reporters)

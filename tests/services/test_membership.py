@@ -79,8 +79,8 @@ def test_schedulers_find_each_other_share_hosts_and_take_over_a_leavers_share(bu
         result = managers[0].select_destinations(spec)
         [source] = result.placed.values()
         # the decision used the peers read from the stream: it claimed a host s0 owns
-        assert managers[0].engine._ownership is not None
-        assert managers[0].engine._ownership.peers == ["s0", "s1", "s2"]
+        assert managers[0].engine.peer_coordination.ownership is not None
+        assert managers[0].engine.peer_coordination.ownership.peers == ["s0", "s1", "s2"]
         assert PeerOwnership("s0", ["s1", "s2"]).owns(source)
         # s2 stops: the other two drop it within one interval and share its hosts out
         managers[2].stop()
@@ -88,8 +88,8 @@ def test_schedulers_find_each_other_share_hosts_and_take_over_a_leavers_share(bu
                  what="s2's share to be handed over")
         managers[1].select_destinations(RequestSpec(
             flavor=Flavor(vcpus=1, memory_mb=128, root_gb=1), instance_uuids=[uuid.uuid4().hex]))
-        assert managers[1].engine._ownership is not None
-        assert managers[1].engine._ownership.peers == ["s0", "s1"]
+        assert managers[1].engine.peer_coordination.ownership is not None
+        assert managers[1].engine.peer_coordination.ownership.peers == ["s0", "s1"]
         assert managers[0].service.figures()["peers"] == ["s0", "s1"]
     finally:
         for m in managers[:2]:
