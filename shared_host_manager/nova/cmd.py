@@ -331,10 +331,11 @@ def _start_scheduler_service(*_: Any) -> None:
 
         _endpoint = _serve_metrics(lambda: metrics.serve(service, _serve[-1], role="nova-scheduler"))
         if _endpoint is not None:
-            from shared_host_manager.nova import report_client
+            from shared_host_manager.nova import report_client, request_filters
 
-            # the placement client's counters beside the cache's (report_client.py)
+            # the placement client's and the request filters' counters beside the cache's
             _endpoint.registry.register(report_client.ReportClientCollector())
+            _endpoint.registry.register(request_filters.RequestFilterCollector())
 
 
 def _serve_metrics(serve: Any) -> Any:

@@ -34,7 +34,8 @@ set).
 Falling back: while no API-side source was heard (the catalogue would hold only
 the aggregates nova's fanout told of since start) the filter is nova's own,
 reading the database, counted in :func:`figures` (``db_fallbacks``), with one
-warning per process.
+warning per process; :class:`RequestFilterCollector` shows the counts on the
+scheduler's ``/metrics`` as ``shm_request_filter_runs_total{filter,source}``.
 
 Life cycle: :func:`install` (called by :func:`.host_manager.install`) replaces
 nova's three functions in ``request_filter.ALL_REQUEST_FILTERS``, the list
@@ -49,7 +50,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 LOG = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ _originals: dict[str, Any] = {}
 _lock = threading.Lock()
 _counters: Counter[str] = Counter()
 _warned = False
+#: nova's request filters answered from the catalogue, by their names in nova
+_NAMES = ("map_az_to_placement_aggregate", "require_tenant_aggregate", "isolate_aggregates")
 
 
 # -- the questions, on a catalogue of nova Aggregate objects -------------------------------
@@ -265,5 +268,28 @@ def figures() -> dict[str, int]:
         return {"from_catalogue": 0, "db_fallbacks": 0, **_counters}
 
 
-__all__ = ["figures", "install", "installed", "isolated_aggregates", "tenant_aggregates",
-           "uninstall", "zone_aggregates"]
+class RequestFilterCollector:
+    """``shm_request_filter_runs_total{filter,source}``: each of the three filters' runs since
+    start, answered from the stream's aggregate catalogue (``catalogue``) or by nova's own
+    filter reading the API database (``database``, while no API-side source was heard); read
+    on scrape, registered on the scheduler's ``[metrics]`` endpoint by :mod:`.cmd`."""
+
+    def describe(self) -> list[Any]:
+        return []  # collected on scrape only (the registry's auto_describe is off)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        counts = figures()
+        runs = CounterMetricFamily(
+            "shm_request_filter_runs", "Runs of nova's aggregate request filters by who "
+            "answered: catalogue (the stream's aggregates, no database read) or database (nova's "
+            "own filter, while no API-side source was heard).", labels=["filter", "source"])
+        for name in _NAMES:
+            runs.add_metric([name, "catalogue"], counts.get(f"from_catalogue.{name}", 0))
+            runs.add_metric([name, "database"], counts.get(f"db_fallbacks.{name}", 0))
+        yield runs
+
+
+__all__ = ["RequestFilterCollector", "figures", "install", "installed", "isolated_aggregates",
+           "tenant_aggregates", "uninstall", "zone_aggregates"]

@@ -267,6 +267,33 @@ def test_without_an_api_source_nova_reads_its_database_counted(db, sql, nova_con
     assert request_filters.figures()["db_fallbacks"] == after["db_fallbacks"]
 
 
+
+def _runs() -> dict[tuple[str, str], float]:
+    [family] = request_filters.RequestFilterCollector().collect()
+    return {(s.labels["filter"], s.labels["source"]): s.value for s in family.samples}
+
+
+def test_the_runs_by_source_are_on_metrics(db, sql, nova_conf, installed):
+    """``shm_request_filter_runs_total{filter,source}``: a run answered from the stream's
+    catalogue and one by nova's database read are told apart, per filter."""
+    rng = random.Random(3)
+    _world(rng, 5)
+    spec = fx.request_spec()
+    spec.availability_zone = "az1"
+    before = _runs()
+    assert set(before) == {(name, source) for name in (
+        "map_az_to_placement_aggregate", "require_tenant_aggregate", "isolate_aggregates")
+        for source in ("catalogue", "database")}
+    _manager(with_api_source=False)
+    _ours("map_az_to_placement_aggregate")(_ctxt(), spec)
+    _manager(with_api_source=True)
+    _ours("map_az_to_placement_aggregate")(_ctxt(), spec)
+    after = _runs()
+    assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == {
+        ("map_az_to_placement_aggregate", "database"): 1.0,
+        ("map_az_to_placement_aggregate", "catalogue"): 1.0}
+
+
 def test_the_catalogue_is_the_host_aggregates_one(db, installed):
     """Deleted aggregates leave it, nova's fanout adds what the API side has not published."""
     _clear()
