@@ -10,6 +10,9 @@ SIM = [
     "psycopg2-binary>=2.9",
     # --plot
     "matplotlib>=3.7",
+    # every engine decides with nova 34's own filter and weigher classes
+    # ([filter_scheduler] decision_core = nova)
+    "nova>=34.0.0,<35",
 ]
 
 setup(
@@ -106,32 +109,16 @@ setup(
             "shm.placement_feed = shared_host_manager.conf.placement_feed:list_opts",
             "shm.nova = shared_host_manager.nova.conf:list_opts",
         ],
-        # whose classes an engine loads ([filter_scheduler] decision_core; "own" is built in)
+        # whose classes an engine loads ([filter_scheduler] decision_core)
         "shm.scheduler.cores": [
             "nova = shared_host_manager.nova.core.plugins:load_core",
         ],
-        # one class per filter / weigher, by nova's names (see shared_host_manager.decision.plugins)
+        # the filters nova has no class for, by name (see shared_host_manager.decision.plugins);
+        # every other name is nova's own class
         "shm.scheduler.filters": [
-            "ComputeFilter = shared_host_manager.decision.filters.compute_filter:ComputeFilter",
             "ResourceFitFilter = shared_host_manager.decision.filters.resource_fit_filter:ResourceFitFilter",
             "AvailabilityZoneFilter = shared_host_manager.decision.filters.availability_zone_filter:AvailabilityZoneFilter",
-            "AggregateInstanceExtraSpecsFilter = shared_host_manager.decision.filters.aggregate_instance_extra_specs:AggregateInstanceExtraSpecsFilter",
-            "AggregateMultiTenancyIsolation = shared_host_manager.decision.filters.aggregate_multitenancy_isolation:AggregateMultiTenancyIsolation",
-            "ImagePropertiesFilter = shared_host_manager.decision.filters.image_props_filter:ImagePropertiesFilter",
-            "ServerGroupAffinityFilter = shared_host_manager.decision.filters.server_group_affinity_filter:ServerGroupAffinityFilter",
-            "ServerGroupAntiAffinityFilter = shared_host_manager.decision.filters.server_group_anti_affinity_filter:ServerGroupAntiAffinityFilter",
-            "SameHostFilter = shared_host_manager.decision.filters.same_host_filter:SameHostFilter",
-            "DifferentHostFilter = shared_host_manager.decision.filters.different_host_filter:DifferentHostFilter",
-            "NumInstancesFilter = shared_host_manager.decision.filters.num_instances_filter:NumInstancesFilter",
-            "IoOpsFilter = shared_host_manager.decision.filters.io_ops_filter:IoOpsFilter",
             "VolumeLocalityFilter = shared_host_manager.decision.filters.volume_locality_filter:VolumeLocalityFilter",
-        ],
-        "shm.scheduler.weighers": [
-            "RAMWeigher = shared_host_manager.decision.weights.ram:RAMWeigher",
-            "CPUWeigher = shared_host_manager.decision.weights.cpu:CPUWeigher",
-            "DiskWeigher = shared_host_manager.decision.weights.disk:DiskWeigher",
-            "NumInstancesWeigher = shared_host_manager.decision.weights.num_instances:NumInstancesWeigher",
-            "IoOpsWeigher = shared_host_manager.decision.weights.io_ops:IoOpsWeigher",
         ],
     },
 )

@@ -15,9 +15,10 @@ import json
 import sys
 from dataclasses import fields
 
+from shared_host_manager.gc_threshold import tuned
 from simulator.plot import plot
 from simulator.run import MODES, run, summary_table
-from simulator.simulation import SimConfig, check_config
+from simulator.simulation import MISSING_NOVA, SimConfig, check_config, nova_installed
 
 
 def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
@@ -98,11 +99,6 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p.add_argument("--nvh-oracle-share", type=float, default=d.nvh_oracle_share, metavar="F",
                    help="the share of a core those checks may take, 0 < F <= 1 (default: "
                         "%(default)s; raise it with --nvh-checks to check more of a short run)")
-    p.add_argument("--core", choices=["own", "nova"], default=d.core,
-                   help="whose filter and weigher classes the shared, legacy and caching modes "
-                        "decide with: the engine's own (default) or nova 34's, through the "
-                        "drop-in's vector core ([filter_scheduler] decision_core; needs the "
-                        "nova extra). --scheduler nova runs nova's whole scheduler instead")
     p.add_argument("--record", metavar="DIR",
                    help="write an update log of every party into DIR/<host manager>/ "
                         "(replay with: shm replay DIR/shared)")
@@ -121,6 +117,9 @@ def main(argv: list[str], prog: str = "shm sim") -> int:
         parser.error("--filters and --host-ownership apply to --scheduler nova")
     names = {f.name for f in fields(SimConfig)}
     cfg = SimConfig(**{k: v for k, v in vars(args).items() if k in names})
+    if not nova_installed():
+        print(f"{parser.prog}: {MISSING_NOVA}", file=sys.stderr)
+        return 2
     try:
         check_config(cfg)
     except ValueError as exc:
@@ -128,7 +127,9 @@ def main(argv: list[str], prog: str = "shm sim") -> int:
     cfg.progress = not args.quiet
     if cfg.requests is not None:
         cfg.duration = 0.0
-    report = run(cfg)
+    # the deciding processes' garbage collector, as nova-scheduler-shared's (the modes alike)
+    with tuned():
+        report = run(cfg)
     print(summary_table(report))
     if args.plot:
 
@@ -160,7 +161,6 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         ("--no-scarce-coordinator", not args.scarce_coordinator),
         ("--nvh-catch-up", args.nvh_catch_up is not None),
         ("--no-hand-to-owner", not args.hand_to_owner),
-        ("--core", args.core != SimConfig.core),
         ("--nvh-oracle-share", args.nvh_oracle_share != SimConfig.nvh_oracle_share)) if given]
     if unsupported:
         parser.error(f"{', '.join(unsupported)} not supported with --scheduler nova")

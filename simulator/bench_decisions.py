@@ -3,13 +3,15 @@
 What is measured: :meth:`DecisionEngine.select_destinations` for one-instance
 requests over ``--hosts`` synthetic hosts held by a real ReceiverMachine, with
 the default filters and weighers (``[filter_scheduler] enabled_filters`` /
-``weight_classes`` defaults).  A decision is everything the scheduler does
+``weight_classes`` defaults): nova 34's own classes through the vector core
+(``[filter_scheduler] decision_core = nova``; the names nova has no class for,
+ResourceFitFilter and AvailabilityZoneFilter, are the engine's).  A decision is everything the scheduler does
 before the claim leaves: index sync, filtering, weighing, the random pick
 among the top hosts, alternates, building the claim, registering it as
-pending, and handing it to ``send_claim`` (a no-op here: the transport is not
-measured).  Also reported: how many changed rows per second the index
-recomputes after ingest (``index_sync_rows_per_s``).  The request mix
-exercises the per-host-group filters: a third ask for an architecture, a
+pending, and returning it (not cast here: the transport is not measured).
+Also reported: how many changed rows per second the index recomputes after
+ingest (``index_sync_rows_per_s``).  The request mix exercises the
+per-host-group filters: a third ask for an architecture, a
 fifth for an availability zone, a tenth for aggregate extra specs, a
 twentieth for anti-affinity.
 
@@ -19,13 +21,10 @@ path (``decisions_per_s``) and nova's per-host slow path
 every run.  Between runs the pending claims are expired (untimed) so every run
 starts from the same free capacity.
 
-``--core nova`` decides with nova 34's own filter and weigher classes through
-the vector core instead of the engine's own (design §10, item 13; names nova has
-no class for, ResourceFitFilter and AvailabilityZoneFilter, stay the engine's);
-``--core both`` measures the two side by side, run by run, and checks first that
-they rank the hosts of the first requests alike.  Both need nova installed.
+The floors this benchmark is held to (docs/benchmarks.md): 3 000 decisions/s
+on the fast path at 1 000 hosts, 1 000/s at 10 000.
 
-Usage: ``shm bench decisions --hosts 1000 --json out.json [--runs 5] [--core own|nova|both]``.
+Usage: ``shm bench decisions --hosts 1000 --json out.json [--runs 5]``.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ from protocol.messages import Delta
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import FAST, SLOW, DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
+from shared_host_manager.gc_threshold import YOUNG_THRESHOLD, tuned
 from simulator.synthetic_hosts import cloud, load_receiver
 
 FLAVORS = (Flavor(1, 512, 10), Flavor(2, 4096, 20), Flavor(4, 8192, 40), Flavor(8, 16384, 80),
@@ -81,62 +81,43 @@ def _run(engine: DecisionEngine, specs: list[RequestSpec], now: float) -> tuple[
     return time.perf_counter() - start, failed
 
 
-def _engine(path: str, hosts: int, seed: int, core: str) -> DecisionEngine:
+def _engine(path: str, hosts: int, seed: int) -> DecisionEngine:
     receiver = load_receiver(cloud(hosts, seed), name=f"bench-{path}", down_interval=1e12,
                              claim_deadline=1.0)
-    return DecisionEngine(receiver, lambda claim: None, config=SchedulerConfig(decision_core=core),
+    return DecisionEngine(receiver, config=SchedulerConfig(),
                           path=path, rng=random.Random(seed))
 
 
-def measure(path: str, hosts: int, decisions: int, runs: int, seed: int,
-            cores: tuple[str, ...] = ("own",)) -> list[dict[str, Any]]:
-    """Per core, ``runs`` timed runs of ``decisions`` decisions; the cores take turns run by
-    run (side by side on a noisy machine)."""
-    engines, setups = [], []
-    for core in cores:
-        setup = time.perf_counter()
-        engines.append(_engine(path, hosts, seed, core))
-        setups.append(time.perf_counter() - setup)
+def measure(path: str, hosts: int, decisions: int, runs: int, seed: int) -> dict[str, Any]:
+    """``runs`` timed runs of ``decisions`` decisions on ``path``."""
+    setup = time.perf_counter()
+    engine = _engine(path, hosts, seed)
+    setup_s = time.perf_counter() - setup
     now = 0.0
-    rates: list[list[float]] = [[] for _ in cores]
-    failures: list[list[int]] = [[] for _ in cores]
+    rates: list[float] = []
+    failures: list[int] = []
     for run in range(runs):
-        specs = request_mix(decisions, seed * 1000 + run)
-        for k, engine in enumerate(engines):
-            elapsed, failed = _run(engine, specs, now)
-            rates[k].append(decisions / elapsed)
-            failures[k].append(failed)
+        elapsed, failed = _run(engine, request_mix(decisions, seed * 1000 + run), now)
+        rates.append(decisions / elapsed)
+        failures.append(failed)
         # untimed: expire this run's claims so every run starts from the same capacity
         now += 2.0
-        for engine in engines:
-            engine.receiver.tick(now)
-            engine.receiver.drain_outcomes()
-            engine.index.sync()
-    return [{
-        "path": path, "core": core, "decisions_per_run": decisions,
-        "runs": [round(r, 1) for r in rates[k]], "median": round(statistics.median(rates[k]), 1),
-        "no_valid_host": failures[k], "setup_s": round(setups[k], 3),
-        "filters": [f.name for f in engines[k].filters],
-        "weighers": [w.name for w in engines[k].weighers],
-    } for k, core in enumerate(cores)]
-
-
-def cores_agree(hosts: int, seed: int, requests: int = 20) -> bool:
-    """The engine's own filters and weighers and nova's classes rank the hosts of the first
-    ``requests`` requests alike (the same hosts in the same order, weights within 1e-9)."""
-    own, nova = _engine(FAST, hosts, seed, "own"), _engine(FAST, hosts, seed, "nova")
-    for spec in request_mix(requests, seed):
-        a, b = own.ordered_hosts(spec), nova.ordered_hosts(spec)
-        if [s for s, _ in a] != [s for s, _ in b] or any(
-                abs(x - y) > 1e-9 for (_, x), (_, y) in zip(a, b, strict=True)):
-            return False
-    return True
+        engine.receiver.tick(now)
+        engine.receiver.drain_outcomes()
+        engine.index.sync()
+    return {
+        "path": path, "decisions_per_run": decisions,
+        "runs": [round(r, 1) for r in rates], "median": round(statistics.median(rates), 1),
+        "no_valid_host": failures, "setup_s": round(setup_s, 3),
+        "filters": [f.name for f in engine.filters],
+        "weighers": [w.name for w in engine.weighers],
+    }
 
 
 def measure_sync(hosts: int, seed: int, rounds: int = 5) -> float:
     """Rows per second :meth:`HostIndex.sync` recomputes after deltas (the per-ingest cost)."""
     receiver = load_receiver(cloud(hosts, seed), name="bench-sync", down_interval=1e12)
-    engine = DecisionEngine(receiver, lambda claim: None, rng=random.Random(seed))
+    engine = DecisionEngine(receiver, rng=random.Random(seed))
     changed = min(hosts, 2000)
     rates = []
     for r in range(rounds):
@@ -159,55 +140,49 @@ def main(argv: list[str] | None = None, prog: str = "shm bench decisions") -> in
                         help="slow-path decisions per run (default: about 2 s of work per run)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
-    parser.add_argument("--core", choices=("own", "nova", "both"), default="own",
-                        help="whose filter and weigher classes decide: the engine's own "
-                             "(default), nova 34's through the vector core, or both side by "
-                             "side (nova needs: pip install 'shared-host-manager[nova]')")
+    parser.add_argument("--gc-young-threshold", type=int, default=YOUNG_THRESHOLD, metavar="N",
+                        help="Python's first garbage-collector threshold while deciding, as "
+                             "shm sim and nova-scheduler-shared set it (default %(default)s; "
+                             "0: Python's 700)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.hosts < 1 or args.runs < 1 or args.decisions < 1:
         parser.error("--hosts, --runs and --decisions must be positive")
-    cores: tuple[str, ...] = ("own", "nova") if args.core == "both" else (args.core,)
-    if "nova" in cores:
-        import importlib.util
+    import importlib.util
 
-        if importlib.util.find_spec("nova") is None:
-            parser.error(f"--core {args.core} needs nova; pip install 'shared-host-manager[nova]'")
-        from shared_host_manager.nova.testing import fixtures as nova_fixtures
+    if importlib.util.find_spec("nova") is None:
+        parser.error("the engine decides with nova 34's classes; pip install "
+                     "'shared-host-manager[sim]'")
+    from shared_host_manager.nova.testing import fixtures as nova_fixtures
 
-        nova_fixtures.setup_nova()
+    nova_fixtures.setup_nova()
+    with tuned(args.gc_young_threshold):
+        return _measure_and_report(args)
+
+
+def _measure_and_report(args: argparse.Namespace) -> int:
     slow_decisions = args.slow_decisions or max(3, min(args.decisions, 200_000 // args.hosts))
 
-    agree = cores_agree(args.hosts, args.seed) if args.core == "both" else None
-    fast = measure(FAST, args.hosts, args.decisions, args.runs, args.seed, cores)
-    slow = measure(SLOW, args.hosts, slow_decisions, args.runs, args.seed, cores)
+    fast = measure(FAST, args.hosts, args.decisions, args.runs, args.seed)
+    slow = measure(SLOW, args.hosts, slow_decisions, args.runs, args.seed)
     sync_rate = measure_sync(args.hosts, args.seed)
     result = {
         "benchmark": "decisions",
         "hosts": args.hosts,
-        "core": args.core,
-        "decisions_per_s": fast[0]["median"],
-        "slow_decisions_per_s": slow[0]["median"],
-        "ratio": round(fast[0]["median"] / slow[0]["median"], 1) if slow[0]["median"] else None,
+        "decisions_per_s": fast["median"],
+        "slow_decisions_per_s": slow["median"],
+        "ratio": round(fast["median"] / slow["median"], 1) if slow["median"] else None,
         "index_sync_rows_per_s": sync_rate,
-        "fast": fast[0],
-        "slow": slow[0],
+        "gc_young_threshold": args.gc_young_threshold,
+        "fast": fast,
+        "slow": slow,
         "python": platform.python_version(),
         "numpy": np.__version__,
         "machine": platform.machine(),
     }
-    if len(cores) == 2:
-        result["nova_core"] = {"fast": fast[1], "slow": slow[1], "same_ranking": agree,
-                               "fast_ratio": round(fast[1]["median"] / fast[0]["median"], 3)}
     print(f"{args.hosts} hosts, default filters and weighers, median of {args.runs} runs:")
-    for k, core in enumerate(cores):
-        label = "" if len(cores) == 1 and core == "own" else f" ({core})"
-        print(f"  fast path{label}: {fast[k]['median']:>10.1f} decisions/s   runs {fast[k]['runs']}")
-        print(f"  slow path{label}: {slow[k]['median']:>10.1f} decisions/s   runs {slow[k]['runs']}")
-        ratio = round(fast[k]["median"] / slow[k]["median"], 1) if slow[k]["median"] else None
-        print(f"  ratio{label}:     {ratio}x (fast / slow)")
-    if len(cores) == 2:
-        print(f"  nova's classes / own, fast path: {result['nova_core']['fast_ratio']}x; "
-              f"same ranking of the first requests: {'yes' if agree else 'NO'}")
+    print(f"  fast path: {fast['median']:>10.1f} decisions/s   runs {fast['runs']}")
+    print(f"  slow path: {slow['median']:>10.1f} decisions/s   runs {slow['runs']}")
+    print(f"  ratio:     {result['ratio']}x (fast / slow)")
     print(f"  index sync after ingest: {sync_rate:.0f} changed rows/s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -38,9 +38,9 @@ from protocol.errors import ProtocolError
 from protocol.messages import Claim, ClaimResult, Snapshot
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.conf.decision import SchedulerConfig
+from shared_host_manager.decision.claims import claim_payload
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost, Selection
 from shared_host_manager.decision.manager import RequestResult, SchedulerManager
-from shared_host_manager.decision.plugins import load_core
 from shared_host_manager.decision.request import RequestSpec
 from shared_host_manager.service import SchedulerService
 from simulator.database import HostDatabase
@@ -126,23 +126,17 @@ class DatabaseScheduler:
         self.lock = threading.RLock()
         self._rng = random.Random(f"{s.seed}-{s.name}")
 
-        # the own classes hold nothing of an engine: loaded once; a core whose classes hold
-        # an engine's state (nova's: per-host templates of one index) loads with each engine
-        self._plugins = load_core(s.config) if s.config.decision_core == "own" else None
-        self._outbox: list[Claim] = []
         self.receiver = ReceiverMachine(s.name, down_interval=3600.0, claim_deadline=1e9)
-        self.engine = self._new_engine(self.receiver, self._outbox)
+        self.engine = self._new_engine(self.receiver)
         self._versions: dict[str, tuple[int, int]] = {}
         self._attempts: dict[str, _Attempt] = {}
         self._attempts_lock = threading.Lock()
         self._stop = threading.Event()
         self.refreshes = 0
 
-    def _new_engine(self, receiver: ReceiverMachine, outbox: list[Claim]) -> DecisionEngine:
-        # claims are collected, then cast once the decision is complete
-        filters, weighers = self._plugins or (None, None)
-        return DecisionEngine(receiver, outbox.append, config=self._settings.config,
-                              rng=self._rng, filters=filters, weighers=weighers,
+    def _new_engine(self, receiver: ReceiverMachine) -> DecisionEngine:
+        return DecisionEngine(receiver, config=self._settings.config,
+                              rng=self._rng,
                               live_schedulers=self._settings.live_schedulers)
 
     # -- life cycle -------------------------------------------------------------
@@ -183,8 +177,7 @@ class DatabaseScheduler:
         receiver, versions = self._read(with_instances=True)
         with self.lock:
             self.receiver, self._versions = receiver, versions
-            self._outbox.clear()
-            self.engine = self._new_engine(receiver, self._outbox)
+            self.engine = self._new_engine(receiver)
             self.refreshes += 1
 
     def _refresh_loop(self) -> None:
@@ -207,8 +200,7 @@ class DatabaseScheduler:
             # legacy: this request's view is what the database says now, and nothing
             # of it is kept (requests run concurrently, each with its own engine)
             receiver, versions = self._read(with_instances=self._needs_instances(spec))
-            outbox: list[Claim] = []
-            engine = self._new_engine(receiver, outbox)
+            engine = self._new_engine(receiver)
             lock: Any = threading.Lock()
             with self.lock:
                 self.receiver, self._versions = receiver, versions
@@ -216,20 +208,20 @@ class DatabaseScheduler:
             lock = self.lock
         with lock:
             if self.refresh_interval is not None:
-                engine, versions, outbox = self.engine, self._versions, self._outbox
+                engine, versions = self.engine, self._versions
             try:
-                selections = engine.select_destinations(spec, time.monotonic())
+                decision = engine.select_destinations(spec, time.monotonic())
             except NoValidHost as exc:
                 out.decision_s = time.perf_counter() - start
                 out.failed = {u: exc.reason for u in spec.instance_uuids}
                 return out
             out.decision_s = time.perf_counter() - start
-            claims = list(outbox)
-            outbox.clear()
-        payload = DecisionEngine.claim_payload(spec)
+        # cast once the decision is complete, out of the lock
+        claims = decision.claims
+        payload = claim_payload(spec)
         resources = dict(spec.resources)
         pending = {}
-        for hosts, claim in zip(selections, claims, strict=True):
+        for hosts, claim in zip(decision.rows, claims, strict=True):
             pending[claim.claim_id] = _Attempt(waiter, hosts[0].instance_uuid, list(hosts),
                                                resources, payload)
         with self._attempts_lock:

@@ -101,9 +101,6 @@ class SimConfig(RunShape):
     #: shared mode: seconds a scheduler lets the hosts' latest changes reach it before a
     #: NoValidHost ([filter_scheduler] no_valid_host_catch_up; None: the coalescing window)
     nvh_catch_up: float | None = None
-    #: whose filter and weigher classes the engine loads: "own" or "nova" (nova 34's, through
-    #: the vector core: [filter_scheduler] decision_core)
-    core: str = "own"
     #: directory for update logs of every party (shm replay reads them)
     record: str | None = None
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
@@ -111,6 +108,18 @@ class SimConfig(RunShape):
     #: the NoValidHost oracle: at most this many checks per run, at most this share of a core
     nvh_checks: int = NVH_ORACLE_CHECKS
     nvh_oracle_share: float = NVH_ORACLE_SHARE
+
+
+#: what check_config says when nova is not installed
+MISSING_NOVA = "nova is not installed; pip install 'shared-host-manager[sim]'"
+
+
+def nova_installed() -> bool:
+    """Whether nova 34 can be imported (every engine decides with its classes)."""
+    try:
+        return importlib.util.find_spec("nova") is not None
+    except ValueError:  # a module blocked in sys.modules (None) has no spec
+        return False
 
 
 def check_config(cfg: SimConfig) -> None:
@@ -121,10 +130,10 @@ def check_config(cfg: SimConfig) -> None:
         raise ValueError("--nvh-oracle-share must be above 0 and at most 1 (a share of one core)")
     if cfg.nvh_catch_up is not None and cfg.nvh_catch_up < 0:
         raise ValueError("--nvh-catch-up must be 0 (off) or more seconds")
-    if cfg.core not in ("own", "nova"):
-        raise ValueError(f"--core must be own or nova, not {cfg.core!r}")
-    if cfg.core == "nova" and importlib.util.find_spec("nova") is None:
-        raise ValueError("--core nova needs nova 34: pip install 'shared-host-manager[nova]'")
+    if not nova_installed():
+        # every mode decides with nova's filter and weigher classes ([filter_scheduler]
+        # decision_core)
+        raise ValueError(MISSING_NOVA)
     if cfg.record and cfg.processes is not None:
         raise ValueError("--record records in-process runs; drop --processes (or record each "
                          "scheduler process with [update_log] in its own configuration)")
@@ -364,7 +373,6 @@ class Simulation:
             "host_subset_choice": self.cfg.host_subset_choice,
             "scarce_coordinator": self.cfg.scarce_coordinator,
             "hand_to_owner": self.cfg.hand_to_owner,
-            "decision_core": self.cfg.core,
             "no_valid_host_catch_up": self.cfg.coalesce_window if catch_up is None else catch_up}
         if self.cfg.host_subset_size is not None:
             changes["host_subset_size_min"] = changes["host_subset_size_max"] = self.cfg.host_subset_size
@@ -578,10 +586,10 @@ class Simulation:
         truth = self._truth()
         for s, (e, q, doc) in truth.items():
             oracle.receive(Snapshot(s, e, q, doc), now)
-        engine = DecisionEngine(oracle, lambda claim: None, config=self._scheduler_config())
+        engine = DecisionEngine(oracle, config=self._scheduler_config())
         try:
             # every instance of the request, as the scheduler would have placed them
-            selections = engine.select_destinations(spec, now, return_alternates=False)
+            selections = engine.select_destinations(spec, now, return_alternates=False).rows
         except NoValidHost:
             return
         changed = any(self._first_change.get((row[0].source, *truth[row[0].source][:2]), 0.0)

@@ -24,6 +24,8 @@ def test_entry_points_match_the_builtin_tables():
 @pytest.mark.parametrize("blocked,argv,expected", [
     ("sqlalchemy", ["sim", "--nodes", "10"],
      "shm sim: sqlalchemy is not installed; pip install 'shared-host-manager[sim]'"),
+    ("nova", ["sim", "--nodes", "10"],
+     "shm sim: nova is not installed; pip install 'shared-host-manager[sim]'"),
     ("nova", ["sim", "--scheduler", "nova", "--nodes", "10"],
      "shm sim --scheduler nova: nova is not installed; pip install 'shared-host-manager[nova-sim]'"),
 ])

@@ -62,17 +62,17 @@ Possible values: a positive integer; 1 disables alternates.
 filter_opts: list[cfg.Opt] = [
     cfg.ListOpt("enabled_filters", default=list(DEFAULT_FILTERS), help="""
 Filters applied, in order, to every host for every request. A host must pass
-all of them. Names are looked up in the ``shm.scheduler.filters`` entry point
-group, then in the built-in table, so a plugin only needs an entry point.
+all of them. A name nova 34 has a filter class for is nova's own class (see
+decision_core); the others are looked up in the ``shm.scheduler.filters``
+entry point group, then in the built-in table, so a plugin only needs an entry
+point.
 
-The built-in filters keep nova's names and semantics: ComputeFilter,
-ResourceFitFilter (what placement decides in nova: vcpus, memory_mb, disk_gb
-fit with allocation ratios, minus this scheduler's pending claims),
-AvailabilityZoneFilter, ImagePropertiesFilter, ServerGroupAffinityFilter,
-ServerGroupAntiAffinityFilter, SameHostFilter, DifferentHostFilter,
-AggregateInstanceExtraSpecsFilter, AggregateMultiTenancyIsolation,
-NumInstancesFilter, IoOpsFilter, and VolumeLocalityFilter (hint
-``near_volume``: only hosts local to the volume backend holding the volume).
+The built-in filters are what nova has no class for: ResourceFitFilter (what
+placement decides in nova: vcpus, memory_mb, disk_gb fit with allocation
+ratios, minus this scheduler's pending claims), AvailabilityZoneFilter (the
+former nova filter; nova's API and placement decide it today), and
+VolumeLocalityFilter (hint ``near_volume``: only hosts local to the volume
+backend holding the volume).
 
 Related options: max_instances_per_host, max_io_ops_per_host.
 """),
@@ -186,18 +186,16 @@ Availability zone of hosts in no aggregate with ``availability_zone``
 metadata (nova: [DEFAULT] default_availability_zone), used by
 AvailabilityZoneFilter.
 """),
-    cfg.StrOpt("decision_core", default="own", choices=[
-        ("own", "the engine's own filter and weigher classes (ports of nova's)"),
-        ("nova", "nova 34's own classes, through the vector core (needs the nova extra)")],
-        help="""
-Whose filter and weigher classes the engine (``shm sim``'s shared, legacy and
-caching modes, ``shm replay --decisions``, ``shm bench decisions``) loads for
-the names in enabled_filters and weight_classes. ``nova``: nova 34's own
-class for every name nova has one for, deciding through the same vector core
-as the drop-in (docs/design.md §5.8); the names nova has no class for
-(ResourceFitFilter, AvailabilityZoneFilter, VolumeLocalityFilter) stay the
-engine's own. Loaded through the ``shm.scheduler.cores`` entry point group.
-Needs ``pip install 'shared-host-manager[nova]'``.
+    cfg.StrOpt("decision_core", default="nova", help="""
+The decision core whose filter and weigher classes the engine (``shm sim``'s
+shared, legacy and caching modes, ``shm replay --decisions``, ``shm bench
+decisions``, ``shm scheduler``) loads for the names in enabled_filters and
+weight_classes, by its name in the ``shm.scheduler.cores`` entry point group.
+``nova`` (the only core shipped): nova 34's own class for every name nova has
+one for, deciding through the same vector core as the drop-in (docs/design.md
+§5.8); the names nova has no class for (ResourceFitFilter,
+AvailabilityZoneFilter, VolumeLocalityFilter) are the engine's own. Needs nova
+34 installed (the ``sim`` and ``nova`` extras install it).
 """),
     cfg.StrOpt("image_properties_default_architecture", help="""
 Architecture assumed by ImagePropertiesFilter when the image has no
@@ -231,7 +229,7 @@ class SchedulerConfig:
     claim_rejection_ewma_alpha: float = 0.05
     default_availability_zone: str = "nova"
     image_properties_default_architecture: str | None = None
-    decision_core: str = "own"
+    decision_core: str = "nova"
 
     @classmethod
     def from_conf(cls, conf: cfg.ConfigOpts) -> SchedulerConfig:

@@ -39,7 +39,7 @@ from protocol.messages import Claim
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.decision.index import HostIndex
 from shared_host_manager.decision.ranking import Ranking
-from shared_host_manager.decision.request import InstanceGroup, RequestSpec, RequestView
+from shared_host_manager.decision.request import RequestSpec, RequestView
 from shared_host_manager.decision.subset import PeerOwnership
 
 #: how a claimed host was chosen (``Selection.choice``); the tracker counts rejected
@@ -63,18 +63,6 @@ class Selection:
     #: how the claimed destination was chosen (ANCHOR, OWNED, PEER, SCARCE, ALONE);
     #: ALTERNATE on alternates
     choice: str = ALTERNATE
-
-
-def _max_server_per_host(group: InstanceGroup) -> int:
-    """Members an anti-affinity group allows per host: its rule, 1 by default or when the
-    rule is no number (as nova's ServerGroupAntiAffinityFilter reads it)."""
-    rules = group.rules
-    if rules and "max_server_per_host" in rules:
-        try:
-            return int(rules["max_server_per_host"])
-        except (TypeError, ValueError):
-            return 1
-    return 1
 
 
 def claim_payload(spec: RequestSpec) -> dict[str, Any]:
@@ -110,7 +98,7 @@ class ClaimBuilder:
         if group.policy == AFFINITY:
             rows = self.index.rows_of_instance
             members = [m for m in members if next(rows(m), None) is not None]
-        return ClaimGroup(group.uuid, group.policy, max(1, _max_server_per_host(group)), tuple(members))
+        return ClaimGroup(group.uuid, group.policy, max(1, group.max_server_per_host), tuple(members))
 
     def new_claim(self, source: str, instance_uuid: str, resources: Mapping[str, int],
                   payload: Mapping[str, Any], group: ClaimGroup | None = None) -> Claim:

@@ -331,7 +331,8 @@ class DecisionEngine:
                 if not is_scarce:  # choose among the best ``depth`` (which may be fewer
                     top = top[:depth]  # than make a request scarce: 2 peers, k = 2)
                 pick, choice = self.peer_coordination.choose(
-                    top, k, now, is_scarce, req.resources, delegable and self.config.hand_to_owner)
+                    top, k, now, is_scarce, req.resources, delegable and self.config.hand_to_owner,
+                    req)
             source, weight = top[pick]
             req.consume(source, self.claim_builder.host_of(source), uuid)
             picks.append((uuid, source, weight, choice, top[0][1] - weight, pick))

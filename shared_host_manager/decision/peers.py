@@ -46,6 +46,7 @@ from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.claims import ALONE, OWNED, PEER, SCARCE
 from shared_host_manager.decision.index import AGGREGATE_GROUPS, FloatArray, HostIndex
 from shared_host_manager.decision.ranking import Ranking, normalise
+from shared_host_manager.decision.request import RequestView
 from shared_host_manager.decision.subset import PeerOwnership, RendezvousChoice
 
 #: a peer claims its own hosts best first: a host with fewer than this many of its owner's
@@ -128,7 +129,7 @@ class PeerCoordination:
 
     def choose(self, top: list[tuple[str, float]], k: int, now: float = 0.0,
                scarce: bool = False, resources: Mapping[str, int] | None = None,
-               to_owner: bool = False) -> tuple[int, str]:
+               to_owner: bool = False, req: RequestView | None = None) -> tuple[int, str]:
         """Which host of the ranked ``top`` to claim, and how it was chosen (OWNED, PEER,
         SCARCE, ALONE: ``Selection.choice``).
 
@@ -173,7 +174,7 @@ class PeerCoordination:
             # those, one where this scheduler is next in line after the owner (so that the
             # other schedulers falling back spread over other hosts), then the deeper, then
             # the better weighed; hosts reserved for scarce requests last.
-            depths = self.owner_depths([source for source, _ in top])
+            depths = self.owner_depths([source for source, _ in top], req)
             best = min(range(len(top)),
                        key=lambda i: (reserved[i], depths[i] < FRONT_DEPTH, places[i],
                                       -depths[i], i))
@@ -265,10 +266,12 @@ class PeerCoordination:
         self.stats["peer_choices"] += 1
         return order[turn % len(order)]
 
-    def owner_depths(self, sources: list[str]) -> list[int]:
+    def owner_depths(self, sources: list[str], req: RequestView | None = None) -> list[int]:
         """For each of ``sources``: how many hosts its owner weighs better, by the weighers
-        alone (no request).  A peer claims its hosts best first, so a host deep behind its
-        owner's best ones is one that peer is unlikely to claim at the same moment."""
+        alone (no filter).  A peer claims its hosts best first, so a host deep behind its
+        owner's best ones is one that peer is unlikely to claim at the same moment.  A
+        weigher without an index column (nova's classes) weighs every live row through its
+        vector form, for ``req`` (without one it is left out)."""
         ownership = self.ownership
         ix = self.index
         n = ix.size
@@ -277,9 +280,17 @@ class PeerCoordination:
         live = ix.live[:n]
         score = np.zeros(n, dtype=np.float64)
         for wg, mult in self.ranking.multipliers():
-            if wg.index_column is None or (isinstance(mult, float) and mult == 0.0):
+            if isinstance(mult, float) and mult == 0.0:
                 continue
-            x = ix.weigher_cols[wg.index_column][:n].copy()
+            if wg.index_column is not None:
+                x = ix.weigher_cols[wg.index_column][:n].copy()
+            else:
+                rows = np.flatnonzero(live)
+                raw = wg.vector_weights(ix, req, rows) if req is not None else None
+                if raw is None:
+                    continue
+                x = np.zeros(n, dtype=np.float64)
+                x[rows] = raw
             if not normalise(wg, x, live):
                 continue
             m = mult if isinstance(mult, float) else mult[ix.gid[AGGREGATE_GROUPS][:n]]

@@ -14,11 +14,11 @@ Entry point groups (setup.py ``entry_points``)::
     shm.scheduler.cores     = <name> = <module>:<function>
 
 A *core* loads the filters and weighers of a whole configuration at once
-(``[filter_scheduler] decision_core``): ``own`` is this module's tables; any
-other name is an entry point only, such as ``nova``
+(``[filter_scheduler] decision_core``), by entry point only: ``nova``
 (``shared_host_manager.nova.core.plugins:load_core``, a layer above this one:
-reached by name, never imported), whose classes share state between the
-filters and weighers of one engine.
+reached by name, never imported) gives nova's own class for every name nova
+has one for, sharing state between the filters and weighers of one engine, and
+loads the other names through :func:`load_filters` / :func:`load_weighers`.
 
 Life cycle: called once when an engine is built; nothing is cached here
 (stevedore keeps its own entry point cache).
@@ -97,21 +97,19 @@ def entry_point_lines() -> dict[str, list[str]]:
     def lines(table: Mapping[str, str]) -> list[str]:
         return [f"{name} = {target}" for name, target in table.items()]
 
-    return {FILTER_NAMESPACE: lines(BUILTIN_FILTERS), WEIGHER_NAMESPACE: lines(BUILTIN_WEIGHERS)}
+    tables = {FILTER_NAMESPACE: BUILTIN_FILTERS, WEIGHER_NAMESPACE: BUILTIN_WEIGHERS}
+    return {group: lines(table) for group, table in tables.items() if table}
 
 
 def load_core(config: SchedulerConfig) -> tuple[list[BaseHostFilter], list[BaseHostWeigher]]:
     """The filters and weighers of ``config``, as its ``decision_core`` loads them (a fresh
     set per call: one engine's)."""
     name = config.decision_core
-    if name == "own":
-        return (load_filters(config.enabled_filters, config),
-                load_weighers(config.weight_classes, config))
     core: Core | None = _from_entry_points(CORE_NAMESPACE, [name]).get(name)
     if core is None:  # not declared, or its module does not import (logged by the scan)
         raise ValueError(f"decision_core = {name} cannot be loaded (no {CORE_NAMESPACE} entry "
                          "point of that name loads); for nova: pip install "
-                         "'shared-host-manager[nova]'")
+                         "'shared-host-manager[sim]' (or [nova])")
     return core(config)
 
 

@@ -68,6 +68,18 @@ class InstanceGroup:
         """nova's legacy list form of ``policy``."""
         return [self.policy] if self.policy else []
 
+    @property
+    def max_server_per_host(self) -> int:
+        """Members an anti-affinity group allows per host (its rule, default 1; a rule that
+        is no number counts as 1): what a claim asks the compute node to hold the group to."""
+        rules = self.rules
+        if rules and "max_server_per_host" in rules:
+            try:
+                return int(rules["max_server_per_host"])
+            except (TypeError, ValueError):
+                return 1
+        return 1
+
 
 @dataclass(slots=True)
 class RequestSpec:

@@ -802,6 +802,10 @@ class Replayer:
                                       for k, v in (spec.get("config") or {}).items() if k in names}
             # logs written before requests were handed to owners decided without it
             values.setdefault("hand_to_owner", False)
+            if values.get("decision_core") == "own":
+                # logs written while the engine had its own ports of nova's filters and
+                # weighers (held equal to nova's classes) re-run with nova's classes
+                values["decision_core"] = "nova"
             config = SchedulerConfig(**values)
             if self.decision_options:
                 config = dataclasses.replace(config, **_typed_options(config, self.decision_options))

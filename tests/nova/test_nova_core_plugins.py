@@ -263,31 +263,27 @@ def test_the_multipliers_key_follows_novas_option_and_patched_classes_are_asked(
     assert weigher.default_multiplier == 1.0
 
 
-def test_bench_decisions_measures_both_cores_side_by_side(tmp_path, capsys) -> None:
+def test_bench_decisions_decides_with_novas_classes(tmp_path) -> None:
     out = tmp_path / "bench.json"
     rc = bench_decisions.main(["--hosts", "40", "--runs", "2", "--decisions", "10",
-                               "--slow-decisions", "2", "--core", "both", "--json", str(out)])
+                               "--slow-decisions", "2", "--json", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
-    assert result["core"] == "both"
-    nova = result["nova_core"]
-    assert nova["same_ranking"] is True
-    assert nova["fast"]["core"] == "nova" and len(nova["fast"]["runs"]) == 2
-    assert "NovaFilter" not in nova["fast"]["filters"]  # the names are nova's own
-    assert nova["fast"]["filters"] == result["fast"]["filters"]
-    assert "nova's classes / own" in capsys.readouterr().out
+    assert "ComputeFilter" in result["fast"]["filters"] and len(result["fast"]["runs"]) == 2
+    assert result["fast"]["filters"] == result["slow"]["filters"]
+    assert result["gc_young_threshold"] == 100000
 
 
 def test_the_bench_with_novas_classes_warns_of_nothing() -> None:
     """nova's imports bring eventlet's deprecation warning in (nothing here runs eventlet),
     and nova's objects warn about any instance id that is no UUID: a user of ``shm bench
-    decisions --core nova`` (or ``shm sim --core nova``) sees neither."""
+    decisions`` (or ``shm sim``) sees neither."""
     code = ("from shm_cli.main import main\n"
             "raise SystemExit(main(['bench', 'decisions', '--hosts', '30', '--runs', '1',"
-            " '--decisions', '5', '--slow-decisions', '1', '--core', 'nova']))\n")
+            " '--decisions', '5', '--slow-decisions', '1']))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
                                 os.path.abspath(__file__)))))
     assert result.returncode == 0, result.stderr
-    assert "fast path (nova)" in result.stdout
+    assert "fast path" in result.stdout
     assert "Warning" not in result.stderr, result.stderr[:2000]

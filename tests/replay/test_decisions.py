@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 from unittest import mock
 
@@ -23,7 +24,7 @@ def _cast(run, decision):
     return decision.rows
 
 
-def _recorded_run(mini_run, *, unbounded_weighers=False, core="own"):
+def _recorded_run(mini_run, *, unbounded_weighers=False, core="nova", recorded_core=None):
     run = mini_run(checkpoint_interval=0.2)
     run.run(5)
     cache = run.caches["s0"]
@@ -33,6 +34,8 @@ def _recorded_run(mini_run, *, unbounded_weighers=False, core="own"):
     if unbounded_weighers:  # as engines weighed before the weighers took nova's minval
         for w in engine.weighers:
             w.minval = w.maxval = None
+    if recorded_core is not None:  # as an engine of another core records itself
+        engine.config = dataclasses.replace(engine.config, decision_core=recorded_core)
     engine.set_observer(run.recorders["s0"])
     placed, failed = [], 0
     for i in range(12):
@@ -84,16 +87,16 @@ def test_a_changed_option_changes_decisions_and_is_reported(mini_run):
 
 
 @pytest.mark.nova
-def test_novas_classes_re_run_the_recorded_decisions_the_same(mini_run):
-    """``--decision-option decision_core=nova``: the decisions recorded with the engine's own
-    classes, re-run with nova 34's own through the vector core, come out the same."""
-    pytest.importorskip("nova.scheduler")
-    run, _ = _recorded_run(mini_run)
-    result = replay(resolve_log(run.log("s0")), decisions=True,
-                    decision_options={"decision_core": "nova"})
+def test_a_log_of_the_engines_former_ports_re_runs_with_novas_classes(mini_run):
+    """A log recorded while the engine decided with its own ports of nova's filters and
+    weighers (``decision_core = own``, held equal to nova's classes) re-runs with nova's
+    classes, the one core there is, and its decisions come out the same."""
+    run, _ = _recorded_run(mini_run, recorded_core="own")
+    engine_records = [r for r in LogReader(resolve_log(run.log("s0"))) if r.kind == ENGINE]
+    assert engine_records[0].fields[0]["config"]["decision_core"] == "own"
+    result = replay(resolve_log(run.log("s0")), decisions=True)
     assert result.decisions_checked == 13 and not result.decisions_note
-    assert result.decision_diffs == []
-    assert result.ok
+    assert result.decision_diffs == [] and result.ok
 
 
 @pytest.mark.nova

@@ -10,7 +10,7 @@ from servers import database_unavailable
 
 from shm_cli import sim as sim_cmd
 from simulator.run import run_mode, summary_table
-from simulator.simulation import SimConfig, Simulation, check_config
+from simulator.simulation import SimConfig, Simulation
 from simulator.workload import Workload
 
 SMALL = dict(nodes=40, schedulers=2, clients=4, requests=300, duration=0.0, fill=0.7,
@@ -38,12 +38,10 @@ def test_each_mode_keeps_the_invariants(mode):
 
 @pytest.mark.nova
 @pytest.mark.parametrize("mode", ["shared", "legacy", "caching"])
-def test_each_mode_decides_with_novas_classes_when_asked(mode):
-    """``--core nova``: every mode's engine loads nova 34's filter and weigher classes (the
-    names nova has no class for stay the engine's own) and keeps the invariants."""
-    pytest.importorskip("nova.scheduler")
-    sim = Simulation(SimConfig(host_manager=mode, core="nova", **dict(SMALL, requests=150)),
-                     mode)
+def test_each_mode_decides_with_novas_classes(mode):
+    """Every mode's engine loads nova 34's filter and weigher classes (the names nova has no
+    class for are the engine's own) and keeps the invariants."""
+    sim = Simulation(SimConfig(host_manager=mode, **dict(SMALL, requests=150)), mode)
     sim.start()
     try:
         result = sim.run()
@@ -56,13 +54,6 @@ def test_each_mode_decides_with_novas_classes_when_asked(mode):
     assert result["overcommitted_hosts"] == 0 and result["timed_out"] == 0
     assert result["scheduled"] > 0 and result["server_group_violation_details"] == []
 
-
-def test_an_unknown_core_is_refused_in_one_line(capsys):
-    with pytest.raises(ValueError, match="--core must be own or nova"):
-        check_config(SimConfig(core="ours"))
-    with pytest.raises(SystemExit):
-        sim_cmd.main(["--core", "nova", "--scheduler", "nova", "--nodes", "4"])
-    assert "--core not supported with --scheduler nova" in capsys.readouterr().err
 
 
 def test_same_seed_same_workload():

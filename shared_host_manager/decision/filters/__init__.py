@@ -1,8 +1,13 @@
 """Host filters: nova's BaseHostFilter contract, plus an optional vector form for the fast path.
 
-Role: a filter answers "may this instance go to this host?".  Each filter lives
-in its own module under this package with nova's name and nova 34's
-``host_passes(host_state, spec_obj)`` semantics; ``host_state`` is a
+Role: a filter answers "may this instance go to this host?".  The filters nova
+has are nova's own classes (the ``nova`` decision core,
+:mod:`shared_host_manager.nova.core.plugins`, wraps each in a
+:class:`BaseHostFilter`); this package holds the contract and the filters nova
+has no class for, one per module: ResourceFitFilter (placement's fit, for the
+modes without placement), AvailabilityZoneFilter (nova's API and placement's
+prefilter decide it there) and VolumeLocalityFilter (cinder's locality hint).
+A filter's ``host_passes(host_state, spec_obj)`` has nova 34's contract; ``host_state`` is a
 :class:`~shared_host_manager.decision.hostview.HostView` and ``spec_obj`` a
 :class:`~shared_host_manager.decision.request.RequestView`, which answers nova's
 RequestSpec attribute names (a filter that reads only those also works on a plain
@@ -17,7 +22,7 @@ Fast path contract (optional, see :mod:`shared_host_manager.decision.engine`): a
 filter may also implement :meth:`BaseHostFilter.vector`, returning the same
 answer for *every* row of the columnar index at once (a bool array, ``Only``
 rows, ``Exclude`` rows, or ``PASS_ALL``).  It must agree with ``host_passes``
-on every host; the differential tests prove it for the built-in filters.  A
+on every host; tests/decision/test_differential.py proves it for every filter.  A
 filter without a vector form (None) is run per host on the survivors.
 
 Life cycle: filters are instantiated once per engine (with the engine's
@@ -74,25 +79,13 @@ class BaseHostFilter:
         return f"<{self.name}>"
 
 
-#: built-in filters: name -> "module:class" (the fallback when entry points are not installed)
+#: built-in filters: name -> "module:class" (the fallback when entry points are not installed):
+#: only what nova has no filter class for (placement, the API and cinder decide it in nova);
+#: every other name is nova's own class (the ``nova`` decision core)
 BUILTIN_FILTERS: dict[str, str] = {
-    "ComputeFilter": "shared_host_manager.decision.filters.compute_filter:ComputeFilter",
     "ResourceFitFilter": "shared_host_manager.decision.filters.resource_fit_filter:ResourceFitFilter",
     "AvailabilityZoneFilter":
         "shared_host_manager.decision.filters.availability_zone_filter:AvailabilityZoneFilter",
-    "AggregateInstanceExtraSpecsFilter":
-        "shared_host_manager.decision.filters.aggregate_instance_extra_specs:AggregateInstanceExtraSpecsFilter",
-    "AggregateMultiTenancyIsolation":
-        "shared_host_manager.decision.filters.aggregate_multitenancy_isolation:AggregateMultiTenancyIsolation",
-    "ImagePropertiesFilter": "shared_host_manager.decision.filters.image_props_filter:ImagePropertiesFilter",
-    "ServerGroupAffinityFilter":
-        "shared_host_manager.decision.filters.server_group_affinity_filter:ServerGroupAffinityFilter",
-    "ServerGroupAntiAffinityFilter":
-        "shared_host_manager.decision.filters.server_group_anti_affinity_filter:ServerGroupAntiAffinityFilter",
-    "SameHostFilter": "shared_host_manager.decision.filters.same_host_filter:SameHostFilter",
-    "DifferentHostFilter": "shared_host_manager.decision.filters.different_host_filter:DifferentHostFilter",
-    "NumInstancesFilter": "shared_host_manager.decision.filters.num_instances_filter:NumInstancesFilter",
-    "IoOpsFilter": "shared_host_manager.decision.filters.io_ops_filter:IoOpsFilter",
     "VolumeLocalityFilter":
         "shared_host_manager.decision.filters.volume_locality_filter:VolumeLocalityFilter",
 }

@@ -1,19 +1,16 @@
-"""Host weighers: nova's BaseHostWeigher and BaseWeightHandler, with an index column per weigher.
+"""Host weighers: the weigher contract and nova's BaseWeightHandler arithmetic, for the engine.
 
-Role: rank the hosts that passed every filter.  As in nova, each weigher
-produces a raw value per host, the values are clamped to the weigher's
-``minval``/``maxval`` where it sets them, normalised to 0..1 (``(x - min) /
-(max - min)``, all 0 when min == max, with ``min``/``max`` the weigher's
-``minval``/``maxval`` where set, else those of the hosts being weighed), then
-multiplied by the weigher's multiplier for that host (the configured one, or
-the minimum of its aggregates' metadata override, nova's
-``utils.get_weight_multiplier``) and summed.  nova 34's RAM, CPU, disk and
-I/O-ops weighers set ``minval = 0``: a host weighs its free amount relative to
-the most free one (``x / max``), and an overcommitted host weighs 0.  Hosts are
+Role: rank the hosts that passed every filter.  The weighers themselves are
+nova's own classes (the ``nova`` decision core, :mod:`shared_host_manager.nova.core.plugins`
+wraps each in a :class:`BaseHostWeigher`); this module holds what the engine
+does around them, as nova's handler does: each weigher's raw value per host is
+clamped to the weigher's ``minval``/``maxval`` where it sets them, normalised to
+0..1 (``(x - min) / (max - min)``, all 0 when min == max, with ``min``/``max``
+the weigher's bounds where set, else those of the hosts being weighed), then
+multiplied by the weigher's multiplier for that host and summed.  Hosts are
 ordered by weight, highest first; equal weights are ordered by source id so
 both decision paths and every scheduler break ties the same way (nova keeps its
-host iteration order).  tests/nova/test_own_core_vs_nova.py checks every
-built-in weigher against nova's own class (docs/design.md §5.7).
+host iteration order; docs/design.md §5.7).
 
 Fast path contract: a weigher names the index column holding its raw value
 (``index_column``), or computes the raw values of many rows at once
@@ -21,8 +18,8 @@ Fast path contract: a weigher names the index column holding its raw value
 float operations in the same order as :func:`weigh_hosts`, so both paths
 produce bit-identical weights.  A weigher with neither is evaluated per host.
 
-Contract (checked by mypy for every built-in weigher): ``_weigh_object`` is
-given a :class:`~shared_host_manager.decision.hostview.HostView` and the
+Contract: ``_weigh_object`` is given a
+:class:`~shared_host_manager.decision.hostview.HostView` and the
 :class:`~shared_host_manager.decision.request.RequestView`; ``weight_multiplier``
 reads only the host's aggregates (``HasAggregates``), so the fast path computes
 it once per aggregate group.
@@ -38,23 +35,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from shared_host_manager.conf.decision import SchedulerConfig
-from shared_host_manager.decision.filters import utils as filter_utils
 
 if TYPE_CHECKING:
     from shared_host_manager.decision.hostview import HasAggregates, HostView
     from shared_host_manager.decision.index import FloatArray, HostIndex, IntArray
     from shared_host_manager.decision.request import RequestView
-
-
-def get_weight_multiplier(host_state: HasAggregates, multiplier_name: str,
-                          multiplier_config: float) -> float:
-    """nova's utils.get_weight_multiplier: the minimum aggregate override, else the config value."""
-    values = filter_utils.aggregate_values_from_key(host_state, multiplier_name)
-    try:
-        return filter_utils.validate_num_values(values, multiplier_config,
-                                                cast_to=filter_utils.finite_float, based_on=min)
-    except ValueError:
-        return multiplier_config
 
 
 class BaseHostWeigher:
@@ -82,7 +67,9 @@ class BaseHostWeigher:
         return float(getattr(self.config, self.multiplier_name, 1.0))
 
     def weight_multiplier(self, host_state: HasAggregates) -> float:
-        return get_weight_multiplier(host_state, self.multiplier_name, self.default_multiplier)
+        """The multiplier for ``host_state`` (nova's weighers let an aggregate's metadata
+        override it; a weigher that does overrides this)."""
+        return self.default_multiplier
 
     def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:
         """nova's raw weight of ``host_state`` (normalised over the hosts by the caller)."""
@@ -145,14 +132,9 @@ def weigh_hosts(
     return sorted(weighed, key=lambda w: (-w.weight, w.obj.uuid))
 
 
-#: built-in weighers: name -> "module:class" (the fallback when entry points are not installed)
-BUILTIN_WEIGHERS: dict[str, str] = {
-    "RAMWeigher": "shared_host_manager.decision.weights.ram:RAMWeigher",
-    "CPUWeigher": "shared_host_manager.decision.weights.cpu:CPUWeigher",
-    "DiskWeigher": "shared_host_manager.decision.weights.disk:DiskWeigher",
-    "NumInstancesWeigher": "shared_host_manager.decision.weights.num_instances:NumInstancesWeigher",
-    "IoOpsWeigher": "shared_host_manager.decision.weights.io_ops:IoOpsWeigher",
-}
+#: built-in weighers: name -> "module:class" (the fallback when entry points are not installed);
+#: none: every weigher nova has is nova's own class (the ``nova`` decision core)
+BUILTIN_WEIGHERS: dict[str, str] = {}
 
 __all__ = ["BUILTIN_WEIGHERS", "BaseHostWeigher", "WeighedHost", "bounds", "clamp",
-           "get_weight_multiplier", "normalize", "weigh_hosts"]
+           "normalize", "weigh_hosts"]
