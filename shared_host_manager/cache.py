@@ -25,11 +25,13 @@ is met or has waited ``fence_timeout``::
 
 Persistence (restart without resyncing everything)::
 
-    save(path):  under the lock, every held source's (epoch, seq, document)
-                 and the stream offset applied so far -> msgpack file
-                 (written to a temp file, then renamed)
-    load(path):  each saved source is fed back as a Snapshot through the same
-                 receiver code; returns the offset to resume the stream after
+    dump_state(): under the lock, every held source's (epoch, seq, document),
+                 the stream offset applied so far and the origins -> checksummed msgpack
+    save(path):  dump_state() -> a temp file, flushed, then renamed over path
+    load(path):  restore_state(): each saved source is fed back as a Snapshot
+                 through the same receiver code; returns the offset to resume the
+                 stream after.  A checkpoint (shared_host_manager.checkpoint) carries
+                 the same bytes and is restored the same way
 
 Bad input (docs/design.md §6, invariant 6): an undecodable or invalid message is dropped, logged
 with what is known of its sender, and counted in :attr:`invalid` by reason;
@@ -436,22 +438,13 @@ class HostStateCache:
     def save(self, path: str) -> None:
         """Write every held view, the offset applied and the known origins to ``path``.
 
-        The state is checksummed and written to a temporary file, flushed to disk, then
+        The state (:meth:`dump_state`) is written to a temporary file, flushed to disk, then
         renamed over ``path``: a crash leaves the old file or the new one, and a file
         damaged anyway (a torn write on a filesystem that reorders, a bad disk) fails
         its checksum and means a cold start, never a view ahead of its source (found by
         ``shm faults``: a view restored ahead of its source is never repaired, design §4.4).
         """
-        with self.lock:
-            state = {
-                "offset": self.offset,
-                "sources": [[v.source, v.epoch, v.seq, v.doc]
-                            for v in self.receiver.sources.values() if v.doc is not None],
-                "origins": dict(self.origins),
-            }
-            body = msgpack.packb(state, use_bin_type=True)
-        data = msgpack.packb({"format": STATE_FORMAT, "state": body, "check": _checksum(body)},
-                             use_bin_type=True)
+        data = self.dump_state()
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".cache-")
@@ -466,13 +459,41 @@ class HostStateCache:
                 os.unlink(tmp)
             raise
 
+    def dump_state(self) -> bytes:
+        """Every held view ``(source, epoch, seq, document)``, the stream offset applied and
+        the known origins, taken at once under the lock, checksummed: what :meth:`save`
+        writes and a checkpoint carries (shared_host_manager.checkpoint)."""
+        with self.lock:
+            state = {
+                "offset": self.offset,
+                "sources": [[v.source, v.epoch, v.seq, v.doc]
+                            for v in self.receiver.sources.values() if v.doc is not None],
+                "origins": dict(self.origins),
+            }
+            body = msgpack.packb(state, use_bin_type=True)
+        return msgpack.packb({"format": STATE_FORMAT, "state": body, "check": _checksum(body)},
+                             use_bin_type=True)
+
     def load(self, path: str) -> int | None:
         """Restore a saved cache; returns the stream offset it had applied (None: nothing)."""
         if not os.path.exists(path):
             return None
         try:
             with open(path, "rb") as f:
-                state = msgpack.unpackb(f.read(), raw=False)
+                data = f.read()
+        except OSError as exc:  # an unreadable cache file means a cold start, not a crash
+            LOG.warning("ignoring unreadable cache state %s: %s", path, exc)
+            return None
+        return self.restore_state(data, path)
+
+    def restore_state(self, data: bytes, where: str,
+                      keep: Callable[[str], bool] | None = None) -> int | None:
+        """Restore what :meth:`dump_state` returned (``where``: its origin, for the log; only
+        the sources ``keep`` accepts, if given); returns the stream offset it had applied,
+        None when ``data`` is damaged or not a state (nothing is restored then: a cold
+        start)."""
+        try:
+            state = msgpack.unpackb(data, raw=False)
             if type(state) is not dict:
                 raise ValueError("not a map")
             if state.get("format") == STATE_FORMAT:
@@ -482,10 +503,11 @@ class HostStateCache:
                 state = msgpack.unpackb(body, raw=False)
             elif state.get("format") != 1:
                 raise ValueError(f"state format {state.get('format')!r}")
-            snapshots = [Snapshot(s, e, q, doc) for s, e, q, doc in state["sources"]]
+            snapshots = [Snapshot(s, e, q, doc) for s, e, q, doc in state["sources"]
+                         if keep is None or keep(s)]
             offset = state["offset"]
-        except Exception as exc:  # a damaged cache file means a cold start, not a crash
-            LOG.warning("ignoring unreadable cache state %s: %s", path, exc)
+        except Exception as exc:  # a damaged state means a cold start, not a crash
+            LOG.warning("ignoring unreadable cache state %s: %s", where, exc)
             return None
         with self.lock:
             now = self.clock()
@@ -495,7 +517,7 @@ class HostStateCache:
                     self.recorder.restored(snap, now)
             self.origins.update(state.get("origins") or {})
             self.offset = offset
-        LOG.info("restored %d sources at stream offset %s from %s", len(snapshots), offset, path)
+        LOG.info("restored %d sources at stream offset %s from %s", len(snapshots), offset, where)
         return offset
 
 

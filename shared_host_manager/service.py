@@ -3,7 +3,8 @@
 Life cycle::
 
     SchedulerService(...) --start()--> running --stop()--> stopped
-      start(): restore the local snapshot (if state_dir has one), start the
+      start(): restore the local snapshot (if state_dir has one; else the newest
+               checkpoint, shared_host_manager.checkpoint), start the
                control server (resync answers and claim results come back here),
                start reading the stream after the restored offset — or from its
                retained start on a cold start — and start the timer thread.
@@ -20,6 +21,8 @@ Life cycle::
                                   scheduler's own entry on the stream every
                                   membership_interval and the live peers
                                   (shared_host_manager.membership)
+               checkpoints    --> the whole view on the checkpoint stream every
+                                  checkpoint_interval, by the coordinator
                decisions      --> under cache.lock, from any thread; catch_up()
                                   (before a NoValidHost, or an affinity group's
                                   member no view holds) puts this scheduler's
@@ -79,6 +82,7 @@ from protocol.messages import (
 )
 from protocol.receiver import ReceiverMachine, ReceiverParams
 from shared_host_manager.cache import CacheObserver, HostStateCache
+from shared_host_manager.checkpoint import Checkpointer, checkpoint_plane
 from shared_host_manager.conf import cache as cache_conf
 from shared_host_manager.membership import MembershipPublisher, live_peers
 from shared_host_manager.membership import source_id as membership_source_id
@@ -130,6 +134,7 @@ class SchedulerService:
         announce_claims: bool = True,
         fence_timeout: float = 1.0,
         placement_max_staleness: float = 5.0,
+        checkpoint_interval: float = 0.0,
         **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
@@ -188,6 +193,9 @@ class SchedulerService:
         self._catching_up = 0
         self.cache.ingest_listeners.append(self._wake_catching_up)
         self._announcer: threading.Thread | None = None
+        #: seconds between checkpoints of the whole view (0: none, and none used at start)
+        self.checkpoint_interval = checkpoint_interval
+        self.checkpoints: Checkpointer | None = None
 
     @property
     def peers(self) -> tuple[str, ...]:
@@ -210,6 +218,10 @@ class SchedulerService:
         self.reporter_api = ReporterAPI(self._client, self._encoder, self._reporter_topic)
         self.peer_api = SchedulerAPI(self._client, self._encoder, peer_topic(self._scheduler_topic))
         offset = self.cache.load(self._state_path) if self._state_path else None
+        if self.checkpoint_interval > 0:
+            self.checkpoints = self._checkpointer()
+            if offset is None and self.checkpoints is not None:
+                offset = self.checkpoints.restore()
         self.resumed_from = offset
         self._server = self._control_plane.control_server(
             self._scheduler_topic, self.name, self._on_control)
@@ -250,6 +262,8 @@ class SchedulerService:
         self._timer = threading.Thread(target=self._timers, name=f"scheduler-{self.name}-timers",
                                        daemon=True)
         self._timer.start()
+        if self.checkpoints is not None:
+            self.checkpoints.start()
         self.running = True
         self.started_at = time.time()
         LOG.info("scheduler cache %s started (%s)", self.name,
@@ -277,6 +291,8 @@ class SchedulerService:
         self._stop.set()
         if self._timer is not None:
             self._timer.join(timeout=10)
+        if self.checkpoints is not None:
+            self.checkpoints.stop()
         if self._state_path:
             self._save()
         if self.recorder is not None:
@@ -448,6 +464,15 @@ class SchedulerService:
         if self._catching_up:
             self._caught_up.notify_all()
 
+    def _checkpointer(self) -> Checkpointer | None:
+        plane = checkpoint_plane(self._data_plane)
+        if plane is None:
+            LOG.warning("checkpoints off: the data plane %s has no checkpoint stream",
+                        type(self._data_plane).__name__)
+            return None
+        return Checkpointer(self.name, self.cache, plane, interval=self.checkpoint_interval,
+                            peers=lambda: self.peers, keyring=self._encoder.keyring)
+
     def _save(self) -> None:
         """Write the local snapshot; a failure is logged once (and again on recovery)."""
         assert self._state_path is not None
@@ -550,4 +575,5 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         claim_deadline=group.claim_deadline, recorder=recorder,
         membership_interval=group.membership_interval or None,
         announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl,
-        fence_timeout=group.fence_timeout, placement_max_staleness=group.placement_max_staleness)
+        fence_timeout=group.fence_timeout, placement_max_staleness=group.placement_max_staleness,
+        checkpoint_interval=group.checkpoint_interval)

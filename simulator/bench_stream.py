@@ -17,7 +17,18 @@ Measured:
   after that (everything before it in the stream has been applied by then);
   compared with a full resync: a fresh scheduler that skips the stream's
   history and asks every source for a snapshot, timed from its service start
-  until it holds all of them.  Neither includes starting the Python process.
+  until it holds all of them.  Neither includes starting the Python process;
+* cold start, the new way and the old way side by side: a fresh scheduler with
+  no state file that restores the newest checkpoint the running schedulers
+  published (every ``--checkpoint-interval`` seconds) and reads the stream after
+  it, then fresh schedulers with checkpoints off (today's cold start): one on a
+  stream retained from that checkpoint's offset on (retention dropped the
+  announcements, as in any deployment older than the stream's max age: every
+  source shows up by its next delta or heartbeat and is resynced), and one on
+  the whole stream this run wrote; each: seconds from its service start until
+  every source is active and it has applied the first change made after its
+  start (caught up with the stream), the resync requests it sent, and the CPU
+  seconds its process used meanwhile (user + system, every thread).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import resource
 import sys
 import tempfile
 import time
@@ -106,15 +118,47 @@ def _reporter_proc(args: dict[str, Any], stop: Any, ready: Any, out: str) -> Non
     data.close()
 
 
+def _retention_window(data: Any, name: str) -> str:
+    """A state directory whose cache file holds no view and the newest checkpoint's offset:
+    the scheduler then starts as a cold start does on a stream whose retention begins there
+    (every announcement dropped, as in a deployment running longer than stream_max_age),
+    reading the same part of the stream as one started from that checkpoint."""
+    from protocol.receiver import ReceiverMachine
+    from shared_host_manager import checkpoint
+    from shared_host_manager.cache import HostStateCache
+
+    cache = HostStateCache(ReceiverMachine(name), lambda endpoint, msg: None)
+    plane = checkpoint.checkpoint_plane(data)
+    assert plane is not None
+    reader = checkpoint.Checkpointer(name, cache, plane, interval=0.0, peers=lambda: ())
+    offsets = [checkpoint.decode(body, None).offset for body, _ in reader.read_newest()]
+    cache.offset = max((o for o in offsets if o is not None), default=None)
+    if cache.offset is None:
+        raise RuntimeError("no checkpoint on the stream to start the retention window at")
+    state_dir = tempfile.mkdtemp(prefix="shm-bench-window-")
+    cache.save(f"{state_dir}/cache-{name}.msgpack")
+    return state_dir
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out: str,
-                    state_dir: str | None, known: dict[str, str] | None, expect: int) -> None:
+                    state_dir: str | None, known: dict[str, str] | None, expect: int,
+                    checkpoint_interval: float = 0.0, window: bool = False,
+                    signal_caught_up: bool = False) -> None:
     from protocol.messages import Batch, Delta
     from shared_host_manager.service import SchedulerService
 
     data, control = _planes(args)
+    if window:
+        state_dir = _retention_window(data, name)
     service = SchedulerService(name, data, control, reporter_topic=args["topics"][0],
                                scheduler_topic=args["topics"][1], state_dir=state_dir,
-                               known_sources=known, down_interval=3 * args["heartbeat_interval"])
+                               known_sources=known, down_interval=3 * args["heartbeat_interval"],
+                               checkpoint_interval=checkpoint_interval)
     applied: list[tuple[str, int, int, float]] = []
     receiver = service.receiver
     orig_receive = receiver.receive
@@ -132,22 +176,49 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
         return sends
 
     receiver.receive = receive  # type: ignore[method-assign]  # wrapped in place, to count and time
+    cpu_started = _cpu()
     started = time.time()
     service.start()
-    all_held = None
-    while not stop.wait(0.01):
-        if all_held is None and expect:
+    start_returned = time.time()
+    all_held = all_active = caught_up = None
+    #: (wall time, CPU seconds since the service start), to read the CPU at "ready" afterwards
+    cpu: list[tuple[float, float]] = [(started, 0.0)]
+    while not stop.wait(0.05):
+        cpu.append((time.time(), _cpu() - cpu_started))
+        if expect and all_active is None:
             with service.cache.lock:
-                held = sum(1 for v in receiver.sources.values() if v.doc is not None)
-            if held >= expect:
+                views = receiver.sources.values()
+                held = sum(1 for v in views if v.doc is not None)
+                active = sum(1 for v in views if v.status.value == "active")
+            if all_held is None and held >= expect:
                 all_held = time.time()
                 ready.put((name, all_held - started))
+            if active >= expect:
+                all_active = time.time()
+        if signal_caught_up and all_active is not None and caught_up is None:
+            # about caught up: the newest message applied was published less than 0.5 s ago
+            # (the exact figure is taken afterwards, from the reporter's change times)
+            stats = service.stream_stats()
+            applied_at = stats.applied_published_at if stats is not None else None
+            if applied_at is not None and time.time() - applied_at < 0.5:
+                caught_up = time.time()
+                ready.put((name, caught_up - started))
+    checkpoints = service.checkpoints
+    restored = checkpoints.restored if checkpoints is not None else None
     service.stop()
     with open(out, "wb") as f:
         f.write(msgpack.packb({
             "applied": applied, "started": started, "all_held": all_held,
+            "all_active": all_active, "start_returned": start_returned, "cpu": cpu,
             "resyncs": receiver.stats["resyncs_requested"], "messages": service.cache.messages,
             "resumed_from": service.resumed_from, "invalid": dict(service.cache.invalid),
+            "retention_gaps": service.retention_gaps,
+            "checkpoint": None if restored is None else {
+                "sources": restored.sources, "offset": restored.offset,
+                "age_s": started - restored.taken_ns / 1e9},  # at its start
+            "checkpoints_published": checkpoints.published if checkpoints is not None else 0,
+            "checkpoint_bytes": (checkpoints.last_published or (0,))[0]
+            if checkpoints is not None else 0,
         }))
     control.close()
     data.close()
@@ -177,7 +248,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     for i, name in enumerate(sched_names):
         stop = stop_restart if i == n_sched - 1 else stop_all
         spawn(name, _scheduler_proc, args, name, stop, ready, f"{work}/{name}.1", work, None,
-              args["sources"])
+              args["sources"], args["checkpoint_interval"])
     spawn("reporter", _reporter_proc, args, stop_all, ready, f"{work}/reporter")
     hosts: list[str] = []
     for _ in range(n_sched + 1):
@@ -195,10 +266,29 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     spawn("restarted", _scheduler_proc, args, sched_names[-1], stop_again, ready,
           f"{work}/{sched_names[-1]}.2", work, None, 0)
     time.sleep(max(5.0, args["down"]))
+    # Cold starts, one after the other (they share the machine), before the full resync below
+    # (its requests keep the reporter busy long after it is done): from the newest checkpoint;
+    # with checkpoints off on the whole stream this run wrote (today's, while every
+    # announcement is still retained); and with checkpoints off on a stream retained from that
+    # checkpoint's offset on (today's once retention dropped the announcements).
+    # The resyncing one last: the reporter answers its requests for a while after it is ready.
+    cold = {"checkpoint": (args["checkpoint_interval"] or 30.0, False),
+            "stream": (0.0, False), "window": (0.0, True)}
+    for mode, (interval, window) in cold.items() if args["cold_start"] else ():
+        stop_cold = ctx.Event()
+        spawn(f"cold-{mode}", _scheduler_proc, args, f"bench-cold-{mode}", stop_cold, ready,
+              f"{work}/cold-{mode}", None, None, len(hosts), interval, window, True)
+        ready.get(timeout=300)  # every source held
+        ready.get(timeout=300)  # about caught up with the stream's tail
+        time.sleep(args["cold_settle"])  # it applies changes made after its start meanwhile
+        stop_cold.set()
+        procs[f"cold-{mode}"].join(60)
+    if args["cold_start"]:
+        time.sleep(max(5.0, args["down"]))  # the reporter answers the last resyncs
     # Full resync: a fresh scheduler that asks every source.
     spawn("fresh", _scheduler_proc, args, "bench-fresh", stop_again, ready, f"{work}/fresh", None,
           dict.fromkeys(hosts, "bench-reporter"), len(hosts))
-    _, full_resync_s = ready.get(timeout=120)
+    _, full_resync_s = ready.get(timeout=180)
     stop_all.set()
     stop_again.set()
     for p in procs.values():
@@ -228,6 +318,10 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     fresh_applied = [t for s, e, q, t in restarted["applied"] if first.get((s, e, q), 0) >= started]
     catch_up = (min(fresh_applied) - started) if fresh_applied else float("nan")
     fresh = load(f"{work}/fresh")
+    cold_figures: dict[str, Any] = {}
+    for mode in cold if args["cold_start"] else ():
+        cold_figures.update(_cold_start_figures(mode, load(f"{work}/cold-{mode}"), first))
+    published = [s.get("checkpoints_published", 0) for s in live]
     return {
         "sources": args["sources"], "schedulers": n_sched, "duration_s": args["duration"],
         "change_interval_s": args["change_interval"], "coalesce_window_s": args["coalesce_window"],
@@ -246,7 +340,37 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         "full_resync_s": full_resync_s,
         "full_resync_requests": fresh["resyncs"],
         "invalid": [s["invalid"] for s in live],
+        "checkpoint_interval_s": args["checkpoint_interval"],
+        "checkpoints_published": sum(published),
+        "checkpoint_bytes": max((s.get("checkpoint_bytes", 0) for s in live), default=0),
+        **cold_figures,
     }
+
+
+def _cold_start_figures(mode: str, run: dict, first: dict) -> dict[str, Any]:
+    """A fresh scheduler's figures: ready when every source is active and it has applied the
+    first change made after its start (so the views are current, not only held)."""
+    started = run["started"]
+    after = [t for s, e, q, t in run["applied"] if first.get((s, e, q), 0) >= started]
+    caught_up = min(after) if after else float("nan")
+    active = run["all_active"] if run["all_active"] is not None else float("nan")
+    ready = max(active, caught_up)
+    cpu = next((c for t, c in run["cpu"] if t >= ready), float("nan"))
+    out = {
+        f"cold_{mode}_ready_s": ready - started,
+        f"cold_{mode}_all_active_s": active - started,
+        f"cold_{mode}_caught_up_s": caught_up - started,
+        f"cold_{mode}_start_call_s": run["start_returned"] - started,
+        f"cold_{mode}_resync_requests": run["resyncs"],
+        f"cold_{mode}_cpu_s": cpu,
+        f"cold_{mode}_messages": run["messages"],
+        f"cold_{mode}_retention_gaps": run.get("retention_gaps", 0),
+    }
+    if run.get("checkpoint"):
+        out[f"cold_{mode}_checkpoint_age_s"] = run["checkpoint"]["age_s"]
+    elif mode == "checkpoint":
+        out["cold_checkpoint_restored"] = False
+    return out
 
 
 def main(argv: list[str], prog: str = "shm bench stream") -> int:
@@ -258,6 +382,12 @@ def main(argv: list[str], prog: str = "shm bench stream") -> int:
     parser.add_argument("--coalesce-window", type=float, default=0.01)
     parser.add_argument("--heartbeat-interval", type=float, default=10.0)
     parser.add_argument("--down", type=float, default=10.0, help="seconds the restarted scheduler is down")
+    parser.add_argument("--checkpoint-interval", type=float, default=10.0,
+                        help="seconds between the running schedulers' checkpoints (0: none)")
+    parser.add_argument("--no-cold-start", dest="cold_start", action="store_false",
+                        help="skip the two cold starts (from a checkpoint, from the stream)")
+    parser.add_argument("--cold-settle", type=float, default=2.0,
+                        help="seconds a cold-started scheduler runs on once caught up")
     parser.add_argument("--url", default=DEFAULT_URL, help="kombu URL of RabbitMQ (data plane)")
     parser.add_argument("--oslo-url", default=DEFAULT_OSLO_URL, help="oslo.messaging URL (control plane)")
     parser.add_argument("--json", help="write the figures to this file")
@@ -284,7 +414,9 @@ def _cleanup(args: dict[str, Any]) -> None:
     names = [args["stream"], *args["topics"]]
     names += [f"{args['topics'][0]}.bench-reporter"]
     names += [f"{args['topics'][1]}.bench-s{i}" for i in range(args["schedulers"])]
-    names += [f"{args['topics'][1]}.bench-fresh"]
+    names += [f"{args['topics'][1]}.bench-fresh", f"{args['stream']}.checkpoint"]
+    names += [f"{args['topics'][1]}.bench-cold-{mode}"
+              for mode in ("checkpoint", "window", "stream")]
     try:
         with Connection(args["url"], connect_timeout=5) as conn:
             for name in names:

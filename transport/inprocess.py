@@ -53,6 +53,7 @@ __all__ = [
     "InProcessControlClient",
     "InProcessControlServer",
     "InProcessStreamConsumer",
+    "InProcessStreamPlane",
     "InProcessStreamPublisher",
 ]
 
@@ -149,6 +150,14 @@ class InProcessBus:
                         ) -> InProcessStreamConsumer:
         return InProcessStreamConsumer(self, self._stream(stream),
                                        on_retention_gap=on_retention_gap)
+
+    def sibling_stream(self, suffix: str, *, max_age: str | None = None,
+                       max_length_bytes: int | None = None,
+                       max_segment_size_bytes: int | None = None) -> InProcessStreamPlane:
+        """A ``DataPlane`` on the stream named like the default one plus ``suffix`` (the
+        schedulers' checkpoints); the retention arguments are RabbitMQ's and ignored here:
+        every stream of this bus keeps the bus's own retention."""
+        return InProcessStreamPlane(self, self.default_stream + suffix)
 
     def control_server(self, topic: str, server: str,
                        handler: ControlHandler) -> InProcessControlServer:
@@ -308,6 +317,29 @@ def _as_bytes(body: object) -> bytes:
         # Copy so a caller reusing its buffer cannot rewrite history.
         return bytes(body)
     raise TypeError(f"message body must be bytes, got {type(body).__name__}")
+
+
+class InProcessStreamPlane:
+    """``DataPlane`` of one named stream of an :class:`InProcessBus` (closing it leaves the
+    bus running)."""
+
+    def __init__(self, bus: InProcessBus, stream: str) -> None:
+        self.bus = bus
+        self.stream = stream
+
+    @property
+    def threaded(self) -> bool:
+        return self.bus.threaded
+
+    def stream_publisher(self) -> InProcessStreamPublisher:
+        return self.bus.stream_publisher(self.stream)
+
+    def stream_consumer(self, on_retention_gap: OnRetentionGap | None = None,
+                        ) -> InProcessStreamConsumer:
+        return self.bus.stream_consumer(on_retention_gap, self.stream)
+
+    def close(self) -> None:
+        pass
 
 
 class InProcessStreamPublisher:

@@ -849,6 +849,18 @@ class KombuStreamDataPlane:
         self._made.add(plane)
         return plane
 
+    def sibling_stream(self, suffix: str, *, max_age: str | None,
+                       max_length_bytes: int | None,
+                       max_segment_size_bytes: int | None) -> KombuStreamDataPlane:
+        """A data plane on the stream named like this one plus ``suffix``, with retention of
+        its own (the schedulers' checkpoints: a few large messages, so a small segment size:
+        RabbitMQ drops whole segments only, 500 MB by default).  No tail probe: nothing
+        measures a lag there."""
+        return KombuStreamDataPlane(dataclasses.replace(
+            self.settings, name=self.settings.name + suffix, max_age=max_age,
+            max_length_bytes=max_length_bytes, max_segment_size_bytes=max_segment_size_bytes,
+            tail_probe_interval=0.0))
+
     def close(self) -> None:
         for obj in list(self._made):
             if isinstance(obj, KombuStreamConsumer):

@@ -77,6 +77,25 @@ start is a cold start (stream from its retained start, then resyncs).
 """),
     cfg.FloatOpt("snapshot_interval", default=30.0, min=0.1,
                  help="Seconds between local snapshots written to state_dir."),
+    cfg.FloatOpt("checkpoint_interval", default=30.0, min=0.0,
+                 help="""
+Seconds between checkpoints of this scheduler's whole view (every source's
+version and document and the stream offset applied), published compressed on
+the stream named like the host-state stream plus ".checkpoint". Only the
+coordinator (the first live scheduler by name) publishes; a scheduler that
+knows no peers publishes itself. A scheduler that starts without a state file
+in state_dir restores the newest checkpoint (waiting up to 2 s for one once
+attached to that stream) and reads the host-state stream from its offset:
+ready in seconds rather than rebuilding every view from the stream and
+resyncing the rest. No checkpoint, or a damaged one: a cold start as before.
+With [signing] enabled checkpoints are signed with a key derived from
+master_key, which this scheduler then needs. Not the update log's checkpoints
+([update_log] checkpoint_interval), which stay in its files.
+
+Possible values: 0 (neither publish nor use checkpoints), or seconds.
+
+Related options: state_dir, [signing] master_key.
+"""),
     cfg.IntOpt("max_message_bytes", default=8 * 1024 * 1024, min=1024,
                help="Largest message accepted from the bus; larger ones are dropped and counted."),
     cfg.FloatOpt("membership_interval", default=0.0, min=0.0,

@@ -1,0 +1,318 @@
+"""Checkpoints of the whole view on a stream of their own: a new scheduler ready in seconds.
+
+Role: a scheduler that starts with no saved cache file (design §4.4) would rebuild every view
+from the host-state stream's retained history and ask every source it cannot rebuild for a
+snapshot; at 10 000 sources that took 27.7 s and about two resync requests per source.
+Instead, a running scheduler publishes, every ``[cache] checkpoint_interval`` seconds, what
+:meth:`~shared_host_manager.cache.HostStateCache.dump_state` returns (the very bytes a local
+save writes: every held view's source, epoch, seq and document, the host-state stream offset
+applied, the known origins), compressed, on the stream named like the host-state stream plus
+``.checkpoint``.  A newcomer restores the newest one as it restores its own file and reads
+the host-state stream after the checkpoint's offset (design §4.5).
+
+Life cycle of a checkpoint::
+
+    taken      the publishing scheduler's cache state, under its lock (one consistent cut:
+               every stream message up to ``offset`` applied, and resync answers since)
+    published  compressed (zlib), signed when signing is on, appended to
+               ``<stream>.checkpoint`` (retention: a few checkpoints, see RETENTION)
+    loaded     a scheduler starting without a state file attaches at "last" on that stream,
+               waits up to ``wait`` seconds once attached, and restores the newest one that
+               decodes, checks and verifies: each view fed to the receiver as a snapshot,
+               the stream read from ``offset + 1``; none such: today's cold start
+    superseded the next checkpoint; retention drops the old ones (by size and age)
+
+Who publishes: the coordinator, the first live peer by name (as for scarce requests, design
+§5.4), so one scheduler pays for it and the others only read; a scheduler that knows no
+peers (membership off, or alone) publishes itself, every interval with ±10 % jitter so that
+schedulers started together do not publish together.  A scheduler publishes only once it has
+applied something from the stream (no offset: nothing to resume from).
+
+Why a checkpoint cannot put a view ahead of its source: every version it holds was applied by
+some scheduler's receiver from what the source published (its stream or its resync answers),
+and a source never goes back within an epoch (epochs only grow, design §3).  A checkpoint
+taken by a scheduler that was behind holds older versions, and the stream after its offset
+brings them forward (a gap there is resynced as usual).  A damaged checkpoint fails its zlib
+check, its BLAKE2b checksum or its MAC and is never restored.
+
+Authentication: with ``[signing] enabled`` a checkpoint carries an HMAC-SHA256 with the key
+derived from the master secret for the reserved speaker name :data:`SIGNER`: only holders of
+the master, the schedulers, can make or check it; a compute node, which holds its own key and
+the scheduler keys, cannot forge one (it could with a scheduler's own key, and so speak for
+every host).  A scheduler without the master (a key file only) neither publishes nor loads
+checkpoints.  Signing off: the checksum is all (as for every message then).
+
+Membership entries (``scheduler/<name>``) are not restored: the live peers come from the
+stream alone, so a dead peer's entry in a checkpoint does not count as live.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from protocol.signing import Keyring
+from shared_host_manager.cache import HostStateCache
+from shared_host_manager.membership import SOURCE_PREFIX
+from transport.base import DataPlane, StreamConsumer, StreamPublisher
+
+LOG = logging.getLogger(__name__)
+
+FORMAT = 1
+#: the checkpoint stream's name is the host-state stream's plus this
+SUFFIX = ".checkpoint"
+#: the speaker whose derived key signs checkpoints: no hostname or scheduler name has an "@"
+SIGNER = "@checkpoint"
+#: retention of the checkpoint stream (RabbitMQ): the newest few checkpoints, whole segments
+#: being dropped (a 10 000-host checkpoint compresses to a few MiB, see docs/benchmarks.md)
+RETENTION: dict[str, Any] = {"max_age": "15m", "max_length_bytes": 256 * 1024 ** 2,
+                             "max_segment_size_bytes": 32 * 1024 ** 2}
+#: once attached at "last", a newcomer waits this long for a checkpoint (the broker sends the
+#: last chunk at once; none on the stream: that long, then a cold start)
+DEFAULT_WAIT = 2.0
+#: most seconds to attach to the checkpoint stream (connect, declare, consume): a loaded
+#: broker took over 2 s at 10 000 sources, which a wait counted from the start mistook for
+#: an empty stream
+_ATTACH_TIMEOUT = 10.0
+#: after the first checkpoint arrives, this long more for others of the same chunk (sent
+#: back to back)
+_QUIET = 0.1
+#: largest decompressed state accepted: bounds what a damaged or hostile blob can take
+MAX_STATE_BYTES = 1024 ** 3
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used (one line: why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    scheduler: str
+    taken_ns: int
+    sources: int
+    #: the host-state stream offset applied when it was taken
+    offset: int | None
+    #: what HostStateCache.dump_state returned (checksummed)
+    state: bytes
+
+
+def _signed_part(scheduler: str, taken_ns: int, blob: bytes) -> bytes:
+    return msgpack.packb([FORMAT, scheduler, taken_ns, blob], use_bin_type=True)
+
+
+def encode(state: bytes, *, scheduler: str, taken_ns: int, sources: int, offset: int | None,
+           keyring: Keyring | None, level: int = 1) -> bytes:
+    """A checkpoint message; ``state`` from :meth:`HostStateCache.dump_state`.  Level 1: the
+    documents compress about as well as at level 6 and several times faster (measured)."""
+    blob = zlib.compress(state, level)
+    envelope: dict[str, Any] = {"format": FORMAT, "scheduler": scheduler, "taken_ns": taken_ns,
+                                "sources": sources, "offset": offset, "state": blob}
+    if keyring is not None:
+        envelope["mac"] = keyring.sign(SIGNER, _signed_part(scheduler, taken_ns, blob))
+    return msgpack.packb(envelope, use_bin_type=True)
+
+
+def decode(data: bytes, keyring: Keyring | None) -> Checkpoint:
+    """The checkpoint in ``data``; :class:`CheckpointError` if it is not one, is damaged, or
+    (``keyring`` given: signing on) is not signed with the checkpoint key."""
+    try:
+        envelope = msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise CheckpointError(f"not msgpack: {exc}") from None
+    if type(envelope) is not dict or envelope.get("format") != FORMAT:
+        raise CheckpointError(f"not a checkpoint of format {FORMAT}")
+    scheduler, taken_ns, blob = envelope.get("scheduler"), envelope.get("taken_ns"), \
+        envelope.get("state")
+    sources, offset = envelope.get("sources"), envelope.get("offset")
+    if (type(scheduler) is not str or type(taken_ns) is not int or type(blob) is not bytes
+            or type(sources) is not int or not (offset is None or type(offset) is int)):
+        raise CheckpointError("malformed checkpoint envelope")
+    if keyring is not None:
+        mac = envelope.get("mac")
+        if type(mac) is not bytes:
+            raise CheckpointError(f"unsigned checkpoint from {scheduler} (signing is on)")
+        if keyring.verify(SIGNER, _signed_part(scheduler, taken_ns, blob), mac) is not True:
+            raise CheckpointError(f"bad signature on the checkpoint from {scheduler}")
+    inflate = zlib.decompressobj()
+    try:
+        state = inflate.decompress(blob, MAX_STATE_BYTES)
+    except zlib.error as exc:
+        raise CheckpointError(f"damaged checkpoint from {scheduler}: {exc}") from None
+    if inflate.unconsumed_tail or not inflate.eof:
+        raise CheckpointError(f"checkpoint from {scheduler} truncated or over "
+                              f"{MAX_STATE_BYTES} bytes")
+    return Checkpoint(scheduler, taken_ns, sources, offset, state)
+
+
+def _not_membership(source: str) -> bool:
+    return not source.startswith(SOURCE_PREFIX)
+
+
+class Checkpointer:
+    """One scheduler's checkpoints: :meth:`restore` at start, then :meth:`start` publishing.
+
+    ``plane``: a data plane on the checkpoint stream; ``peers``: the live schedulers, sorted
+    (this one's publications follow them: see the module docstring).
+    """
+
+    def __init__(self, name: str, cache: HostStateCache, plane: DataPlane, *,
+                 interval: float, peers: Callable[[], tuple[str, ...]],
+                 keyring: Keyring | None = None, wait: float = DEFAULT_WAIT) -> None:
+        self.name = name
+        self.cache = cache
+        self.plane = plane
+        self.interval = interval
+        self.wait = wait
+        self._peers = peers
+        self._keyring = keyring
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._publisher: StreamPublisher | None = None
+        self.published = 0
+        self.publish_failures = 0
+        self.last_published: tuple[int, int | None, int] | None = None  # bytes, offset, sources
+        #: the checkpoint this scheduler started from (None: it did not)
+        self.restored: Checkpoint | None = None
+        self.rejected = 0
+        self._usable = self._key_ok()
+
+    def _key_ok(self) -> bool:
+        if self._keyring is None:
+            return True
+        try:
+            self._keyring.sign(SIGNER, b"")
+        except KeyError:
+            LOG.warning("checkpoints off: signing is on and this scheduler has no master key "
+                        "to derive the checkpoint key from ([signing] master_key)")
+            return False
+        return True
+
+    # -- a newcomer --------------------------------------------------------------------
+
+    def restore(self) -> int | None:
+        """Restore the newest usable checkpoint into the cache; the host-state stream offset
+        to resume after, None when there is none (then nothing was restored)."""
+        if not self._usable:
+            return None
+        started = time.monotonic()
+        for body, offset in sorted(self.read_newest(), key=lambda m: m[1], reverse=True):
+            try:
+                checkpoint = decode(body, self._keyring)
+            except CheckpointError as exc:
+                self.rejected += 1
+                LOG.warning("ignoring checkpoint at offset %d: %s", offset, exc)
+                continue
+            if checkpoint.offset is None:
+                continue
+            where = (f"the checkpoint of {checkpoint.scheduler} taken "
+                     f"{max(0.0, (time.time_ns() - checkpoint.taken_ns) / 1e9):.1f} s ago")
+            resume = self.cache.restore_state(checkpoint.state, where, keep=_not_membership)
+            if resume is None:
+                self.rejected += 1
+                continue
+            self.restored = checkpoint
+            LOG.info("started from %s in %.2f s (%d sources)", where,
+                     time.monotonic() - started, checkpoint.sources)
+            return resume
+        LOG.info("no usable checkpoint within %.1f s: cold start", self.wait)
+        return None
+
+    def read_newest(self) -> list[tuple[bytes, int]]:
+        """``(body, offset)`` of the checkpoint stream's last chunk (and of any message
+        arriving meanwhile), as stored: not decoded nor checked."""
+        got: list[tuple[bytes, int]] = []
+        arrived = threading.Event()
+
+        def on_message(body: bytes, offset: int) -> None:
+            got.append((body, offset))
+            arrived.set()
+
+        consumer: StreamConsumer = self.plane.stream_consumer()
+        consumer.start(on_message, "last")
+        try:
+            if getattr(self.plane, "threaded", True):
+                wait_attached = getattr(consumer, "wait_attached", None)
+                if wait_attached is not None:
+                    wait_attached(_ATTACH_TIMEOUT)
+                # the in-process bus knows at once whether anything is there; a broker does not
+                empty = not arrived.is_set() and getattr(consumer, "pending", None) == 0
+                if not empty and arrived.wait(self.wait):
+                    time.sleep(_QUIET)
+            else:  # the synchronous in-process bus delivers only when polled
+                consumer.poll()  # type: ignore[attr-defined]
+        finally:
+            consumer.stop()
+        return list(got)
+
+    # -- a running scheduler ------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self._usable or self.interval <= 0:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"scheduler-{self.name}-checkpoints")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self._publisher is not None:
+            self._publisher.close()
+            self._publisher = None
+
+    def publishes(self) -> bool:
+        """Whether this scheduler is the one to publish now (the coordinator, or alone)."""
+        peers = self._peers()
+        return not peers or peers[0] == self.name
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval * random.uniform(0.9, 1.1)):
+            try:
+                if self.publishes():
+                    self.publish()
+            except Exception:  # the next interval tries again; a newcomer falls back meanwhile
+                self.publish_failures += 1
+                LOG.exception("scheduler %s could not publish a checkpoint", self.name)
+
+    def publish(self) -> bool:
+        """Take and publish one checkpoint now; False when there is nothing to resume from."""
+        with self.cache.lock:  # one cut: dump_state re-enters the (reentrant) lock
+            offset = self.cache.offset
+            sources = sum(1 for v in self.cache.receiver.sources.values() if v.doc is not None)
+            state = self.cache.dump_state()
+        if offset is None or not sources:
+            return False
+        body = encode(state, scheduler=self.name, taken_ns=time.time_ns(), sources=sources,
+                      offset=offset, keyring=self._keyring)
+        if self._publisher is None:
+            self._publisher = self.plane.stream_publisher()
+        self._publisher.publish(body)
+        self.published += 1
+        self.last_published = (len(body), offset, sources)
+        LOG.debug("checkpoint published: %d sources at offset %d, %d bytes", sources, offset,
+                  len(body))
+        return True
+
+
+def checkpoint_plane(data_plane: object) -> DataPlane | None:
+    """The checkpoint stream's plane next to ``data_plane``, None if its backend has none."""
+    sibling = getattr(data_plane, "sibling_stream", None)
+    if sibling is None:
+        return None
+    plane: DataPlane = sibling(SUFFIX, **RETENTION)
+    return plane
+
+
+__all__ = ["FORMAT", "SIGNER", "SUFFIX", "Checkpoint", "CheckpointError", "Checkpointer",
+           "checkpoint_plane", "decode", "encode"]
