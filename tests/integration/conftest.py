@@ -105,7 +105,8 @@ def stream_name(rabbit_url: str) -> Iterator[str]:
     name = f"shm-test-stream-{uuid.uuid4().hex[:10]}"
     yield name
     if wait_for_broker(30):
-        delete_queues(rabbit_url, [name])
+        # and the schedulers' checkpoint stream beside it, if one was declared
+        delete_queues(rabbit_url, [name, f"{name}.checkpoint"])
 
 
 @pytest.fixture

@@ -88,7 +88,7 @@ def deployment(rabbit_url, oslo_rabbit_url, tmp_path, delete_broker_queues):
             proc.kill()
             proc.wait()
         log.close()
-    delete_broker_queues([stream, rtopic, stopic, f"{rtopic}.r0-{suffix}",
+    delete_broker_queues([stream, f"{stream}.checkpoint", rtopic, stopic, f"{rtopic}.r0-{suffix}",
                           f"{stopic}.s0-{suffix}", f"{stopic}.s1-{suffix}"])
 
 

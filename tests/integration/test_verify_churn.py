@@ -80,8 +80,8 @@ class Cloud:
                                            f"{change_interval}\n")}
         for s in ("s0", "s1"):
             self.parties[s] = ("scheduler", f"[cache]\nname = {s}-{suffix}\nstate_dir = {workdir}/{s}\n")
-        self.queues = [self.stream, rtopic, stopic, f"{rtopic}.r0-{suffix}", f"{stopic}.s0-{suffix}",
-                       f"{stopic}.s1-{suffix}"]
+        self.queues = [self.stream, f"{self.stream}.checkpoint", rtopic, stopic,
+                       f"{rtopic}.r0-{suffix}", f"{stopic}.s0-{suffix}", f"{stopic}.s1-{suffix}"]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.urls: dict[str, str] = {}
         for name, (_command, text) in self.parties.items():
