@@ -264,6 +264,10 @@ class Checkpointer:
 
     def stop(self) -> None:
         self._stop.set()
+        # closed first: a publish retrying against a lost broker gives up at once instead of
+        # holding stop() for its publish_timeout
+        if self._publisher is not None:
+            self._publisher.close()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
@@ -296,6 +300,8 @@ class Checkpointer:
         body = encode(state, scheduler=self.name, taken_ns=time.time_ns(), sources=sources,
                       offset=offset, keyring=self._keyring)
         if self._publisher is None:
+            if self._stop.is_set():
+                return False
             self._publisher = self.plane.stream_publisher()
         self._publisher.publish(body)
         self.published += 1

@@ -212,6 +212,21 @@ def test_publish_only_the_coordinator_or_alone():
     assert not empty.publish()  # nothing applied from the stream: nothing to resume from
 
 
+def test_the_thread_publishes_every_interval_and_only_as_coordinator(bus):
+    plane = bus.sibling_stream(checkpoint.SUFFIX)
+    ours = Checkpointer("s0", _held(), plane, interval=0.02, peers=lambda: ("s0", "s1"))
+    theirs = Checkpointer("s1", _held(), plane, interval=0.02, peers=lambda: ("s0", "s1"))
+    ours.start()
+    theirs.start()
+    try:
+        wait_for(lambda: ours.published >= 3, 5, "checkpoints")
+    finally:
+        ours.stop()
+        theirs.stop()
+    assert theirs.published == 0 and ours.publish_failures == 0
+    assert not ours.publish()  # stopped
+
+
 def test_checkpoints_compress():
     cache = _cache()
     for i in range(200):
