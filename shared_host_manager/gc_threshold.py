@@ -6,7 +6,8 @@ benchmark's ``main``), never per decision.  A decision makes a few objects per h
 hosts).  With Python's default first threshold (700) enough of them live through a
 young collection to trigger full collections of the whole heap, which holds the
 cache's documents and templates: measured in ``shm bench decisions`` at 1 000 hosts,
-about 30 % of a decision's time went to the collector.  With a threshold above what
+the collector took 18–20 % of the deciding process's CPU, and the decisions per CPU
+second rose by 5–14 % with the threshold below (docs/benchmarks.md).  With a threshold above what
 one decision makes, its objects are freed by reference counting first.
 
 nova-scheduler-shared sets it from ``[shared_host_manager] gc_young_threshold`` when

@@ -188,9 +188,10 @@ AvailabilityZoneFilter.
 """),
     cfg.StrOpt("decision_core", default="nova", help="""
 The decision core whose filter and weigher classes the engine (``shm sim``'s
-shared, legacy and caching modes, ``shm replay --decisions``, ``shm bench
-decisions``, ``shm scheduler``) loads for the names in enabled_filters and
-weight_classes, by its name in the ``shm.scheduler.cores`` entry point group.
+shared, legacy and caching modes, its scheduler processes, ``shm replay
+--decisions``, ``shm bench decisions``) loads for the names in enabled_filters
+and weight_classes, by its name in the ``shm.scheduler.cores`` entry point
+group.
 ``nova`` (the only core shipped): nova 34's own class for every name nova has
 one for, deciding through the same vector core as the drop-in (docs/design.md
 §5.8); the names nova has no class for (ResourceFitFilter,

@@ -19,6 +19,7 @@ def test_bench_decisions_writes_json(tmp_path, capsys):
     assert result["ratio"] > 0
     assert len(result["fast"]["runs"]) == 2 and len(result["slow"]["runs"]) == 2
     assert result["fast"]["no_valid_host"] == [0, 0]
+    assert len(result["fast"]["cpu_runs"]) == 2 and result["fast"]["cpu_median"] > 0
     assert "fast path" in capsys.readouterr().out
 
 

@@ -18,7 +18,7 @@ A filter that runs on the index's group representatives (through
 narrower host it reads (``HasAggregates``, ``HasCapabilities``): an override may
 accept more than a HostView, never less.
 
-Fast path contract (optional, see :mod:`shared_host_manager.decision.engine`): a
+Fast path contract (optional, see :mod:`shared_host_manager.decision.ranking`): a
 filter may also implement :meth:`BaseHostFilter.vector`, returning the same
 answer for *every* row of the columnar index at once (a bool array, ``Only``
 rows, ``Exclude`` rows, or ``PASS_ALL``).  It must agree with ``host_passes``
