@@ -31,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from oslo_config import cfg
 
@@ -58,8 +58,10 @@ from transport.rpcapi import SchedulerAPI
 LOG = logging.getLogger(__name__)
 
 
-class ReporterObserver:
-    """What a :class:`ReporterService` tells its observer (the update log); no-ops here.
+class ReporterObserver(Protocol):
+    """What a :class:`ReporterService` tells its observer (the update log's
+    :class:`~compute_reporter.recorder.ReporterRecorder`): the service's contract, here
+    where it is called.
 
     Called from the service's threads; an observer must be thread-safe and must not raise.
     """
@@ -69,7 +71,8 @@ class ReporterObserver:
 
     def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
         """A claim or resync request was handled (``body`` as received; a reporter passes no
-        ``sends``, the parameter is the cache observer's, see CacheObserver.control)."""
+        ``sends``: the parameter is there so that one recorder can observe a scheduler's
+        cache as well, whose ``control`` has it)."""
 
     def dropped(self, body: bytes, plane: str, offset: int | None, now: float) -> None:
         """An invalid control message was dropped."""
@@ -168,8 +171,8 @@ class ReporterService:
         self._running = False
         self._thread: threading.Thread | None = None
         self.manager: ReporterManager
-        #: optional update log (shared_host_manager.updatelog.recorder.Recorder): attached by start(),
-        #: records what is handled, published and cast; closed by stop()
+        #: optional update log (compute_reporter.recorder.ReporterRecorder): attached by
+        #: start(), records what is handled, published and cast; closed by stop()
         self.recorder: ReporterObserver | None = recorder
         self.stats = {"published": 0, "publish_errors": 0, "publish_unconfirmed": 0, "casts": 0,
                       "cast_errors": 0, "invalid": 0, "fences": 0}

@@ -99,7 +99,7 @@ import heapq
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from protocol.document import CanonicalCache, Document, apply_ops, copy_document
 from protocol.errors import LocalProtocolError
@@ -266,10 +266,13 @@ class ChangeFeed:
         return out
 
 
-class ReceiverObserver:
+class ReceiverObserver(Protocol):
     """What a :class:`ReceiverMachine` tells the one observer it may have.
 
-    Every method is a no-op here; an observer overrides what it watches.
+    A Protocol with no-op defaults: an observer that subclasses it explicitly overrides
+    what it watches (the bodies ``return None`` so that a type checker does not take
+    them for abstract); anything with every method is an observer too.
+
     Calls are synchronous, made inside the step after its state change, under
     whatever lock the caller holds.  An observer must not call back into the
     machine, and should not raise: an exception propagates out of the step.
@@ -279,39 +282,50 @@ class ReceiverObserver:
 
     def delta_applied(self, view: SourceView, delta: Delta) -> None:
         """``delta`` was applied in order (also when it came out of the reorder buffer)."""
+        return None
 
     def snapshot_applied(self, view: SourceView, snapshot: Snapshot, previous: Document | None) -> None:
         """``snapshot`` replaced the document (``previous``: the one it replaced, None if new)."""
+        return None
 
     def delta_buffered(self, view: SourceView, delta: Delta, new_gap: bool) -> None:
         """``delta`` is ahead of the held version and waits in the reorder buffer."""
+        return None
 
     def resync_requested(self, view: SourceView, request: ResyncRequest) -> None:
         """A resync request for ``view`` is being sent (it is also among the step's sends)."""
+        return None
 
     def claim_resolved(self, claim_id: str, source: str, outcome: Outcome) -> None:
         """A pending claim was retired with ``outcome``, or (ACCEPTED) the arbiter said yes."""
+        return None
 
     def source_moved(self, view: SourceView, event: Event, previous: SourceState) -> None:
         """``view`` went from ``previous`` to ``view.state`` through the table on ``event``
         (also when it stays: the table's self-loops)."""
+        return None
 
     # The entry points a scheduler calls besides receive/tick, after they ran:
 
     def claim_added(self, claim: Claim, now: float) -> None:
         """:meth:`ReceiverMachine.add_claim` registered ``claim`` as pending."""
+        return None
 
     def claim_cancelled(self, source: str, claim_id: str, cancelled: bool) -> None:
         """:meth:`ReceiverMachine.cancel_claim` ran (``cancelled``: it was pending)."""
+        return None
 
     def resync_asked(self, source: str, now: float, full: bool, sends: list[Send]) -> None:
         """:meth:`ReceiverMachine.request_resync` ran and produced ``sends``."""
+        return None
 
     def source_hinted(self, source: str, now: float, sends: list[Send]) -> None:
         """:meth:`ReceiverMachine.add_source_hint` ran and produced ``sends``."""
+        return None
 
     def source_forgotten(self, source: str) -> None:
         """:meth:`ReceiverMachine.forget` dropped ``source`` (its pending claims expired)."""
+        return None
 
 
 STAT_KEYS = (

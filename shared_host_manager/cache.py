@@ -59,7 +59,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Protocol
 
 import msgpack
 
@@ -98,10 +98,15 @@ _SCARCE_TYPES = (ScarceRequest, ScarceAnswer)
 _PEER_TYPES = (Claim, ClaimResult, *_SCARCE_TYPES)
 
 
-class CacheObserver(ReceiverObserver):
+class CacheObserver(ReceiverObserver, Protocol):
     """What a :class:`HostStateCache` tells its observer, besides the receiver's transitions.
 
-    Called under the cache lock, after the receiver step (no-ops here).
+    The cache's contract, here where it is called: an observer (the update log's recorder)
+    has these methods and the receiver's (:class:`~protocol.receiver.ReceiverObserver`,
+    whose no-op defaults an explicit subclass inherits).  Called under the cache lock, after
+    the receiver step, except :meth:`sent`.  Nothing here names a caller above the cache:
+    what a host manager deciding outside the engine records reaches the observer through
+    that host manager's own contract (``shared_host_manager.nova.decision_log``).
     """
 
     def cache_attached(self, cache: HostStateCache) -> None:
@@ -123,11 +128,7 @@ class CacheObserver(ReceiverObserver):
         """:meth:`HostStateCache.load` fed a saved source back to the receiver."""
 
     def sent(self, to: str | None, message: Message, now: float) -> None:
-        """A control message left this scheduler (a claim)."""
-
-    def host_manager_step(self, now: float, step: dict[str, Any]) -> None:
-        """A host manager that decides outside the engine (nova's handlers in the drop-in) took
-        a step on this cache: plain data, recorded so replay can re-run it (design §8)."""
+        """A control message left this scheduler (a claim), without the lock."""
 
     def close(self) -> None:
         """The scheduler stops: nothing more will be observed."""

@@ -12,7 +12,10 @@ Where it runs: on a nova compute node the reporter runs inside
   ``document(host)``, ``start(sink)``, ``stop()``).
 
 It serves /metrics, /healthz and /status on ``[metrics] bind_host:bind_port``
-(default port 9465) and logs a summary every 10 s.
+(default port 9465) and logs a summary every 10 s.  With ``[update_log] enabled``
+it records what it handled, published and cast (:mod:`compute_reporter.recorder`).
+The process imports nothing of the scheduler package (``shared_host_manager``):
+tests/test_layout.py holds it to that.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from oslo_log import log as logging
 from compute_reporter import metrics as reporter_metrics
 from compute_reporter import service as reporter_service
 from compute_reporter.epochs import EpochStore
+from compute_reporter.recorder import from_conf as recorder_from_conf
 from compute_reporter.service import ReporterService
 from compute_reporter.tracker import ResourceTracker, SimulatedTracker
-from shared_host_manager.conf import updatelog as updatelog_conf
-from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
 from shm_cli import common
 from transport.startup import OperatorError
+from transport.updatelog import opts as updatelog_opts
 
 LOG = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ PROG = "shm reporter"
 
 
 def register(conf: cfg.ConfigOpts) -> None:
-    updatelog_conf.register_opts(conf)
+    updatelog_opts.register_opts(conf)
     reporter_service.register_service_opts(conf)
     common.register_metrics(conf, "reporter")
 

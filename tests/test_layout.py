@@ -23,6 +23,7 @@ PACKAGES = ("protocol", "transport", "compute_reporter", "shared_host_manager", 
 #: lowest first; a module's layer is the longest prefix that matches its name
 LAYERS: list[tuple[str, ...]] = [
     ("protocol",),
+    # transport.updatelog: the update log's files, which a reporter writes as well
     ("transport",),
     ("compute_reporter",),
     ("shared_host_manager", "shared_host_manager.conf", "shared_host_manager.cache",
@@ -222,6 +223,33 @@ def test_every_nova_module_has_a_part():
                    and os.path.basename(MODULES[m]) == "__init__.py"}
     known = set(NOVA_PARTS) | {"shared_host_manager.nova.wsgi"}
     assert subpackages <= known, f"nova/ subpackages without a part: {sorted(subpackages - known)}"
+
+
+#: what a reporter process loads (a compute node runs it without the scheduler's code): none
+#: of it may reach shared_host_manager, directly or through another module
+REPORTER_PROCESS = ("compute_reporter", "shm_cli.reporter")
+
+
+def test_the_reporter_process_imports_nothing_of_the_scheduler_package():
+    graph = _graph()
+    starts = [m for m in MODULES if any(m == p or m.startswith(p + ".") for p in REPORTER_PROCESS)]
+    via: dict[str, str | None] = {m: None for m in starts}
+    todo = list(starts)
+    while todo:
+        module = todo.pop()
+        parents = [module.rsplit(".", i)[0] for i in range(1, module.count(".") + 1)]
+        for target in [*graph[module], *(p for p in parents if p in MODULES)]:
+            if target not in via:  # importing a module runs its packages' __init__ first
+                via[target] = module
+                todo.append(target)
+    reached = []
+    for module in sorted(via):
+        if module == "shared_host_manager" or module.startswith("shared_host_manager."):
+            chain = [module]
+            while (importer := via[chain[-1]]) is not None:
+                chain.append(importer)
+            reached.append(" <- ".join(chain))
+    assert not reached, "the reporter's process imports the scheduler package:\n" + "\n".join(reached)
 
 
 def test_only_the_nova_package_imports_nova():

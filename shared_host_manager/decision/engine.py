@@ -46,7 +46,7 @@ import uuid as uuid_mod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from protocol.groups import AFFINITY
 from protocol.messages import Claim
@@ -74,8 +74,9 @@ from shared_host_manager.decision.world import IndexWorld
 ANCHOR_DEPTH = 32
 
 
-class DecisionObserver:
-    """What a :class:`DecisionEngine` tells its observer (the update log); no-ops here.
+class DecisionObserver(Protocol):
+    """What a :class:`DecisionEngine` tells its observer (the update log): the engine's
+    contract, here where it is called.
 
     Called under the caller's lock, around each decision (docs/design.md §8):
     the claims a decision registers reach the receiver's observer in between.
@@ -89,7 +90,6 @@ class DecisionObserver:
                          path: str | None, delegable: bool = True) -> object:
         """A decision begins (before the RNG is used); returns a token for the end call
         (opaque to the engine, which hands it back as it is)."""
-        return None
 
     def decision_finished(self, token: object, rows: list[list[Selection]], now: float) -> None:
         """The decision ``token`` placed every instance (rows as returned)."""

@@ -6,11 +6,16 @@ In nova-scheduler-shared, nova's SchedulerManager decides, calling our
 :class:`~shared_host_manager.nova.host_manager.SharedHostManager`; the project's
 DecisionEngine (and its DECISION records) is not on that path.  So that ``shm
 replay --decisions`` can re-run what an operator's scheduler decided, and say
-where a re-run differs, the host manager tells the cache's observer (the update
-log's recorder) each step nova's manager takes on it, as HOST_MANAGER records of
-plain data (:mod:`shared_host_manager.updatelog.format`).  This module writes them
+where a re-run differs, the host manager tells the update log's recorder each step
+nova's manager takes on it, as HOST_MANAGER records of plain data
+(:mod:`shared_host_manager.updatelog.format`).  This module writes them
 (:class:`StepLog`) and says their shape; :mod:`shared_host_manager.nova.replay.steps`
 reads them back with the same digest and the same host manager.
+
+The recorder is the cache's observer; the cache's contract (``CacheObserver``) knows
+nothing of host managers, so the step log calls it through its own,
+:class:`StepObserver`, when the cache's observer also takes steps (the update log's
+``Recorder`` does; another observer is left alone).
 
 Steps (``{"step": name, ...}``)::
 
@@ -44,7 +49,7 @@ import itertools
 import threading
 from collections.abc import Iterable
 from hashlib import blake2b
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from shared_host_manager.nova.core import vector
 
@@ -144,6 +149,16 @@ def uuids_of(hosts: Iterable[Any]) -> list[str]:
     return [vector.node_uuid(h) for h in hosts]
 
 
+@runtime_checkable
+class StepObserver(Protocol):
+    """What the step log tells the update log: the drop-in's contract, here where it is
+    called (the update log's ``Recorder`` has it, and is told nothing else of nova)."""
+
+    def host_manager_step(self, now: float, step: dict[str, Any]) -> None:
+        """A step of a decision nova's manager took on the host manager, plain data (see the
+        module docstring): recorded as it is, for replay to re-run."""
+
+
 class StepLog:
     """Writes one SharedHostManager's steps to its cache's recorder (if it has one)."""
 
@@ -154,11 +169,19 @@ class StepLog:
         self._config_for: Any = None
         #: the previous hosts step's (id, host set), which the next one is recorded against
         self._last: tuple[int, frozenset[str]] | None = None
+        #: (the cache's observer, it as a StepObserver or None) last seen: the Protocol's
+        #: isinstance costs microseconds, and recorder() runs for every step
+        self._seen: tuple[object, StepObserver | None] = (None, None)
 
-    def recorder(self) -> Any:
-        """The cache's observer, or None (then nothing is built for it)."""
+    def recorder(self) -> StepObserver | None:
+        """The cache's observer if it takes steps, else None (then nothing is built for it)."""
         cache = self._manager._cache
-        return None if cache is None else cache.recorder
+        observer = None if cache is None else cache.recorder
+        seen, steps = self._seen
+        if observer is not seen:
+            steps = observer if isinstance(observer, StepObserver) else None
+            self._seen = (observer, steps)
+        return steps
 
     def spec(self, spec_obj: Any) -> Any:
         """nova's RequestSpec as plain data if recording (taken before the cache lock), else None."""
@@ -229,7 +252,7 @@ class StepLog:
             self._configured(rec, now)
             rec.host_manager_step(now, {"step": step, **data})
 
-    def _configured(self, rec: Any, now: float) -> None:
+    def _configured(self, rec: StepObserver, now: float) -> None:
         """The config step, before this recorder's first other step."""
         with self._lock:
             if self._config_for is rec:

@@ -1,7 +1,15 @@
-"""The update-log format: files, frames, record kinds and their shapes.
+"""The update-log format: the files, frames and record kinds every party writes, and the
+scheduler's checkpoint states.
 
-One module owns the format, so the writer, the reader, the recorder and the
-replay cannot disagree on it.  docs/update-log.md is the reader's guide.
+One place owns the format, so the writer, the reader, the recorder and the
+replay cannot disagree on it.  What a reporter's log needs as much as a
+scheduler's (files, frames, record kinds and their shapes) is
+:mod:`transport.updatelog.format`, below the reporter, which imports nothing of
+this package; it is re-exported here, so the scheduler side names the whole
+format from one module.  This module adds the checkpoints' view states
+(:class:`ViewStates`) and the wire forms of request specs and RNG states.
+docs/update-log.md is the reader's guide; the Files and Records sections below
+are the lower module's, repeated for the reader of this one.
 
 Files
 -----
@@ -87,11 +95,7 @@ decision exactly.
 from __future__ import annotations
 
 import array
-import glob
-import os
 import random
-import re
-import struct
 import time
 from collections.abc import Mapping
 from hashlib import blake2b
@@ -99,121 +103,56 @@ from typing import Any
 
 import msgpack
 
-from protocol import codec, hashing
+from protocol import codec
 from protocol.receiver import SourceView
 
 # re-exported: the update log's record shapes include the request spec's
 from shared_host_manager.decision.request import spec_from_wire as spec_from_wire
 from shared_host_manager.decision.request import spec_to_wire as spec_to_wire
 
-#: the format this code writes: 2 lists the peer claims held in checkpoints
-FORMAT = 2
-
-
-#: the formats this code reads (1: checkpoints without peer claims)
-READABLE_FORMATS = (1, 2)
-
-
-#: the first format whose checkpoints list the peer claims held
-PEER_CLAIMS_FORMAT = 2
-
-
-MAGIC = b"SHMULOG1"
-
-
-FRAME = struct.Struct("<II")
-
-
-#: a record larger than this is treated as damage (a flipped length field)
-MAX_RECORD_BYTES = 1 << 30
-
-
-SUFFIX = ".ulog"
-
-
-DEFAULT_MAX_FILE_BYTES = 256 * 1024 * 1024
-
-
-DEFAULT_CHECKPOINT_INTERVAL = 5.0
-
-
-DEFAULT_BUFFER_BYTES = 256 * 1024
-
-
-DROPPED_BODY_LIMIT = 64 * 1024
-
-
-HEADER = 0
-
-
-RX_STREAM = 1
-
-
-RX_CONTROL = 2
-
-
-RX_DROPPED = 3
-
-
-TICK = 4
-
-
-CLAIM = 5
-
-
-RESYNC = 6
-
-
-HINT = 7
-
-
-FORGET = 8
-
-
-RESTORE = 9
-
-
-TX = 10
-
-
-CANCEL = 11
-
-
-CHECKPOINT = 12
-
-
-DECISION = 13
-
-
-DECISION_END = 14
-
-
-ENGINE = 15
-
-
-NOTE = 16
-
-
-HOST_MANAGER = 17
-
-
-PUBLISHED = 20
-
-
-KIND_NAMES = {
-    HEADER: "header", RX_STREAM: "rx_stream", RX_CONTROL: "rx_control", RX_DROPPED: "rx_dropped",
-    TICK: "tick", CLAIM: "claim", RESYNC: "resync", HINT: "hint", FORGET: "forget",
-    RESTORE: "restore", TX: "tx", CANCEL: "cancel", CHECKPOINT: "checkpoint", DECISION: "decision",
-    DECISION_END: "decision_end", ENGINE: "engine", NOTE: "note", HOST_MANAGER: "host_manager",
-    PUBLISHED: "published",
-}
-
-
-SCHEDULER = "scheduler"
-
-
-REPORTER = "reporter"
-
+# re-exported (__all__): the files, frames and record kinds every party writes (see the docstring)
+from transport.updatelog.format import (
+    CANCEL,
+    CHECKPOINT,
+    CLAIM,
+    DECISION,
+    DECISION_END,
+    DEFAULT_BUFFER_BYTES,
+    DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_MAX_FILE_BYTES,
+    DROPPED_BODY_LIMIT,
+    ENGINE,
+    FORGET,
+    FORMAT,
+    FRAME,
+    HEADER,
+    HINT,
+    HOST_MANAGER,
+    KIND_NAMES,
+    MAGIC,
+    MAX_RECORD_BYTES,
+    NOTE,
+    OPT_INT,
+    OPT_NUM,
+    OPT_STR,
+    PEER_CLAIMS_FORMAT,
+    PUBLISHED,
+    READABLE_FORMATS,
+    RECORD_SHAPES,
+    REPORTER,
+    RESTORE,
+    RESYNC,
+    RX_CONTROL,
+    RX_DROPPED,
+    RX_STREAM,
+    SCHEDULER,
+    SUFFIX,
+    TICK,
+    TX,
+    frame,
+    log_base,
+    part_paths,
+)
 
 #: receiver parameters copied into a scheduler log's header (replay builds its receiver from them)
 RECEIVER_PARAMS = ("reorder_window", "reorder_timeout", "resync_timeout", "resync_backoff_max",
@@ -375,48 +314,14 @@ def rng_from_wire(data: list[Any]) -> tuple:
     return (version, tuple(internal), gauss)
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.@-]", "_", name)[:120] or "unnamed"
-
-
-def log_base(directory: str, role: str, name: str) -> str:
-    """The path every file of a log starts with (add ``.0001`` ... for the parts)."""
-    return os.path.join(directory, f"{role}-{_safe(name)}{SUFFIX}")
-
-
-def part_paths(base: str) -> list[str]:
-    """The existing parts of the log at ``base``, in order."""
-    paths = [p for p in glob.glob(glob.escape(base) + ".*") if re.fullmatch(r"\d{4,}", p[len(base) + 1:])]
-    return sorted(paths, key=lambda p: int(p[len(base) + 1:]))
-
-
-def frame(payload: bytes) -> bytes:
-    return FRAME.pack(len(payload), hashing.crc32(payload)) + payload
-
-
-# field types of RECORD_SHAPES
-OPT_NUM = (int, float, type(None))
-OPT_INT = (int, type(None))
-OPT_STR = (str, type(None))
-
-#: kind -> types of the fields after (kind, now); trailing extras (effects) are allowed
-RECORD_SHAPES: dict[int, tuple[tuple[type, ...], ...]] = {
-    RX_STREAM: (OPT_INT, (bytes,)),
-    RX_CONTROL: ((bytes,),),
-    RX_DROPPED: ((str,), OPT_INT, (bytes,)),
-    TICK: (),
-    CLAIM: ((bytes,),),
-    RESYNC: ((str,), (bool,)),
-    HINT: ((str,),),
-    FORGET: ((str,),),
-    CANCEL: ((str,), (str,)),
-    RESTORE: ((bytes,),),
-    TX: (OPT_STR, (bytes,)),
-    CHECKPOINT: ((bytes,), (int,), (list,)),
-    DECISION: ((dict,),),
-    DECISION_END: ((dict,),),
-    ENGINE: ((dict,),),
-    NOTE: ((str,),),
-    HOST_MANAGER: ((dict,),),
-    PUBLISHED: ((bytes,),),
-}
+__all__ = [
+    "CANCEL", "CHECKPOINT", "CLAIM", "DECISION", "DECISION_END", "DEFAULT_BUFFER_BYTES",
+    "DEFAULT_CHECKPOINT_INTERVAL", "DEFAULT_MAX_FILE_BYTES", "DROPPED_BODY_LIMIT", "ENGINE",
+    "FORGET", "FORMAT", "FRAME", "HEADER", "HINT", "HOST_MANAGER", "KIND_NAMES", "MAGIC",
+    "MAX_RECORD_BYTES", "NOTE", "NO_DOCUMENT", "OPT_INT", "OPT_NUM", "OPT_STR",
+    "PEER_CLAIMS_FORMAT", "PUBLISHED", "READABLE_FORMATS", "RECEIVER_PARAMS", "RECORD_SHAPES",
+    "REPORTER", "RESTORE", "RESYNC", "RX_CONTROL", "RX_DROPPED", "RX_STREAM", "SCHEDULER",
+    "SUFFIX", "TICK", "TX", "ViewStates", "frame", "log_base", "part_paths", "peer_claims_state",
+    "pending_claims", "rng_from_wire", "rng_to_wire", "same_base", "spec_from_wire",
+    "spec_to_wire", "state_from_wire", "view_base", "view_state"
+]

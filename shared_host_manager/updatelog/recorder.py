@@ -29,11 +29,16 @@ never by replacing their methods.  A :class:`Recorder` is at once
   resyncs asked, hints, forgotten sources, every claim outcome: the effects),
   called under the cache lock right after the step;
 * the engine's :class:`~shared_host_manager.decision.engine.DecisionObserver`
-  (a DECISION record before a decision, DECISION_END after), and the cache's
-  witness of decisions made outside the engine (``host_manager_step``: nova's
-  handlers in the drop-in, a HOST_MANAGER record per step);
+  (a DECISION record before a decision, DECISION_END after);
+* the witness of decisions made outside the engine (``host_manager_step``: nova's
+  handlers in the drop-in, a HOST_MANAGER record per step), for the drop-in's
+  decision log, which finds it as the cache's observer and calls it through a
+  contract of its own (:class:`shared_host_manager.nova.decision_log.StepObserver`);
 * a reporter's :class:`~compute_reporter.service.ReporterObserver` (what it
-  handled, published and cast).
+  handled, published and cast), as the :class:`~compute_reporter.recorder.ReporterRecorder`
+  it extends: the reporter's recorder, with the machinery every recorder shares
+  (header, buffered writer, disabling itself on a failure), lives below the
+  reporter so that ``shm reporter`` imports nothing of this package.
 
 Life cycle::
 
@@ -55,20 +60,16 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import socket
-import threading
-import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypedDict
+from collections.abc import Sequence
+from typing import Any, TypedDict
 
 import msgpack
 from oslo_config import cfg
 
-from compute_reporter.manager import ReporterManager
-from compute_reporter.service import ReporterObserver, ReporterService
+from compute_reporter.recorder import RecordedReporter, ReporterRecorder
+from compute_reporter.service import ReporterService
 from protocol import codec
-from protocol.messages import PROTOCOL_VERSION, Claim, Message, Send, Snapshot
+from protocol.messages import Claim, Send, Snapshot
 from protocol.receiver import Outcome, ReceiverMachine
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.decision.engine import DecisionEngine, DecisionObserver, Selection
@@ -83,32 +84,24 @@ from shared_host_manager.updatelog.format import (
     DEFAULT_BUFFER_BYTES,
     DEFAULT_CHECKPOINT_INTERVAL,
     DEFAULT_MAX_FILE_BYTES,
-    DROPPED_BODY_LIMIT,
     ENGINE,
     FORGET,
     FORMAT,
     HINT,
     HOST_MANAGER,
-    NOTE,
-    PUBLISHED,
     RECEIVER_PARAMS,
-    REPORTER,
     RESTORE,
     RESYNC,
     RX_CONTROL,
-    RX_DROPPED,
     RX_STREAM,
     SCHEDULER,
     TICK,
-    TX,
     ViewStates,
-    log_base,
     pending_claims,
     rng_to_wire,
     spec_to_wire,
 )
-from shared_host_manager.updatelog.writer import LogWriter
-from transport.startup import OperatorError, check_state_dir
+from transport.updatelog.opts import check_conf, recorder_params
 
 LOG = logging.getLogger(__name__)
 
@@ -122,21 +115,7 @@ class Effects(TypedDict, total=False):
     o: list[list[str]]
 
 
-class RecordedReporter(Protocol):
-    """What a reporter's recorder reads when it attaches: a :class:`ReporterService`, or a
-    simulated reporter driving the same manager (``shm faults``)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def params(self) -> Mapping[str, Any]: ...
-    @property
-    def manager(self) -> ReporterManager: ...
-    @property
-    def clock(self) -> Callable[[], float]: ...
-
-
-class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
+class Recorder(ReporterRecorder, CacheObserver, DecisionObserver):
     """Records one party (a scheduler's cache and engine, or a reporter) into an update log.
 
     Built detached; the party it is given to tells it :meth:`cache_attached`
@@ -155,26 +134,16 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         max_total_bytes: int | None = None,
         max_age: float | None = None,
     ) -> None:
-        self.directory = directory
-        self.max_file_bytes = max_file_bytes
-        #: retention of the log's parts (LogWriter): None keeps everything
-        self.max_total_bytes = max_total_bytes
-        self.max_age = max_age
+        super().__init__(directory, max_file_bytes=max_file_bytes, buffer_bytes=buffer_bytes,
+                         max_total_bytes=max_total_bytes, max_age=max_age)
         self.checkpoint_interval = checkpoint_interval
         #: seconds of document digests per checkpoint (the rest wait for the next one),
         #: which bounds how long a checkpoint holds the cache lock; default: 0.5 % of
         #: the interval, at least 2 ms
         self.digest_budget = (max(0.002, checkpoint_interval * 0.005) if digest_budget is None
                               else digest_budget)
-        self.buffer_bytes = buffer_bytes
-        self.role: str | None = None
-        self.name: str | None = None
-        self.session = uuid.uuid4().hex[:16]
-        self._lock = threading.Lock()
-        self._writer: LogWriter | None = None
         self._cache: HostStateCache | None = None
         self._receiver: ReceiverMachine | None = None
-        self._clock: Callable[[], float] = time.monotonic
         self._states = ViewStates()
         self._next_checkpoint = float("-inf")
         #: claim outcomes of the step being recorded (told by the receiver, written with the step)
@@ -182,52 +151,22 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         self._decisions = itertools.count(1)
         #: the engine's configuration as recorded (repeated in every part's base)
         self._engine: dict[str, Any] | None = None
-        self.enabled = False
-        self.closed = False
-        self.errors = 0
         self.checkpoints = 0
 
     # -- life cycle --------------------------------------------------------------
-
-    @property
-    def path(self) -> str | None:
-        """The log's base path (parts are ``path.0001``, ...)."""
-        return self._writer.base if self._writer is not None else None
-
-    @property
-    def files(self) -> list[str]:
-        return list(self._writer.files) if self._writer is not None else []
-
-    @property
-    def records(self) -> int:
-        return self._writer.records if self._writer is not None else 0
 
     @property
     def receiver(self) -> ReceiverMachine | None:
         """The receiver of the recorded cache (None for a reporter, or detached)."""
         return self._receiver
 
-    def _start(self, role: str, name: str, config: dict[str, Any], clock: Callable[[], float]) -> None:
-        if self._writer is not None:
-            raise RuntimeError(f"recorder already attached to {self.role} {self.name!r}")
-        self.role, self.name, self._clock = role, name, clock
-        header = {
-            "format": FORMAT, "role": role, "name": name, "session": self.session,
-            "config": config, "clock": clock(), "wall": time.time(),
-            "protocol_version": PROTOCOL_VERSION, "host": socket.gethostname(), "pid": os.getpid(),
-        }
-        self._writer = LogWriter(log_base(self.directory, role, name), header,
-                                 max_file_bytes=self.max_file_bytes, buffer_bytes=self.buffer_bytes,
-                                 max_total_bytes=self.max_total_bytes, max_age=self.max_age,
-                                 bases=role == SCHEDULER)
-        self.enabled = True
-
     def cache_attached(self, cache: HostStateCache) -> None:
         """Start recording a :class:`~shared_host_manager.cache.HostStateCache` (under its lock)."""
         receiver = cache.receiver
         config = {p: getattr(receiver, p) for p in RECEIVER_PARAMS}
         config["checkpoint_interval"] = self.checkpoint_interval
-        self._start(SCHEDULER, receiver.name, config, cache.clock)
+        # the header names the format of the checkpoints this module writes (ViewStates)
+        self._start(SCHEDULER, receiver.name, config, cache.clock, FORMAT)
         self._cache = cache
         self._receiver = receiver
         if receiver.sources:
@@ -240,61 +179,17 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
                     self._append([RESTORE, now, codec.encode(
                         Snapshot(view.source, view.epoch, view.seq, view.doc))])
 
-    def reporter_attached(self, service: RecordedReporter) -> None:
-        """Start recording a :class:`~compute_reporter.service.ReporterService` (from its ``start()``)."""
-        config = dict(service.params)
-        config["sources"] = {s: m.epoch for s, m in service.manager.machines.items()}
-        self._start(REPORTER, service.name, config, service.clock)
-
     def close(self) -> None:
         """Write a last checkpoint (scheduler) and everything buffered; idempotent."""
-        if self.closed:
-            return
-        self.closed = True
-        if self._writer is None:
-            return
-        try:
-            if self.enabled and self._cache is not None:
+        if not self.closed and self.enabled and self._cache is not None:
+            try:
                 with self._cache.lock:
                     self._checkpoint(self._clock())
-        except Exception as exc:  # noqa: BLE001 — never let the log break a shutdown
-            self._failed(exc)
-        with self._lock:
-            self.enabled = False
-            try:
-                self._writer.close()
-            except OSError as exc:
-                LOG.warning("update log %s: close failed: %s", self._writer.base, exc)
-
-    def flush(self) -> None:
-        with self._lock:
-            if self._writer is not None and self.enabled:
-                try:
-                    self._writer.flush()
-                except OSError as exc:
-                    self._failed_locked(exc)
+            except Exception as exc:  # noqa: BLE001 — never let the log break a shutdown
+                self._failed(exc)
+        super().close()
 
     # -- internals -----------------------------------------------------------------
-
-    def _append(self, record: list[Any]) -> None:
-        with self._lock:
-            writer = self._writer
-            if not self.enabled or writer is None:  # (enabled implies a writer)
-                return
-            try:
-                writer.append(record)
-            except Exception as exc:  # noqa: BLE001
-                self._failed_locked(exc)
-
-    def _failed(self, exc: BaseException) -> None:
-        with self._lock:
-            self._failed_locked(exc)
-
-    def _failed_locked(self, exc: BaseException) -> None:
-        self.errors += 1
-        if self.enabled:
-            self.enabled = False
-            LOG.error("update log of %s %s failed, recording stopped: %s", self.role, self.name, exc)
 
     def _effects(self, sends: Sequence[Send] | None) -> Effects | None:
         """What the step being recorded produced: resync requests and claim outcomes."""
@@ -367,12 +262,6 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         self._append(record)
         self.flush()
 
-    def _guard(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as exc:  # noqa: BLE001 — recording must never break the caller
-            self._failed(exc)
-
     # -- the receiver's observer (under the cache lock) -------------------------------------
 
     def claim_resolved(self, claim_id: str, source: str, outcome: Outcome) -> None:
@@ -406,18 +295,11 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         """A control message was applied (scheduler) or handled (reporter)."""
         if self._receiver is not None:
             self._record_step([RX_CONTROL, now, body], sends, now)
-        elif self.enabled:
-            self._guard(self._append, [RX_CONTROL, now, body])
+        else:
+            super().control(body, now, sends)
 
-    def dropped(self, body: bytes, plane: str, offset: int | None, now: float) -> None:
-        """An invalid message was dropped before the receiver (recorded, never replayed)."""
-        if self.enabled:
-            try:
-                data = bytes(body[:DROPPED_BODY_LIMIT]) if isinstance(
-                    body, (bytes, bytearray, memoryview)) else repr(body)[:1024].encode()
-                self._append([RX_DROPPED, now, plane, offset, data])
-            except Exception as exc:  # noqa: BLE001
-                self._failed(exc)
+    # dropped and sent (drops and claims cast, without the step's effects) are recorded as
+    # for a reporter: ReporterRecorder's
 
     def tick(self, now: float, sends: Sequence[Send]) -> None:
         self._record_step([TICK, now], sends, now)
@@ -426,23 +308,10 @@ class Recorder(CacheObserver, DecisionObserver, ReporterObserver):
         """``cache.load`` fed a saved source back to the receiver."""
         self._record_step([RESTORE, now, codec.encode(snapshot)], None, now)
 
-    # -- both roles ----------------------------------------------------------------------------
-
-    def sent(self, to: str | None, message: Message, now: float) -> None:
-        """A control message went out (a claim; a reporter's claim result or resync answer)."""
-        if self.enabled:
-            self._guard(lambda: self._append([TX, now, to, codec.encode(message)]))
-
-    def published(self, body: bytes, now: float) -> None:
-        """A reporter published ``body`` on the stream."""
-        if self.enabled:
-            self._guard(self._append, [PUBLISHED, now, body])
-
-    def note(self, now: float, text: str) -> None:
-        if self.enabled:
-            self._guard(self._append, [NOTE, now, text])
+    # -- the drop-in's decision log (nova/decision_log.py: its StepObserver) -------------------
 
     def host_manager_step(self, now: float, step: dict[str, Any]) -> None:
+        """A step of a decision made outside the engine, plain data (a HOST_MANAGER record)."""
         if self.enabled:
             self._guard(self._append, [HOST_MANAGER, now, step])
 
@@ -535,27 +404,11 @@ def _spec_summary(spec: RequestSpec) -> dict[str, Any]:
 # configuration and the simulator's hook
 
 
-def check_conf(conf: cfg.ConfigOpts) -> None:
-    """What :func:`from_conf` refuses (OperatorError), without opening a log: a process that
-    forks its workers checks this before the fork."""
-    group = conf.update_log
-    if not group.enabled:
-        return
-    if not group.directory:
-        raise OperatorError("[update_log] enabled = true needs [update_log] directory")
-    check_state_dir(group.directory, "[update_log] directory")
-
-
 def from_conf(conf: cfg.ConfigOpts) -> Recorder | None:
-    """A detached recorder if ``[update_log] enabled``, else None (see conf/updatelog.py)."""
-    check_conf(conf)
-    group = conf.update_log
-    if not group.enabled:
-        return None
-    return Recorder(group.directory, max_file_bytes=group.max_file_bytes,
-                    checkpoint_interval=group.checkpoint_interval,
-                    max_total_bytes=group.max_total_bytes or None,
-                    max_age=group.max_age or None)
+    """A detached recorder if ``[update_log] enabled``, else None (see
+    :mod:`transport.updatelog.opts`, whose :func:`check_conf` is re-exported here)."""
+    params = recorder_params(conf)
+    return None if params is None else Recorder(**params)
 
 
 class RunRecording:
@@ -621,4 +474,4 @@ def record_run(directory: str, **params: Any) -> RunRecording:
     return RunRecording(directory, **params)
 
 
-__all__ = ["RecordedReporter", "Recorder", "RunRecording", "from_conf", "record_run"]
+__all__ = ["RecordedReporter", "Recorder", "RunRecording", "check_conf", "from_conf", "record_run"]

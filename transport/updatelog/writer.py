@@ -39,7 +39,7 @@ from typing import Any
 import msgpack
 
 from protocol import hashing
-from shared_host_manager.updatelog.format import (
+from transport.updatelog.format import (
     DEFAULT_BUFFER_BYTES,
     FRAME,
     HEADER,
@@ -47,7 +47,7 @@ from shared_host_manager.updatelog.format import (
     frame,
     part_paths,
 )
-from shared_host_manager.updatelog.reader import LogReader
+from transport.updatelog.reader import LogReader
 
 LOG = logging.getLogger(__name__)
 
