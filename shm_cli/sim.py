@@ -5,7 +5,8 @@ every claim) and M schedulers of each chosen host-manager mode on the same
 seeded workload, prints a progress bar and a comparison table, and writes
 the figures as JSON (``--json``) and a plot (``--plot``).  With
 ``--processes P`` (shared mode over RabbitMQ) the schedulers run as P
-processes of their own (:mod:`simulator.processes`).
+processes of their own (:mod:`simulator.processes`), and with
+``--reporter-processes M`` the reporters as M more (:mod:`simulator.reporter_processes`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
                         "of the clients; the compute nodes and the workload stay in this process. "
                         "Needs --transport rabbit://...; with --host-manager all, legacy and "
                         "caching still run in-process")
+    p.add_argument("--reporter-processes", type=int, metavar="M",
+                   help="with --processes (shared mode over RabbitMQ): spread the hosts over M "
+                        "reporter processes of their own, each serving its share with real "
+                        "reporters on the stream and the broker; the workload, the churn and "
+                        "every figure stay in this process")
     p.add_argument("--db-url", help="SQLAlchemy URL of the legacy/caching database "
                                     "(default: a temporary SQLite file), e.g. "
                                     "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -155,6 +161,7 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
     unsupported = [flag for flag, given in (
         ("--processes", args.processes is not None), ("--record", bool(args.record)),
+        ("--reporter-processes", args.reporter_processes is not None),
         ("--transport", args.transport != "fake"), ("--plot", bool(args.plot)),
         ("--host-subset-size", args.host_subset_size is not None),
         ("--nvh-checks", args.nvh_checks != SimConfig.nvh_checks),

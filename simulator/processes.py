@@ -8,7 +8,9 @@ in process ``i % P``, each a real :class:`~simulator.modes.SharedScheduler`
 (a :class:`~shared_host_manager.decision.manager.SchedulerManager`) with its own
 stream consumer and RPC server.  The compute side stays in the main process:
 the reporters arbitrating every claim, the seeded :class:`Workload`, the churn
-(boots and the matching deletions) and every figure.
+(boots and the matching deletions) and every figure -- the reporters too move out
+with ``--reporter-processes`` (:mod:`simulator.reporter_processes`, which builds on
+the hooks here: :class:`ChildProcess`, ``_source_first_changes``, ``_children``).
 
 Clients.  Client ``c`` uses scheduler ``c % M`` (as in-process) and runs as a
 thread *inside that scheduler's process*, so decisions never cross a process
@@ -157,6 +159,8 @@ class _Child:
                     self.ctl.send(("quality", [scheduler_sums(s) for s in self.schedulers]))
                 elif kind == "versions":
                     self.ctl.send(("versions", [s.versions() for s in self.schedulers]))
+                elif kind == "cpu":
+                    self.ctl.send(("cpu", time.process_time()))
                 elif kind == "stop":
                     break
         finally:
@@ -244,24 +248,22 @@ class ChildGone(RuntimeError):
     """A scheduler process exited (or its pipe broke) before answering."""
 
 
-class SchedulerProcess:
-    """The main process's handle on one scheduler process (what ``Simulation.schedulers`` holds)."""
+class ChildProcess:
+    """The main process's handle on one spawned child: its control pipe (one request, one
+    answer, under a lock) and its life cycle.  ``target(*args, ctl)`` runs in the child;
+    ``theirs`` are the child's ends of other pipes (closed here once it holds them),
+    ``mine`` the main process's ends of those (closed when the child is asked to stop)."""
 
-    def __init__(self, ctx: Any, index: int, run: dict[str, Any], settings: list[ModeSettings],
-                 clients: dict[int, tuple[int, Connection, Connection]]) -> None:
-        self.index = index
-        self.name = f"scheduler process {index} ({', '.join(s.name for s in settings)})"
-        #: client index -> the main process's end of its pipe
-        self.conns = {c: mine for c, (_, mine, _) in clients.items()}
-        self._theirs = [theirs for _, _, theirs in clients.values()]
+    def __init__(self, ctx: Any, name: str, process_name: str, target: Any, args: tuple,
+                 mine: list[Connection], theirs: list[Connection]) -> None:
+        self.name = name
+        self._mine = mine
+        self._theirs = theirs
         self.ctl, self._ctl_theirs = ctx.Pipe()
         self._lock = threading.Lock()
         self._stopping = False
-        self.process = ctx.Process(
-            target=_child_main, name=f"shm-sim-scheduler-{index}", daemon=True,
-            args=(index, run, settings,
-                  [(c, local, theirs) for c, (local, _, theirs) in clients.items()],
-                  self._ctl_theirs))
+        self.process = ctx.Process(target=target, name=process_name, daemon=True,
+                                   args=(*args, self._ctl_theirs))
 
     def start(self) -> None:
         self.process.start()
@@ -299,8 +301,9 @@ class SchedulerProcess:
         return self.expect(kind)
 
     def begin_stop(self) -> None:
-        """Ask the child to stop (its clients, if any still wait for a request, end now)."""
-        for conn in self.conns.values():
+        """Ask the child to stop (its other pipes close: a client still waiting for a
+        request ends now)."""
+        for conn in self._mine:
             conn.close()
         if not self._stopping and self.process.pid is not None and self.process.is_alive():
             self._stopping = True
@@ -310,9 +313,9 @@ class SchedulerProcess:
                 pass
 
     def stop(self) -> None:
-        """Stop the child's schedulers and wait for it to exit; nothing outlives the run."""
+        """Let the child stop what it runs and wait for it to exit; nothing outlives the run."""
         if self.process.pid is None:  # never started
-            for conn in (*self.conns.values(), *self._theirs, self._ctl_theirs, self.ctl):
+            for conn in (*self._mine, *self._theirs, self._ctl_theirs, self.ctl):
                 conn.close()
             return
         self.begin_stop()
@@ -333,6 +336,21 @@ class SchedulerProcess:
             self.ctl.close()
 
 
+class SchedulerProcess(ChildProcess):
+    """The main process's handle on one scheduler process (what ``Simulation.schedulers`` holds)."""
+
+    def __init__(self, ctx: Any, index: int, run: dict[str, Any], settings: list[ModeSettings],
+                 clients: dict[int, tuple[int, Connection, Connection]]) -> None:
+        self.index = index
+        #: client index -> the main process's end of its pipe
+        self.conns = {c: mine for c, (_, mine, _) in clients.items()}
+        super().__init__(
+            ctx, f"scheduler process {index} ({', '.join(s.name for s in settings)})",
+            f"shm-sim-scheduler-{index}", _child_main,
+            (index, run, settings, [(c, local, theirs) for c, (local, _, theirs) in clients.items()]),
+            list(self.conns.values()), [theirs for _, _, theirs in clients.values()])
+
+
 class ProcessSimulation(Simulation):
     """The shared mode with its schedulers in ``cfg.processes`` processes (module docstring)."""
 
@@ -342,6 +360,7 @@ class ProcessSimulation(Simulation):
         super().__init__(cfg, mode)
         self._conns: dict[int, Connection] = {}
         self._process_of: dict[int, SchedulerProcess] = {}
+        self._cpu: dict[str, tuple[float, float]] = {}
 
     def _start_schedulers(self) -> None:
         cfg = self.cfg
@@ -374,11 +393,7 @@ class ProcessSimulation(Simulation):
         wait_until(self._caught_up, 60, "scheduler processes to catch up with the stream")
 
     def _caught_up(self) -> bool:
-        published = {}
-        for reporter in self.reporters:
-            with reporter.manager._lock:
-                for s, m in reporter.manager.machines.items():
-                    published[s] = m.version
+        published = self._published_versions()
         return all(all(views.get(s, (-1, -1)) >= version for s, version in published.items())
                    for proc in self.schedulers for views in proc.request(("versions",), "versions")[1])
 
@@ -416,15 +431,38 @@ class ProcessSimulation(Simulation):
         """The children sample their own views; this starts them (and their clients) and,
         when the run is over, turns their samples into staleness figures."""
         try:
+            cpu_before = self._cpu_seconds()
             for proc in self.schedulers:
                 proc.send(("go",))
             stop.wait()
+            self._cpu = self._cpu_seconds(cpu_before)
             samples: list[Sample] = []
             for proc in self.schedulers:
                 samples.extend(proc.request(("finish",), "samples")[1])
-            self.metrics.staleness_s.extend(staleness(samples, self._first_change))
+            self.metrics.staleness_s.extend(staleness(samples, self._source_first_changes()))
         except Exception as exc:  # fails the run like a broken client
             self.client_errors.append(f"staleness sampling: {type(exc).__name__}: {exc}")
+
+    def _source_first_changes(self) -> dict[tuple[str, int, int], float]:
+        """When each version's first change was made, at its source (every one made so far)."""
+        return self._first_change
+
+    def _children(self) -> list[ChildProcess]:
+        """Every process of the run but this one."""
+        return list(self.schedulers)
+
+    def _cpu_seconds(self, since: dict[str, tuple[float, float]] | None = None
+                     ) -> dict[str, tuple[float, float]]:
+        """Each process's CPU seconds so far and when they were read (``since``: the
+        difference from that reading instead)."""
+        now = {"main": (time.process_time(), time.monotonic())}
+        for proc in self._children():
+            cpu = proc.request(("cpu",), "cpu")[1]
+            now[proc.process.name.removeprefix("shm-sim-")] = (cpu, time.monotonic())
+        if since is None:
+            return now
+        return {name: (cpu - since[name][0], at - since[name][1])
+                for name, (cpu, at) in now.items() if name in since}
 
     def _views(self) -> list[dict[str, tuple[tuple[int, int], bytes | None]]]:
         return [views for proc in self.schedulers for views in proc.request(("views",), "views")[1]]
@@ -445,7 +483,11 @@ class ProcessSimulation(Simulation):
     def _figures(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         out = super()._figures(*args, **kwargs)
         out["scheduler_processes"] = self.cfg.processes
+        # the share of one core each process took while the clients ran (the main process:
+        # every thread of it, clients' servers, churn, oracle, in-process reporters)
+        out["cpu_pct_per_process"] = {name: round(100.0 * cpu / wall, 1) if wall > 0 else None
+                                      for name, (cpu, wall) in self._cpu.items()}
         return out
 
 
-__all__ = ["ProcessSimulation", "SchedulerProcess", "staleness"]
+__all__ = ["ChildGone", "ChildProcess", "ProcessSimulation", "SchedulerProcess", "staleness"]

@@ -3,7 +3,8 @@
 :func:`run` runs every requested mode one after the other (a
 :class:`~simulator.simulation.Simulation`, or a
 :class:`~simulator.processes.ProcessSimulation` for the shared mode with
-``--processes``), then puts the figures side by side: :func:`summary_table`
+``--processes``, a :class:`~simulator.reporter_processes.ReporterProcessSimulation`
+with ``--reporter-processes`` too), then puts the figures side by side: :func:`summary_table`
 is the table ``shm sim`` prints, the returned dict the JSON it writes.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from simulator.processes import ProcessSimulation
+from simulator.reporter_processes import ReporterProcessSimulation
 from simulator.simulation import SimConfig, Simulation, check_config
 
 MODES = ("shared", "legacy", "caching")
@@ -20,8 +22,10 @@ MODES = ("shared", "legacy", "caching")
 
 def run_mode(cfg: SimConfig, mode: str) -> dict[str, Any]:
     check_config(cfg)
-    if cfg.processes and mode == "shared":
-        sim: Simulation = ProcessSimulation(cfg, mode)
+    if cfg.processes and cfg.reporter_processes and mode == "shared":
+        sim: Simulation = ReporterProcessSimulation(cfg, mode)
+    elif cfg.processes and mode == "shared":
+        sim = ProcessSimulation(cfg, mode)
     else:
         sim = Simulation(cfg, mode)
     try:
@@ -86,6 +90,8 @@ def summary_table(report: dict[str, Any]) -> str:
     names = list(results)
     if any("scheduler_processes" in r for r in results.values()):
         rows.insert(0, ("scheduler processes", "scheduler_processes"))
+    if any("reporter_processes" in r for r in results.values()):
+        rows.insert(1, ("reporter processes", "reporter_processes"))
     width = max(len(r[0]) for r in rows) + 2
     table: list[tuple[str, list[str]]] = []
     for label, key in rows:
@@ -102,7 +108,7 @@ def summary_table(report: dict[str, Any]) -> str:
                 value = _by_choice(r.get(key))
             else:
                 value = r.get(key)
-            if key == "scheduler_processes" and not value:
+            if key in ("scheduler_processes", "reporter_processes") and not value:
                 value = "in-process"
             if isinstance(value, float):
                 value = f"{value:.2f}"

@@ -21,7 +21,10 @@ All parties run in this process as threads (the GIL makes them share one
 core's worth of Python, whatever the mode, so the modes compare fairly) --
 except with ``processes`` (``shm sim --processes P``, shared mode over
 RabbitMQ): the schedulers and their clients then run in P processes of their
-own, as deployed (:mod:`simulator.processes`).
+own, as deployed (:mod:`simulator.processes`), and with ``reporter_processes``
+the reporters too (:mod:`simulator.reporter_processes`), through the hooks
+``_release``, ``_truth``, ``_published``, ``_published_versions``,
+``_stop_drift``, ``_reporters_sent`` and ``_stop_reporters``.
 """
 
 from __future__ import annotations
@@ -105,6 +108,9 @@ class SimConfig(RunShape):
     record: str | None = None
     #: shared mode over RabbitMQ: run the schedulers in this many processes (None: in-process)
     processes: int | None = None
+    #: with ``processes``: spread the hosts' reporters over this many processes (None: in the
+    #: main process)
+    reporter_processes: int | None = None
     #: the NoValidHost oracle: at most this many checks per run, at most this share of a core
     nvh_checks: int = NVH_ORACLE_CHECKS
     nvh_oracle_share: float = NVH_ORACLE_SHARE
@@ -138,6 +144,10 @@ def check_config(cfg: SimConfig) -> None:
         raise ValueError("--record records in-process runs; drop --processes (or record each "
                          "scheduler process with [update_log] in its own configuration)")
     if cfg.processes is None:
+        if cfg.reporter_processes is not None:
+            raise ValueError("--reporter-processes needs --processes (and --transport "
+                             "rabbit://...): the reporters leave the main process only beside "
+                             "the schedulers")
         return
     if cfg.processes < 1:
         raise ValueError("--processes must be at least 1")
@@ -151,6 +161,17 @@ def check_config(cfg: SimConfig) -> None:
     if cfg.processes > cfg.schedulers:
         raise ValueError(f"--processes {cfg.processes} exceeds --schedulers {cfg.schedulers}: "
                          "each process runs at least one scheduler")
+    if cfg.reporter_processes is None:
+        return
+    if cfg.reporter_processes < 1:
+        raise ValueError("--reporter-processes must be at least 1")
+    if cfg.host_manager != "shared":
+        raise ValueError("--reporter-processes applies to the shared host manager only "
+                         "(--host-manager shared): legacy and caching write their database "
+                         "from in-process reporters")
+    if cfg.reporter_processes > cfg.nodes:
+        raise ValueError(f"--reporter-processes {cfg.reporter_processes} exceeds --nodes "
+                         f"{cfg.nodes}: each reporter process serves at least one host")
 
 
 @dataclass
@@ -560,8 +581,12 @@ class Simulation:
             self.workload.booted(spec, placed)
             deletions = [d for d in (self.workload.pick_deletion() for _ in placed) if d]
         for instance, source in deletions:
-            self.reporter_of[source].manager.release(source, instance, self.clock())
-            self.reporter_of[source].wake()
+            self._release(source, instance)
+
+    def _release(self, source: str, instance: str) -> None:
+        """Delete ``instance`` from ``source``, at the reporter that owns the host."""
+        self.reporter_of[source].manager.release(source, instance, self.clock())
+        self.reporter_of[source].wake()
 
     def _check_no_valid_host(self, spec: Any, decided_at: float,
                              held: Mapping[str, tuple[int, int]] | None = None) -> None:
@@ -650,8 +675,7 @@ class Simulation:
         bus_after = self.transport.stats()
         db_statements = (self.db.statements - db_before) if self.db else 0
         # quiesce: no more drift, let the views catch up
-        for reporter in self.reporters:
-            reporter.tracker.stop()
+        self._stop_drift()
         converged = self._converged(timeout=2 * cfg.heartbeat_interval + 2)
         truth = self._truth()
         over = sum(1 for _, _, doc in truth.values() if overcommitted(doc.get("compute", {})))
@@ -668,6 +692,11 @@ class Simulation:
                 key.removeprefix("rejected_"): int(n) for key, n in sorted(sums.items())
                 if key.startswith("rejected_")}
         return out
+
+    def _stop_drift(self) -> None:
+        """Stop every host's background changes (the run is over)."""
+        for reporter in self.reporters:
+            reporter.tracker.stop()
 
     def quality_sums(self) -> dict[str, float]:
         """The schedulers' placement-quality sums (:func:`scheduler_sums`), added up."""
@@ -755,7 +784,7 @@ class Simulation:
             out["broker_messages_per_s"] = round((bus_after[0] - bus_before[0]) / elapsed, 1)
             out["broker_bytes_per_s"] = round((bus_after[1] - bus_before[1]) / elapsed, 1)
         else:
-            published = sum(r.stats["published"] + r.stats["casts"] for r in self.reporters)
+            published = self._reporters_sent()
             out["broker_messages_per_s"] = round(published / elapsed, 1)
             out["broker_bytes_per_s"] = None
         out["_staleness_s"] = m.staleness_s
@@ -763,14 +792,22 @@ class Simulation:
         out["_e2e_s"] = m.e2e_s
         return out
 
+    def _reporters_sent(self) -> int:
+        """Messages the reporters have sent so far: batches published and answers cast."""
+        return sum(r.stats["published"] + r.stats["casts"] for r in self.reporters)
+
+    def _stop_reporters(self) -> None:
+        """Stop the reporters (after the schedulers: their goodbyes go out last)."""
+        for reporter in self.reporters:
+            reporter.stop()
+
     def stop(self) -> None:
         for sched in self.schedulers:
             try:
                 sched.stop()
             except Exception as exc:
                 print(f"warning: stopping {sched.name}: {exc}", file=sys.stderr)
-        for reporter in self.reporters:
-            reporter.stop()
+        self._stop_reporters()
         if self.recording is not None:
             self.recording.close()
             for (role, name), path in sorted(self.recording.logs().items()):

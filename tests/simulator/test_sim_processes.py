@@ -98,3 +98,66 @@ def test_staleness_from_samples_and_first_changes():
         ("h2", 1, 7, 11.25),  # epoch 1 is over: behind since epoch 2's first change
     ]
     assert staleness(samples, first) == [0.5, 0.0, 0.0, 0.0, 0.25]
+
+
+@pytest.mark.rabbit
+@pytest.mark.slow
+def test_reporter_processes_keep_the_invariants(rabbit, tmp_path, monkeypatch):
+    closed: list = []
+    close = run_transport.RunTransport.close
+
+    def recording_close(self):
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(run_transport.RunTransport, "close", recording_close)
+    out = tmp_path / "reporters.json"
+    code = sim_cmd.main(["--host-manager", "shared", "--nodes", "40", "--schedulers", "2",
+                         "--processes", "2", "--reporter-processes", "2",
+                         "--hosts-per-reporter", "15", "--duration", "4", "--clients", "4",
+                         "--heartbeat-interval", "1", "--transport", rabbit, "--quiet",
+                         "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())["results"]["shared"]
+    assert result["reporter_processes"] == 2 and result["scheduler_processes"] == 2
+    assert result["scheduled"] > 0
+    assert result["overcommitted_hosts"] == 0
+    assert result["timed_out"] == 0
+    assert result["converged"]
+    # the source-side times came back from the reporter processes: staleness is measured
+    assert result["staleness_samples"] > 0
+    assert result["staleness_ms_p50"] is not None and result["staleness_ms_p99"] is not None
+    assert result["broker_messages_per_s"] > 0
+    assert set(result["cpu_pct_per_process"]) == {
+        "main", "scheduler-0", "scheduler-1", "reporter-0", "reporter-1"}
+    # clean shutdown: no process left, the run's stream and every reporter's queue deleted
+    assert mp.active_children() == []
+    (owner,) = [t for t in closed if t.owner]
+    names = [owner.stream, *owner.topics, *owner.queues]
+    # 20 hosts per process in reporters of at most 15: reporter-0..3, named over the cloud
+    assert {n.rsplit(".", 1)[1] for n in owner.queues if n.startswith(owner.topics[0])} == {
+        "reporter-0", "reporter-1", "reporter-2", "reporter-3"}
+    assert [n for n in names if _queue_exists(n)] == []
+
+
+RABBIT = ["--transport", "rabbit://guest:guest@h:5672/"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--reporter-processes", "2", *RABBIT], "--reporter-processes needs --processes"),
+    (["--reporter-processes", "2", "--processes", "2"], "--processes needs --transport rabbit://"),
+    (["--reporter-processes", "2", "--processes", "2", "--host-manager", "all", *RABBIT],
+     "--reporter-processes applies to the shared host manager only"),
+    (["--reporter-processes", "0", "--processes", "2", "--host-manager", "shared", *RABBIT],
+     "--reporter-processes must be at least 1"),
+    (["--reporter-processes", "11", "--processes", "2", "--host-manager", "shared",
+      "--nodes", "10", *RABBIT], "--reporter-processes 11 exceeds --nodes 10"),
+    (["--scheduler", "nova", "--reporter-processes", "2"], "--reporter-processes"),
+])
+def test_reporter_processes_refuse_what_cannot_run(argv, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sim_cmd.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
