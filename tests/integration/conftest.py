@@ -14,6 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from kombu import Connection
@@ -147,3 +148,30 @@ def delete_broker_queues(rabbit_url: str) -> Callable[[list[str]], None]:
             delete_queues(rabbit_url, names)
 
     return run
+
+
+#: the RPC servers the services tests start (``<topic>.<server>``): their queues go after a test
+SERVER_NAMES = ("r0", "r1", "r2", "r", "s0", "s1", "s2", "s", "late", "early")
+
+
+@pytest.fixture
+def planes(rabbit_url: str, oslo_rabbit_url: str, stream_name: str,
+           delete_broker_queues: Callable[[list[str]], None]) -> Iterator[Any]:
+    """The real data plane (a kombu stream) and control plane (oslo.messaging) of one test,
+    with fresh reporter and scheduler topics; their queues are removed after the test."""
+    from oslo_config import cfg
+
+    from transport import no_eventlet  # noqa: F401  (before oslo_messaging)
+    from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
+    from transport.oslo_rpc import OsloRpcControlPlane
+
+    conf = cfg.ConfigOpts()
+    conf([])
+    data = KombuStreamDataPlane(StreamSettings(url=rabbit_url, name=stream_name))
+    control = OsloRpcControlPlane(conf, oslo_rabbit_url)
+    suffix = uuid.uuid4().hex[:8]
+    topics = (f"shm-it-reporter-{suffix}", f"shm-it-scheduler-{suffix}")
+    yield data, control, topics
+    control.close()
+    data.close()
+    delete_broker_queues([*topics] + [f"{t}.{s}" for t in topics for s in SERVER_NAMES])

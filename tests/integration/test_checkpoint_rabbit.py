@@ -7,35 +7,14 @@ source active at the reporter's versions without asking the sources for snapshot
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from oslo_config import cfg
 from svc_harness import converged, make_reporter, make_scheduler, quiesce, wait_for
 
-from shared_host_manager import checkpoint
 from transport import no_eventlet  # noqa: F401  (before oslo_messaging)
-from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
-from transport.oslo_rpc import OsloRpcControlPlane
 
 pytestmark = [pytest.mark.rabbit, pytest.mark.slow]
 
 HOSTS = 200
-
-
-@pytest.fixture
-def planes(rabbit_url, oslo_rabbit_url, stream_name, delete_broker_queues):
-    conf = cfg.ConfigOpts()
-    conf([])
-    data = KombuStreamDataPlane(StreamSettings(url=rabbit_url, name=stream_name))
-    control = OsloRpcControlPlane(conf, oslo_rabbit_url)
-    suffix = uuid.uuid4().hex[:8]
-    topics = (f"shm-it-reporter-{suffix}", f"shm-it-scheduler-{suffix}")
-    yield data, control, topics
-    control.close()
-    data.close()
-    delete_broker_queues([stream_name + checkpoint.SUFFIX, *topics]
-                         + [f"{t}.{s}" for t in topics for s in ("r", "s0", "s1", "s2")])
 
 
 def test_a_newcomer_restores_the_checkpoint_and_is_active_for_every_source(planes):

@@ -13,7 +13,6 @@ import uuid
 
 import msgpack
 import pytest
-from oslo_config import cfg
 from svc_harness import converged, make_reporter, make_scheduler, quiesce, wait_for
 
 from protocol.codec import Decoder, Encoder
@@ -22,27 +21,9 @@ from protocol.messages import Batch, Claim, Delta
 from protocol.receiver import Outcome
 from protocol.signing import Keyring
 from transport import no_eventlet  # noqa: F401  (before oslo_messaging)
-from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
-from transport.oslo_rpc import OsloRpcControlPlane
 from transport.rpcapi import peer_topic
 
 pytestmark = pytest.mark.rabbit
-
-
-@pytest.fixture
-def planes(rabbit_url, oslo_rabbit_url, stream_name, delete_broker_queues):
-    conf = cfg.ConfigOpts()
-    conf([])
-    data = KombuStreamDataPlane(StreamSettings(url=rabbit_url, name=stream_name))
-    control = OsloRpcControlPlane(conf, oslo_rabbit_url)
-    suffix = uuid.uuid4().hex[:8]
-    topics = (f"shm-it-reporter-{suffix}", f"shm-it-scheduler-{suffix}")
-    yield data, control, topics
-    control.close()
-    data.close()
-    delete_broker_queues([t for t in topics] + [f"{t}.{s}" for t in topics
-                                                      for s in ("r0", "r1", "r2", "r", "s0", "s1",
-                                                                "s", "late", "early")])
 
 
 def _start(*services):
