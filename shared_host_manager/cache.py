@@ -59,7 +59,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import msgpack
 
@@ -96,6 +96,25 @@ _SCARCE_TYPES = (ScarceRequest, ScarceAnswer)
 #: on the peer topic: a live peer's claim, announced, or the host's rejection of it, forwarded
 #: by that peer (design §5.2), and the scarce requests and answers
 _PEER_TYPES = (Claim, ClaimResult, *_SCARCE_TYPES)
+
+
+@runtime_checkable
+class IngestListener(Protocol):
+    """A layer above told, under the cache's :attr:`~HostStateCache.lock`, that a receive or
+    tick step ended (:meth:`HostStateCache.add_listener`): the request tracker drains the
+    claim outcomes, the service wakes its catch-up waiters, the placement tap syncs its view.
+    It must not raise (a listener's exception is logged, never stops ingest)."""
+
+    def ingest_done(self) -> None: ...
+
+
+@runtime_checkable
+class MessageListener(Protocol):
+    """A layer above told, under the lock, of every message the receiver took, stream and
+    control, right after it took it (the placement tap notes which providers a delta
+    changed).  A listener that is also one of these is told both."""
+
+    def message_taken(self, msg: Message) -> None: ...
 
 
 class CacheObserver(ReceiverObserver, Protocol):
@@ -173,16 +192,23 @@ class HostStateCache:
         self.claim_announcer: Callable[[Claim], None] | None = None
         #: control messages applied, by kind: "resync_answer", "claim_accepted", "claim_rejected"
         self.control_received: Counter[str] = Counter()
-        #: called under :attr:`lock` after every receive and tick, e.g. to drain claim
-        #: outcomes into a request tracker as soon as they arrive
-        self.ingest_listeners: list[Callable[[], None]] = []
-        #: called under :attr:`lock` with every message the receiver took, stream and control,
-        #: right after it took it (the placement tap notes which providers a delta changed)
-        self.message_listeners: list[Callable[[Message], None]] = []
+        #: told under :attr:`lock` after every receive and tick (:meth:`add_listener`)
+        self._ingest_listeners: list[IngestListener] = []
+        #: told under :attr:`lock` of every message the receiver took (:meth:`add_listener`)
+        self._message_listeners: list[MessageListener] = []
         #: the observer (an update log), see :meth:`set_recorder`
         self.recorder: CacheObserver | None = None
         if recorder is not None:
             self.set_recorder(recorder)
+
+    def add_listener(self, listener: IngestListener | MessageListener) -> None:
+        """Tell ``listener`` of ingest from now on, through the interfaces it implements
+        (:class:`IngestListener`, :class:`MessageListener`, or both)."""
+        with self.lock:
+            if isinstance(listener, IngestListener):
+                self._ingest_listeners.append(listener)
+            if isinstance(listener, MessageListener):
+                self._message_listeners.append(listener)
 
     def set_recorder(self, recorder: CacheObserver) -> None:
         """Make ``recorder`` this cache's and its receiver's observer (at most one, ever)."""
@@ -228,8 +254,8 @@ class HostStateCache:
                         recorder.dropped(body, "stream", offset, now)
                 else:
                     out = receive(msg, now)
-                    for listener in self.message_listeners:
-                        listener(msg)
+                    for listener in self._message_listeners:
+                        listener.message_taken(msg)
                     if recorder is not None:
                         recorder.stream(body, offset, now, out)
                     sends.extend(out)
@@ -257,8 +283,8 @@ class HostStateCache:
             self.apply_peer_claims()
             now = self.clock()
             sends = self.receiver.receive(msg, now)
-            for listener in self.message_listeners:
-                listener(msg)
+            for listener in self._message_listeners:
+                listener.message_taken(msg)
             if self.recorder is not None:
                 self.recorder.control(body, now, sends)
             self.messages += 1
@@ -312,8 +338,8 @@ class HostStateCache:
             body, msg = inbox.popleft()
             now = self.clock()
             sends = self.receiver.receive(msg, now)
-            for listener in self.message_listeners:
-                listener(msg)
+            for listener in self._message_listeners:
+                listener.message_taken(msg)
             if self.recorder is not None:
                 self.recorder.control(body, now, sends)
             self.messages += 1
@@ -373,9 +399,9 @@ class HostStateCache:
     def _notify(self) -> None:
         if self.fences:
             self._applied.notify_all()
-        for listener in self.ingest_listeners:
+        for listener in self._ingest_listeners:
             try:
-                listener()
+                listener.ingest_done()
             except Exception:  # a listener's bug must not stop ingest
                 LOG.exception("cache ingest listener failed")
 

@@ -14,7 +14,7 @@ Life cycle::
                peer thread    --> the peer topic: peers' claims and forwarded
                                   rejections --> cache.ingest_peer_claim;
                                   a peer's scarce request, or the answer to ours,
-                                  --> on_scarce (the decider's, design §5.4)
+                                  --> the decider's PeerRequestHandler (design §5.4)
                timer thread   --> cache.tick every tick_interval (gaps, resync
                                   retries, claim deadlines, down detection),
                                   cache.save every snapshot_interval, this
@@ -67,7 +67,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, Unpack
+from typing import Any, Protocol, Unpack
 
 from oslo_config import cfg
 
@@ -104,6 +104,13 @@ from transport.rpcapi import ReporterAPI, SchedulerAPI, peer_topic
 from transport.startup import check_state_dir
 
 LOG = logging.getLogger(__name__)
+
+
+class PeerRequestHandler(Protocol):
+    """The decider above the service: a request a peer handed to this scheduler, or the
+    answer to one this scheduler handed over (design §5.4), on the peer topic's thread."""
+
+    def peer_request(self, msg: ScarceRequest | ScarceAnswer) -> None: ...
 
 
 class SchedulerService:
@@ -182,16 +189,16 @@ class SchedulerService:
         #: the data plane's own carrier of the peer topic, if it has one (else the control
         #: plane carries it)
         self._peer_plane: ControlPlane | None = None
-        #: the decider's handler of scarce requests handed over by a peer and of the answers
-        #: to ours (design §5.4), called on the control server's thread; None: dropped
-        self.on_scarce: Callable[[ScarceRequest | ScarceAnswer], None] | None = None
+        #: the decider's handler of requests handed over by a peer and of the answers to ours
+        #: (design §5.4), called on the peer topic's thread (set_peer_handler); None: dropped
+        self._peer_handler: PeerRequestHandler | None = None
         self._announcements: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         #: one publication of our own entry at a time (the timer's and catch_up's)
         self._membership_lock = threading.Lock()
         #: catch_up's waiters, woken after every ingest (under the cache lock)
         self._caught_up = threading.Condition(self.cache.lock)
         self._catching_up = 0
-        self.cache.ingest_listeners.append(self._wake_catching_up)
+        self.cache.add_listener(self)
         self._announcer: threading.Thread | None = None
         #: seconds between checkpoints of the whole view (0: none, and none used at start)
         self.checkpoint_interval = checkpoint_interval
@@ -351,14 +358,21 @@ class SchedulerService:
     def _other_peers(self) -> list[str]:
         return [p for p in self.peers if p != self.name]
 
+    def set_peer_handler(self, handler: PeerRequestHandler | None) -> None:
+        """Who decides what peers hand over to this scheduler and takes the answers to what it
+        handed over (the decider: :class:`~shared_host_manager.decision.manager.SchedulerManager`);
+        None: both are dropped."""
+        self._peer_handler = handler
+
     def _on_peer(self, body: bytes) -> None:
         """The peer topic's handler: a peer's claim or forwarded rejection goes to the cache
         (held only while this scheduler announces its own); a scarce request handed to us,
         or the answer to ours, to the decider (design §5.4)."""
         msg = self.cache.ingest_peer_claim(body, hold=self.announce_claims)
         if type(msg) is ScarceRequest or type(msg) is ScarceAnswer:
-            if self.on_scarce is not None:
-                self.on_scarce(msg)
+            handler = self._peer_handler
+            if handler is not None:
+                handler.peer_request(msg)
 
     def _on_control(self, body: bytes) -> None:
         """The control server's handler: the cache ingests; the host's rejection of a claim
@@ -460,7 +474,8 @@ class SchedulerService:
             finally:
                 self._catching_up -= 1
 
-    def _wake_catching_up(self) -> None:  # an ingest listener: under the cache lock
+    def ingest_done(self) -> None:
+        """The cache's IngestListener, under its lock: wake :meth:`catch_up`'s waiters."""
         if self._catching_up:
             self._caught_up.notify_all()
 

@@ -154,7 +154,7 @@ class SchedulerManager:
             self.engine.set_peers(peers)
         self.tracker = RequestTracker(self.engine, keep_finished=64)
         self._waiters: dict[str, _Waiter] = {}
-        service.cache.ingest_listeners.append(self._on_ingest)
+        service.cache.add_listener(self)
         #: our scarce requests a coordinator is deciding, by request id
         self._handed: dict[str, _Waiter] = {}
         self._handed_lock = threading.Lock()
@@ -163,7 +163,7 @@ class SchedulerManager:
         #: their best hosts), answered, decided here for peers, given up on
         self.scarce_stats = {"handed_over": 0, "handed_to_owner": 0, "answered": 0,
                              "decided_for_peers": 0, "timed_out": 0}
-        service.on_scarce = self._on_scarce
+        service.set_peer_handler(self)
         #: NoValidHost decisions made again after catching up with the stream, and how
         #: many of those then claimed hosts ([filter_scheduler] no_valid_host_catch_up)
         self.catch_ups = 0
@@ -184,7 +184,9 @@ class SchedulerManager:
         if self._scarce_workers is not None:
             self._scarce_workers.shutdown(wait=False, cancel_futures=True)
 
-    def _on_ingest(self) -> None:  # under the cache lock
+    def ingest_done(self) -> None:
+        """The cache's IngestListener, under its lock: claim outcomes to the tracker, and the
+        claims of the alternates it claims to the sender thread."""
         outcomes = self.service.receiver.drain_outcomes()
         if not outcomes:
             return
@@ -294,7 +296,7 @@ class SchedulerManager:
                 self.scarce_stats["timed_out"] += 1
         return result
 
-    def _on_scarce(self, msg: ScarceRequest | ScarceAnswer) -> None:
+    def peer_request(self, msg: ScarceRequest | ScarceAnswer) -> None:
         """The peer topic's thread: an answer wakes its caller; a request handed to us
         goes to a worker (deciding waits for claim outcomes, which arrive on this thread)."""
         if type(msg) is ScarceAnswer:

@@ -8,10 +8,10 @@ a delta of three providers costs three applies, not a pass over ten
 thousand:
 
 * :meth:`PlacementTap.note` sees every message the receiver took (the cache's
-  ``message_listeners``, under the cache's lock) and remembers, per
+  ``MessageListener``, under the cache's lock) and remembers, per
   ``(epoch, seq)`` of the feed's deltas, the provider keys they set or
   delete;
-* :meth:`sync` (the cache's ``ingest_listeners``, after each ingest step)
+* :meth:`sync` (the cache's ``IngestListener``, after each ingest step)
   finds the feed's source (the one whose document has ``placement_meta``),
   then: when the source's document is another object than last time (a
   snapshot) or a delta's keys were not noted, compares the whole namespace by
@@ -61,8 +61,15 @@ class PlacementTap:
         self.incremental_syncs = 0
 
     def attach(self, cache: Any) -> None:
-        cache.message_listeners.append(self.note)
-        cache.ingest_listeners.append(self.sync)
+        cache.add_listener(self)
+
+    def message_taken(self, msg: Any) -> None:
+        """The cache's MessageListener (under its lock): :meth:`note`."""
+        self.note(msg)
+
+    def ingest_done(self) -> None:
+        """The cache's IngestListener (under its lock): :meth:`sync`."""
+        self.sync()
 
     # -- under the cache's lock ----------------------------------------------------------
 

@@ -299,7 +299,7 @@ class Scheduler:
         if recorder is not None:  # the cache's recorder logs the decisions too
             self.engine.set_observer(recorder)
         self.tracker = RequestTracker(self.engine, keep_finished=16)
-        cache.ingest_listeners.append(self._on_ingest)
+        cache.add_listener(self)
         self.next_save = self.local(now) + SNAPSHOT_INTERVAL
         if offset is not None and offset + 1 < w.stream_first:
             # the saved offset is gone: as SchedulerService._on_retention_gap
@@ -328,7 +328,8 @@ class Scheduler:
                 if self.cache.recorder is not None:
                     self.cache.recorder.sent(endpoint, claim, self.local(self.world.now))
 
-    def _on_ingest(self) -> None:  # under the cache lock, as SchedulerManager._on_ingest
+    def ingest_done(self) -> None:
+        """The cache's IngestListener, under its lock, as SchedulerManager's."""
         assert self.cache is not None and self.tracker is not None
         outcomes = self.cache.receiver.drain_outcomes()
         if not outcomes:

@@ -125,7 +125,7 @@ def test_racing_scarce_requests_meet_at_the_coordinator_not_at_the_host(cloud):
 
 def test_a_coordinator_that_does_not_answer_leaves_the_request_timed_out(cloud):
     s0, s1, _ = cloud
-    s0.service.on_scarce = None  # it drops what it is handed (as one predating 1.2 would)
+    s0.service.set_peer_handler(None)  # it drops what it is handed (as one predating 1.2 would)
     s1.request_timeout = 0.5
     result = s1.select_destinations(_scarce())
     assert result.timed_out and not result.placed and result.decided_by == "s0"
