@@ -10,7 +10,10 @@ before the claim leaves: index sync, filtering, weighing, the random pick
 among the top hosts, alternates, building the claim, registering it as
 pending, and returning it (not cast here: the transport is not measured).
 Also reported: how many changed rows per second the index recomputes after
-ingest (``index_sync_rows_per_s``).  The request mix exercises the
+ingest (``index_sync_rows_per_s``), and the scheduler's memory per host
+(``rss_per_host_bytes``: the resident set the fast path's receiver, documents,
+index and decision state add once its runs are done, divided by the hosts;
+Linux only, else null).  The request mix exercises the
 per-host-group filters: a third ask for an architecture, a
 fifth for an availability zone, a tenth for aggregate extra specs, a
 twentieth for anti-affinity.
@@ -30,9 +33,11 @@ Usage: ``shm bench decisions --hosts 1000 --json out.json [--runs 5]``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import random
+import resource
 import statistics
 import sys
 import time
@@ -69,6 +74,15 @@ def request_mix(count: int, seed: int) -> list[RequestSpec]:
     return specs
 
 
+def _rss_bytes() -> int | None:
+    """This process's resident set now (not the peak: the peak includes freed set-up garbage)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize()
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _run(engine: DecisionEngine, specs: list[RequestSpec], now: float
          ) -> tuple[float, float, int]:
     """Decide ``specs``: (wall seconds, CPU seconds of this process, NoValidHost count)."""
@@ -92,9 +106,11 @@ def _engine(path: str, hosts: int, seed: int) -> DecisionEngine:
 
 def measure(path: str, hosts: int, decisions: int, runs: int, seed: int) -> dict[str, Any]:
     """``runs`` timed runs of ``decisions`` decisions on ``path``."""
-    setup = time.perf_counter()
+    gc.collect()
+    rss_before = _rss_bytes()
+    setup, setup_cpu = time.perf_counter(), time.process_time()
     engine = _engine(path, hosts, seed)
-    setup_s = time.perf_counter() - setup
+    setup_s, setup_cpu_s = time.perf_counter() - setup, time.process_time() - setup_cpu
     now = 0.0
     rates: list[float] = []
     cpu_rates: list[float] = []
@@ -109,6 +125,12 @@ def measure(path: str, hosts: int, decisions: int, runs: int, seed: int) -> dict
         engine.receiver.tick(now)
         engine.receiver.drain_outcomes()
         engine.index.sync()
+    # after the runs: what a deciding scheduler holds (pending claims expired, index synced);
+    # the synthetic documents stay referenced by the receiver, as decoded ones would
+    gc.collect()
+    rss_after = _rss_bytes()
+    rss_per_host = (None if rss_before is None or rss_after is None
+                    else round((rss_after - rss_before) / hosts))
     return {
         "path": path, "decisions_per_run": decisions,
         "runs": [round(r, 1) for r in rates], "median": round(statistics.median(rates), 1),
@@ -116,25 +138,32 @@ def measure(path: str, hosts: int, decisions: int, runs: int, seed: int) -> dict
         "cpu_runs": [round(r, 1) for r in cpu_rates],
         "cpu_median": round(statistics.median(cpu_rates), 1),
         "no_valid_host": failures, "setup_s": round(setup_s, 3),
+        "setup_cpu_s": round(setup_cpu_s, 3),
+        "rss_before_mb": None if rss_before is None else round(rss_before / 2**20, 1),
+        "rss_after_mb": None if rss_after is None else round(rss_after / 2**20, 1),
+        "rss_per_host_bytes": rss_per_host,
         "filters": [f.name for f in engine.filters],
         "weighers": [w.name for w in engine.weighers],
     }
 
 
-def measure_sync(hosts: int, seed: int, rounds: int = 5) -> float:
-    """Rows per second :meth:`HostIndex.sync` recomputes after deltas (the per-ingest cost)."""
+def measure_sync(hosts: int, seed: int, rounds: int = 5) -> tuple[float, float]:
+    """Rows per second :meth:`HostIndex.sync` recomputes after deltas (the per-ingest cost):
+    per wall second and per CPU second of this process (medians)."""
     receiver = load_receiver(cloud(hosts, seed), name="bench-sync", down_interval=1e12)
     engine = DecisionEngine(receiver, rng=random.Random(seed))
     changed = min(hosts, 2000)
-    rates = []
+    rates, cpu_rates = [], []
     for r in range(rounds):
         for i in range(changed):
             source = f"cn-{i:05d}"
             receiver.receive(Delta(source, 1, r + 1, [[SET, "compute", "num_io_ops", r % 3]]), 0.0)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         engine.index.sync()
         rates.append(changed / (time.perf_counter() - start))
-    return round(statistics.median(rates), 1)
+        cpu_s = time.process_time() - cpu
+        cpu_rates.append(changed / cpu_s if cpu_s > 0 else 0.0)
+    return round(statistics.median(rates), 1), round(statistics.median(cpu_rates), 1)
 
 
 def main(argv: list[str] | None = None, prog: str = "shm bench decisions") -> int:
@@ -171,7 +200,7 @@ def _measure_and_report(args: argparse.Namespace) -> int:
 
     fast = measure(FAST, args.hosts, args.decisions, args.runs, args.seed)
     slow = measure(SLOW, args.hosts, slow_decisions, args.runs, args.seed)
-    sync_rate = measure_sync(args.hosts, args.seed)
+    sync_rate, sync_cpu_rate = measure_sync(args.hosts, args.seed)
     result = {
         "benchmark": "decisions",
         "hosts": args.hosts,
@@ -179,6 +208,9 @@ def _measure_and_report(args: argparse.Namespace) -> int:
         "slow_decisions_per_s": slow["median"],
         "ratio": round(fast["median"] / slow["median"], 1) if slow["median"] else None,
         "index_sync_rows_per_s": sync_rate,
+        "index_sync_rows_per_cpu_s": sync_cpu_rate,
+        # measured around the fast path, which runs first: the slow path's engine is built later
+        "rss_per_host_bytes": fast["rss_per_host_bytes"],
         "gc_young_threshold": args.gc_young_threshold,
         "fast": fast,
         "slow": slow,
@@ -191,7 +223,12 @@ def _measure_and_report(args: argparse.Namespace) -> int:
         print(f"  {name} path: {m['median']:>10.1f} decisions/s   runs {m['runs']}   "
               f"per CPU second {m['cpu_median']:.1f}")
     print(f"  ratio:     {result['ratio']}x (fast / slow)")
-    print(f"  index sync after ingest: {sync_rate:.0f} changed rows/s")
+    print(f"  index sync after ingest: {sync_rate:.0f} changed rows/s, "
+          f"per CPU second {sync_cpu_rate:.0f}")
+    if fast["rss_per_host_bytes"] is not None:
+        print(f"  memory: {fast['rss_per_host_bytes']} bytes per host (resident set "
+              f"{fast['rss_before_mb']} -> {fast['rss_after_mb']} MB); set-up "
+              f"{fast['setup_s']} s, {fast['setup_cpu_s']} s CPU")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=2)

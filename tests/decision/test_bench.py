@@ -32,3 +32,23 @@ def test_bench_plugs_into_the_shm_bench_registry(tmp_path, monkeypatch):
     assert bench.main(["decisions", "--hosts", "20", "--runs", "1", "--decisions", "5",
                        "--slow-decisions", "2", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["hosts"] == 20
+
+
+def test_bench_decisions_reports_memory_per_host(tmp_path):
+    import sys
+
+    out = tmp_path / "bench.json"
+    assert bench_decisions.main(["--hosts", "200", "--runs", "1", "--decisions", "10",
+                                 "--slow-decisions", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    fast = result["fast"]
+    assert fast["setup_cpu_s"] > 0 and result["index_sync_rows_per_cpu_s"] > 0
+    if sys.platform.startswith("linux"):
+        # inside a test run the process may reuse memory freed by earlier tests, so only the
+        # fields' presence and a sane upper bound are stable, not the figure itself
+        assert result["rss_per_host_bytes"] == fast["rss_per_host_bytes"]
+        assert isinstance(fast["rss_per_host_bytes"], int)
+        assert fast["rss_before_mb"] > 0 and fast["rss_after_mb"] > 0
+        assert result["rss_per_host_bytes"] < 1_000_000
+    else:
+        assert result["rss_per_host_bytes"] is None
