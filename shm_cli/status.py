@@ -20,8 +20,9 @@ flight, a change not yet published) is not reported; the sources that never
 agreed are named, with what each party holds.
 
 Exit status: 0 all reachable (and, with --verify, converged); 1 a process is
-unhealthy or, with --verify, sources differ; 2 usage, or a process could not
-be read.
+unhealthy (with --verify: once the verification ended, so that a scheduler still
+starting when it began is not counted) or, with --verify, sources differ; 2
+usage, or a process could not be read.
 """
 
 from __future__ import annotations
@@ -373,10 +374,25 @@ def main(argv: list[str] | None = None, prog: str = "shm status") -> int:
     if args.verify:
         try:
             verified = verify(urls, args.timeout, args.interval, console, args.limit)
+            if verified != EXIT_USAGE:
+                # the table is each process before the verification: one still starting then
+                # (a restarted scheduler restoring its state) is judged as it is at the end
+                code = _health_after(urls, console)
         except (OSError, urllib.error.URLError, ValueError) as exc:
             console.print(f"verify: a process could not be read: {exc}")
             return EXIT_USAGE
         code = max(code, verified) if verified != EXIT_USAGE else EXIT_USAGE
+    return code
+
+
+def _health_after(urls: list[str], console: Console) -> int:
+    """Each process's health read again once ``--verify`` is done; the unhealthy are named."""
+    code = EXIT_OK
+    for url in urls:
+        st = fetch(url)
+        if not st.get("healthy"):
+            console.print(f"verify: {st.get('name', url)} is unhealthy: {st.get('health', '')}")
+            code = EXIT_DIFFERENT
     return code
 
 

@@ -116,3 +116,31 @@ def test_digests_are_compared_where_both_are_known(monkeypatch, reads):
                S1: {"a": _h(3), "b": _h(8)}}] * reads
     code, out, _ = _verify(monkeypatch, rounds)
     assert code == status_cli.EXIT_OK and "digests compared for 1" in out, out
+
+
+@pytest.mark.parametrize("healthy_at_the_end", [True, False])
+def test_with_verify_health_is_judged_when_the_verification_ended(monkeypatch, capsys,
+                                                                  healthy_at_the_end):
+    """A scheduler restarted a moment ago is unhealthy ("not running": it restores its state)
+    when the table is read, then catches up: --verify waits for it and exits 0.  One still
+    unhealthy once the verification ended is named, and the exit is 1."""
+    rounds = [{R: {"a": _v(5)}, S0: {"a": _h(5)}, S1: {}},
+              {R: {"a": _v(5)}, S0: {"a": _h(5)}, S1: {"a": _h(5)}}]
+    script = Script(rounds)
+    plain: dict[str, int] = {}
+
+    def fetch(url: str, sources: bool = False, timeout: float = 5.0) -> dict[str, Any]:
+        out = script(url, sources, timeout)
+        if url == S1 and not sources:
+            plain[url] = plain.get(url, 0) + 1
+            starting = plain[url] < 3 or not healthy_at_the_end
+            out.update(healthy=not starting, health="not running" if starting else "ok")
+        return out
+
+    monkeypatch.setattr(status_cli, "fetch", fetch)
+    monkeypatch.setattr(status_cli.time, "sleep", lambda s: None)
+    code = status_cli.main([R, S0, S1, "--verify", "--timeout", "10", "--interval", "0"])
+    out = capsys.readouterr().out
+    assert "all 1 agree" in out
+    assert code == (0 if healthy_at_the_end else 1)
+    assert ("s1 is unhealthy: not running" in out) is not healthy_at_the_end
