@@ -8,65 +8,8 @@ scheduler's (files, frames, record kinds and their shapes) is
 this package; it is re-exported here, so the scheduler side names the whole
 format from one module.  This module adds the checkpoints' view states
 (:class:`ViewStates`) and the wire forms of request specs and RNG states.
-docs/update-log.md is the reader's guide; the Files and Records sections below
-are the lower module's, repeated for the reader of this one.
-
-Files
------
-A log is a set of files ``<directory>/<role>-<name>.ulog.0001``, ``.0002``,
-... (rotated when a file reaches ``max_file_bytes``; a restarted process
-appends new files after the existing ones).  Each file is::
-
-    MAGIC (8 bytes: b"SHMULOG1")
-    record*                                 # the first one is the HEADER
-    record = u32le length | u32le CRC32(payload) | payload (msgpack array, first element: kind)
-
-The HEADER (kind 0) is a map: ``format``, ``role`` ("scheduler" or
-"reporter"), ``name``, ``session`` (one id per process run: a new session is
-a fresh receiver), ``part``, ``first_record`` (index of the file's first
-record in the whole log), ``config`` (the receiver's parameters, or the
-reporter's), ``clock`` and ``wall`` at session start.  Records are numbered
-from 0 across files; headers are not numbered.
-
-Records
--------
-Fields after the kind (shapes checked by the reader: :data:`RECORD_SHAPES`).
-``effects`` is present only when the step produced something: ``{"s": [[to,
-encoded ResyncRequest], ...], "o": [[claim_id, source, outcome], ...]}``.
-
-=============  ==  ====================================================================
-RX_STREAM       1  now, stream offset, message bytes[, effects]
-RX_CONTROL      2  now, message bytes[, effects]      (resync answers, claim results;
-                   on a reporter: claims and resync requests it handled)
-RX_DROPPED      3  now, plane ("stream"/"control"), offset, bytes (first 64 KiB): invalid, not applied
-TICK            4  now[, effects]                     (receiver.tick)
-CLAIM           5  now, encoded Claim[, effects]      (receiver.add_claim)
-RESYNC          6  now, source, full[, effects]       (receiver.request_resync)
-HINT            7  now, source[, effects]             (receiver.add_source_hint)
-FORGET          8  now, source[, effects]             (receiver.forget)
-RESTORE         9  now, encoded Snapshot[, effects]   (cache.load after a restart)
-TX             10  now, to, encoded message           (claims sent; a reporter's control casts)
-CANCEL         11  now, source, claim id[, effects]   (receiver.cancel_claim)
-CHECKPOINT     12  now, combined hash (8 bytes), number of views, changed views
-                   [[source, [epoch, seq, digest, down, [pending claim ids]
-                              (, [[peer claim id, deadline, encoded Claim], ...])] | None], ...]
-                   (digest: 16 bytes, b"" = no document yet, None = not digested this time;
-                   the peer claims held, format 2, only when the view holds some)
-                   [, {"pending": [[source, claim id, deadline, accepted, encoded Claim], ...],
-                       "peer_rejected": [claim id, ...]}]
-                   (format 2, a part's base only: this scheduler's own pending claims whole,
-                   and the rejections of peer claims it remembers, oldest first)
-DECISION       13  now, {id, spec, rng, subset, live, peers, path, alts, delegable} (before it runs)
-DECISION_END   14  now, {id, rows | None, error}                    (after; rows: per instance
-                   [uuid, [[source, weight, claim_id, epoch, seq, digest], ...]])
-ENGINE         15  now, {config, filters, weighers, path, live}     (the decision engine attached;
-                   repeated in every part's base)
-NOTE           16  now, text
-HOST_MANAGER   17  now, {step, id, ...}                 (a step of a decision made by a host
-                   manager outside the engine: nova's handlers in the drop-in; see
-                   shared_host_manager/nova/decision_log.py for the steps)
-PUBLISHED      20  now, message bytes                  (a reporter's batch, as published)
-=============  ==  ====================================================================
+docs/update-log.md is the reader's guide; the files, frames and every record
+kind are described once, in :mod:`transport.updatelog.format`.
 
 Checkpoints
 -----------
