@@ -52,6 +52,7 @@ from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import FAST, SLOW, DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
 from shared_host_manager.gc_threshold import YOUNG_THRESHOLD, tuned
+from simulator.simulation import MISSING_NOVA, nova_installed
 from simulator.synthetic_hosts import cloud, load_receiver
 
 FLAVORS = (Flavor(1, 512, 10), Flavor(2, 4096, 20), Flavor(4, 8192, 40), Flavor(8, 16384, 80),
@@ -183,11 +184,8 @@ def main(argv: list[str] | None = None, prog: str = "shm bench decisions") -> in
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.hosts < 1 or args.runs < 1 or args.decisions < 1:
         parser.error("--hosts, --runs and --decisions must be positive")
-    import importlib.util
-
-    if importlib.util.find_spec("nova") is None:
-        parser.error("the engine decides with nova 34's classes; pip install "
-                     "'shared-host-manager[sim]'")
+    if not nova_installed():
+        parser.error(MISSING_NOVA)
     from shared_host_manager.nova.testing import fixtures as nova_fixtures
 
     nova_fixtures.setup_nova()

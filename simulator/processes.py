@@ -226,19 +226,26 @@ class _Child:
                             self._samples.append((s, view.epoch, view.seq, t))
 
 
-def _child_main(index: int, run: dict[str, Any], settings: list[ModeSettings],
-                clients: list[tuple[int, int, Connection]], ctl: Connection) -> None:
-    """Entry point of a scheduler process (multiprocessing 'spawn' target)."""
+def run_child(main: Any, ctl: Connection) -> None:
+    """A spawned child's body: ``main()`` (building the child and running it), with Ctrl-C
+    left to the main process and any failure sent up the control pipe as a traceback before
+    the child exits 1."""
     # Ctrl-C reaches the whole process group: the main process alone decides, and stops us
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        _Child(index, run, settings, clients, ctl).main()
+        main()
     except BaseException:
         try:
             ctl.send(("error", traceback.format_exc()))
         except Exception:
             pass
         raise SystemExit(1) from None
+
+
+def _child_main(index: int, run: dict[str, Any], settings: list[ModeSettings],
+                clients: list[tuple[int, int, Connection]], ctl: Connection) -> None:
+    """Entry point of a scheduler process (multiprocessing 'spawn' target)."""
+    run_child(lambda: _Child(index, run, settings, clients, ctl).main(), ctl)
 
 
 # -- the main process's side --------------------------------------------------------

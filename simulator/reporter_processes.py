@@ -49,18 +49,22 @@ A child whose main process disappears sees its pipes close and shuts down.
 from __future__ import annotations
 
 import multiprocessing as mp
-import signal
 import sys
 import threading
 import time
-import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
 from compute_reporter.service import ReporterService
 from compute_reporter.tracker import SimulatedTracker
 from protocol.source import SourceMachine
-from simulator.processes import ANSWER_TIMEOUT, READY_TIMEOUT, ChildProcess, ProcessSimulation
+from simulator.processes import (
+    ANSWER_TIMEOUT,
+    READY_TIMEOUT,
+    ChildProcess,
+    ProcessSimulation,
+    run_child,
+)
 from simulator.run_transport import RunTransport
 from simulator.simulation import _reporter_truth
 
@@ -201,16 +205,7 @@ class _ReporterChild:
 def _reporter_main(index: int, run: dict[str, Any], shares: list[tuple[str, int, dict[str, dict]]],
                    churn: Connection, ctl: Connection) -> None:
     """Entry point of a reporter process (multiprocessing 'spawn' target)."""
-    # Ctrl-C reaches the whole process group: the main process alone decides, and stops us
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        _ReporterChild(index, run, shares, churn, ctl).main()
-    except BaseException:
-        try:
-            ctl.send(("error", traceback.format_exc()))
-        except Exception:
-            pass
-        raise SystemExit(1) from None
+    run_child(lambda: _ReporterChild(index, run, shares, churn, ctl).main(), ctl)
 
 
 # -- the main process's side --------------------------------------------------------

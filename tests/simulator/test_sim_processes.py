@@ -38,17 +38,23 @@ def _queue_exists(name: str) -> bool:
             return False
 
 
-@pytest.mark.rabbit
-@pytest.mark.slow
-def test_scheduler_processes_keep_the_invariants(rabbit, tmp_path, monkeypatch):
-    closed: list = []
+@pytest.fixture
+def closed(monkeypatch) -> list:
+    """The run transports the simulation closed, in order (its close recorded, then run)."""
+    done: list = []
     close = run_transport.RunTransport.close
 
     def recording_close(self):
-        closed.append(self)
+        done.append(self)
         close(self)
 
     monkeypatch.setattr(run_transport.RunTransport, "close", recording_close)
+    return done
+
+
+@pytest.mark.rabbit
+@pytest.mark.slow
+def test_scheduler_processes_keep_the_invariants(rabbit, tmp_path, closed):
     out = tmp_path / "proc.json"
     code = sim_cmd.main(["--host-manager", "shared", "--nodes", "60", "--schedulers", "2",
                          "--processes", "2", "--requests", "200", "--clients", "4",
@@ -102,15 +108,7 @@ def test_staleness_from_samples_and_first_changes():
 
 @pytest.mark.rabbit
 @pytest.mark.slow
-def test_reporter_processes_keep_the_invariants(rabbit, tmp_path, monkeypatch):
-    closed: list = []
-    close = run_transport.RunTransport.close
-
-    def recording_close(self):
-        closed.append(self)
-        close(self)
-
-    monkeypatch.setattr(run_transport.RunTransport, "close", recording_close)
+def test_reporter_processes_keep_the_invariants(rabbit, tmp_path, closed):
     out = tmp_path / "reporters.json"
     code = sim_cmd.main(["--host-manager", "shared", "--nodes", "40", "--schedulers", "2",
                          "--processes", "2", "--reporter-processes", "2",
