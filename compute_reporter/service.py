@@ -42,7 +42,7 @@ from compute_reporter.tracker import ResourceTracker
 from protocol.codec import Decoder, Encoder
 from protocol.document import Op
 from protocol.messages import Batch, ClaimResult, Fence, Message, ResyncAnswer, Send
-from transport import factory, signing_opts
+from transport import cells, factory, signing_opts
 from transport import opts as transport_opts
 from transport.base import (
     ControlClient,
@@ -384,10 +384,11 @@ def register_service_opts(conf: cfg.ConfigOpts) -> None:
 def service_from_conf(conf: cfg.ConfigOpts, tracker: ResourceTracker, *,
                       recorder: ReporterObserver | None = None) -> ReporterService:
     """A ReporterService serving ``tracker``'s hosts, configured by ``conf``
-    (registered with :func:`register_service_opts`)."""
+    (registered with :func:`register_service_opts`); it publishes on its cell's stream with
+    ``[data_plane] cell``."""
     group = conf.reporter
     keyring = signing_opts.keyring_from_conf(conf)
-    data_plane, control_plane = factory.from_conf(conf)
+    data_plane, control_plane = factory.from_conf(conf, cell=cells.publish_cell(conf))
     topics = factory.topics(conf)
     return ReporterService(
         group.name, tracker, data_plane, control_plane,

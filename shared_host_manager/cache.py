@@ -26,7 +26,8 @@ is met or has waited ``fence_timeout``::
 Persistence (restart without resyncing everything)::
 
     dump_state(): under the lock, every held source's (epoch, seq, document),
-                 the stream offset applied so far and the origins -> checksummed msgpack
+                 the stream offset applied so far (and each cell stream's, design §4.6)
+                 and the origins -> checksummed msgpack
     save(path):  dump_state() -> a temp file, flushed, then renamed over path
     load(path):  restore_state(): each saved source is fed back as a Snapshot
                  through the same receiver code; returns the offset to resume the
@@ -178,7 +179,13 @@ class HostStateCache:
         self._send = send
         self._decoder = decoder or Decoder()
         self.clock = clock
+        #: the offset applied on the deployment's stream, and on each cell's (design §4.6)
         self.offset: int | None = None
+        self.cell_offsets: dict[str, int] = {}
+        #: the source whose versions are noted per cell stream as they are taken (the
+        #: scheduler's own entry: catch_up's marker, design §4.6), and those versions
+        self.marker_source: str | None = None
+        self.cell_marks: dict[str, tuple[int, int]] = {}
         self.origins: dict[str, str] = {}
         self.invalid: Counter[str] = Counter()
         self.unroutable = 0
@@ -221,19 +228,23 @@ class HostStateCache:
 
     # -- input -----------------------------------------------------------------
 
-    def ingest_stream(self, body: bytes, offset: int | None = None) -> None:
-        self._ingest_stream([(body, offset)])
+    def ingest_stream(self, body: bytes, offset: int | None = None, cell: str | None = None,
+                      ) -> None:
+        self._ingest_stream([(body, offset)], cell)
 
-    def ingest_stream_batch(self, messages: list[tuple[bytes, int]]) -> None:
+    def ingest_stream_batch(self, messages: list[tuple[bytes, int]], cell: str | None = None,
+                            ) -> None:
         """Stream messages read together, ``(body, offset)`` in stream order,
-        applied under one acquisition of the lock.
+        applied under one acquisition of the lock; ``cell``: read from that cell's stream
+        (None: the deployment's).
 
         A consumer with a backlog hands it over this way: taking the lock once
         per message made ingest queue behind every decision holding it, and
         fall further behind the busier the scheduler was."""
-        self._ingest_stream(messages)
+        self._ingest_stream(messages, cell)
 
-    def _ingest_stream(self, messages: Sequence[tuple[bytes, int | None]]) -> None:
+    def _ingest_stream(self, messages: Sequence[tuple[bytes, int | None]],
+                       cell: str | None = None) -> None:
         decoded = []
         for body, offset in messages:  # outside the lock: decoding is most of the work
             msg = self._decode(body, _STREAM_TYPES, f"stream offset {offset}")
@@ -251,16 +262,23 @@ class HostStateCache:
                 now = self.clock()
                 if msg is None:
                     if recorder is not None:
-                        recorder.dropped(body, "stream", offset, now)
+                        recorder.dropped(body, "stream", offset if cell is None else None, now)
                 else:
                     out = receive(msg, now)
                     for listener in self._message_listeners:
                         listener.message_taken(msg)
                     if recorder is not None:
-                        recorder.stream(body, offset, now, out)
+                        # the update log's offsets are the deployment stream's
+                        recorder.stream(body, offset if cell is None else None, now, out)
                     sends.extend(out)
                     self.messages += 1
-                self.offset = offset
+                    if cell is not None and type(msg) is Snapshot \
+                            and msg.source == self.marker_source:
+                        self.cell_marks[cell] = (msg.epoch, msg.seq)
+                if cell is None:
+                    self.offset = offset
+                elif offset is not None:
+                    self.cell_offsets[cell] = offset
             alerts = self.receiver.drain_alerts()
             self._notify()
         for alert in alerts:
@@ -493,6 +511,7 @@ class HostStateCache:
         with self.lock:
             state = {
                 "offset": self.offset,
+                "cells": dict(self.cell_offsets),
                 "sources": [[v.source, v.epoch, v.seq, v.doc]
                             for v in self.receiver.sources.values() if v.doc is not None],
                 "origins": dict(self.origins),
@@ -533,6 +552,10 @@ class HostStateCache:
             snapshots = [Snapshot(s, e, q, doc) for s, e, q, doc in state["sources"]
                          if keep is None or keep(s)]
             offset = state["offset"]
+            cell_offsets = state.get("cells") or {}
+            if type(cell_offsets) is not dict or not all(
+                    type(k) is str and type(v) is int for k, v in cell_offsets.items()):
+                raise ValueError("cell offsets not a map of names to offsets")
         except Exception as exc:  # a damaged state means a cold start, not a crash
             LOG.warning("ignoring unreadable cache state %s: %s", where, exc)
             return None
@@ -544,7 +567,9 @@ class HostStateCache:
                     self.recorder.restored(snap, now)
             self.origins.update(state.get("origins") or {})
             self.offset = offset
-        LOG.info("restored %d sources at stream offset %s from %s", len(snapshots), offset, where)
+            self.cell_offsets = dict(cell_offsets)
+        LOG.info("restored %d sources at stream offset %s%s from %s", len(snapshots), offset,
+                 "".join(f", {c} at {o}" for c, o in sorted(cell_offsets.items())), where)
         return offset
 
 

@@ -30,7 +30,9 @@ from prometheus_client.metrics_core import Metric
 from protocol.receiver import STAT_KEYS
 from shared_host_manager.service import SchedulerService
 from transport import metrics as transport_metrics
-from transport.metrics import MetricsEndpoint, histogram_family
+from transport.base import StreamConsumerStats
+from transport.cells import DEFAULT_STREAM
+from transport.metrics import Histogram, MetricsEndpoint, histogram_family
 
 __all__ = ["SchedulerCollector", "health", "serve", "status"]
 
@@ -117,34 +119,7 @@ class SchedulerCollector:
                                "destinations in nova-scheduler-shared).", {(): s.decision_seconds})
         yield _counter("shm_state_save_failures", "Failed writes of the local snapshot.",
                        f["save_failures"])
-        stream = s.stream_stats()
-        if stream is not None:
-            connected = GaugeMetricFamily("shm_broker_connected", "1 while the stream consumer is "
-                                          "connected to the broker, else 0.", labels=["plane"])
-            connected.add_metric(["stream"], 1 if stream.connected else 0)
-            yield connected
-            reconnects = CounterMetricFamily("shm_broker_reconnects", "Connections to the broker "
-                                             "lost and made again.", labels=["plane"])
-            reconnects.add_metric(["stream"], stream.reconnects)
-            yield reconnects
-            yield _gauge("shm_stream_applied_offset", "Stream offset of the last message applied.",
-                         stream.applied_offset)
-            yield _gauge("shm_stream_tail_offset", "Stream offset of the newest message in the "
-                         "stream, when last looked at ([data_plane] tail_probe_interval).",
-                         stream.tail_offset)
-            yield _gauge("shm_stream_lag_offsets", "Tail offset minus applied offset (about the "
-                         "messages not yet applied).", stream.lag_offsets)
-            yield _gauge("shm_stream_lag_seconds", "Publish time of the tail minus that of the "
-                         "newest message applied (0 when caught up).", stream.lag_seconds)
-            yield _counter("shm_stream_retention_gaps", "Resumes that found their offset dropped by "
-                           "retention (every source asked to resync).", stream.retention_gaps)
-            yield _counter("shm_stream_duplicates", "Stream messages dropped as publish-retry "
-                           "duplicates.", stream.duplicates)
-            if stream.staleness is not None:
-                yield histogram_family("shm_staleness_seconds", "Per stream message: from its "
-                                       "publish() on the reporter to applied here (includes "
-                                       "catching up a backlog; clocks must agree: NTP).",
-                                       {(): stream.staleness})
+        yield from _stream_families(_streams(s))
         placement = s.placement_view.status()
         yield _gauge("shm_placement_view_providers", "Resource providers in this scheduler's copy "
                      "of placement (the placement feed's source; 0 without a feed).",
@@ -156,6 +131,63 @@ class SchedulerCollector:
                      "source was last heard (NaN: never).", placement["last_heard"])
         yield _gauge("shm_healthy", "1 when /healthz answers 200.",
                      1 if health(s, self.max_lag_seconds)[0] else 0)
+
+
+def _streams(service: SchedulerService) -> dict[str, StreamConsumerStats]:
+    """The deployment's stream (``default``) and each cell's (design §4.6) -> its consumer's
+    figures, where the backend has them."""
+    streams = {DEFAULT_STREAM: service.stream_stats(), **service.cell_stream_stats()}
+    return {name: stats for name, stats in streams.items() if stats is not None}
+
+
+def _stream_families(streams: dict[str, StreamConsumerStats]) -> Iterator[Metric]:
+    """The stream consumers' metrics, one series per stream, labelled ``cell``."""
+    if not streams:
+        return
+    def family(kind: type, name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
+        return kind(name, doc, labels=[*extra, "cell"])
+    connected = family(GaugeMetricFamily, "shm_broker_connected", "1 while the stream "
+                       "consumer is connected to the broker, else 0.", ("plane",))
+    reconnects = family(CounterMetricFamily, "shm_broker_reconnects", "Connections to the "
+                        "broker lost and made again.", ("plane",))
+    gauges = {
+        "applied_offset": family(GaugeMetricFamily, "shm_stream_applied_offset",
+                                 "Stream offset of the last message applied."),
+        "tail_offset": family(GaugeMetricFamily, "shm_stream_tail_offset", "Stream offset of "
+                              "the newest message in the stream, when last looked at "
+                              "([data_plane] tail_probe_interval)."),
+        "lag_offsets": family(GaugeMetricFamily, "shm_stream_lag_offsets", "Tail offset minus "
+                              "applied offset (about the messages not yet applied)."),
+        "lag_seconds": family(GaugeMetricFamily, "shm_stream_lag_seconds", "Publish time of "
+                              "the tail minus that of the newest message applied (0 when "
+                              "caught up)."),
+    }
+    counters = {
+        "retention_gaps": family(CounterMetricFamily, "shm_stream_retention_gaps", "Resumes "
+                                 "that found their offset dropped by retention (every source "
+                                 "asked to resync)."),
+        "duplicates": family(CounterMetricFamily, "shm_stream_duplicates", "Stream messages "
+                             "dropped as publish-retry duplicates."),
+    }
+    staleness: dict[tuple[str, ...], Histogram] = {}
+    for cell, stream in streams.items():
+        connected.add_metric(["stream", cell], 1 if stream.connected else 0)
+        reconnects.add_metric(["stream", cell], stream.reconnects)
+        for key, metric in gauges.items():
+            value = getattr(stream, key)
+            metric.add_metric([cell], float("nan") if value is None else value)
+        for key, metric in counters.items():
+            metric.add_metric([cell], getattr(stream, key))
+        if stream.staleness is not None:
+            staleness[(cell,)] = stream.staleness
+    yield connected
+    yield reconnects
+    yield from gauges.values()
+    yield from counters.values()
+    if staleness:
+        yield histogram_family("shm_staleness_seconds", "Per stream message: from its publish() "
+                               "on the reporter to applied here (includes catching up a "
+                               "backlog; clocks must agree: NTP).", staleness, labels=["cell"])
 
 
 def health(service: SchedulerService, max_lag_seconds: float = 30.0) -> tuple[bool, str]:
@@ -185,11 +217,31 @@ def health(service: SchedulerService, max_lag_seconds: float = 30.0) -> tuple[bo
         feed = ""
     else:
         feed = f"; placement view {placement['providers']} providers"
+    feed += "".join(f"; degraded: {line}" for line in _cell_lines(service, max_lag_seconds))
     if stream is None:
         return True, f"ok: {f['active']} sources active (in-process stream){feed}"
     lag_text = "lag unknown" if stream.lag_seconds is None else \
         f"lag {stream.lag_offsets} offsets, {stream.lag_seconds:.2f} s"
     return True, f"ok: {f['active']} sources active, {lag_text}{feed}"
+
+
+def _cell_lines(service: SchedulerService, max_lag_seconds: float) -> list[str]:
+    """A line for each cell whose stream is out of reach or behind (design §4.6): the
+    scheduler still decides, with that cell's hosts going down after ``down_interval``, so
+    it degrades and does not fail (a failing probe would restart every scheduler for one
+    cell's broker)."""
+    out = []
+    for cell, stream in service.cell_stream_stats().items():
+        if stream is None:
+            continue
+        if not stream.connected:
+            since = f" since {time.strftime('%H:%M:%S', time.localtime(stream.state_since))}" \
+                if stream.state_since else ""
+            out.append(f"cell {cell} not connected to its broker{since} "
+                       f"({stream.reconnects} reconnects)")
+        elif stream.lag_seconds is not None and stream.lag_seconds > max_lag_seconds:
+            out.append(f"cell {cell} {stream.lag_seconds:.1f} s behind its stream's tail")
+    return out
 
 
 def placement_stale_line(placement: dict[str, Any]) -> str:
@@ -223,6 +275,8 @@ def status(service: SchedulerService, sources: bool = False, role: str = "schedu
                    "staleness": stream.staleness.as_dict()
                    if stream is not None and stream.staleness is not None else None,
                    "retention_gaps": f["retention_gaps"]},
+        "cells": {cell: _cell_status(stats, f["cell_offsets"].get(cell))
+                  for cell, stats in service.cell_stream_stats().items()},
         "receiver": {"applied": rx["applied"], "gaps": rx["gaps"],
                      "resync_requests": rx["resyncs_requested"],
                      "resync_answers": f["control"].get("resync_answer", 0),
@@ -239,6 +293,20 @@ def status(service: SchedulerService, sources: bool = False, role: str = "schedu
         out["views"] = {src: [e, q, d.hex() if d is not None else None, st]
                         for src, (e, q, d, st) in service.versions().items()}
     return out
+
+
+def _cell_status(stream: StreamConsumerStats | None, applied: int | None) -> dict[str, Any]:
+    """One cell's stream in /status (design §4.6): its broker, offsets, lag and staleness."""
+    return {"applied_offset": applied,
+            "connected": stream.connected if stream else None,
+            "reconnects": stream.reconnects if stream else None,
+            "since": stream.state_since if stream else None,
+            "tail_offset": stream.tail_offset if stream else None,
+            "lag_offsets": stream.lag_offsets if stream else None,
+            "lag_seconds": stream.lag_seconds if stream else None,
+            "staleness": stream.staleness.as_dict()
+            if stream is not None and stream.staleness is not None else None,
+            "retention_gaps": stream.retention_gaps if stream else None}
 
 
 def _placement_status(service: SchedulerService) -> dict[str, Any]:

@@ -39,6 +39,14 @@ Life cycle::
                the stream consumer, the control server and the timers, write a
                last snapshot, close the client.
 
+Cells (design §4.6): given ``cell_planes`` (cell -> the data plane of its stream), the
+service reads each cell's stream too, each with a consumer of its own, from the offset
+the cache applied there (restored with the rest), or from its retained start.  A cell
+whose broker is down stops only its own consumer: its hosts go down after
+``down_interval`` and rejoin from the cell's offset when the consumer reconnects.
+catch_up() puts its marker on every connected cell's stream as well and waits for
+each to come back.
+
 Cold start has two modes: read the stream from its retained start (the
 default: every announcement snapshot and delta still retained), or, given
 ``known_sources`` (source -> reporter endpoint), read only new messages and ask
@@ -60,6 +68,7 @@ The contract: docs/design.md §4.4 (starting and restarting).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -95,10 +104,12 @@ from transport.base import (
     ControlPlane,
     ControlServer,
     DataPlane,
+    OffsetSpec,
     StreamConsumer,
     StreamConsumerStats,
     StreamPublisher,
 )
+from transport.inprocess import InProcessBus
 from transport.metrics import Histogram
 from transport.rpcapi import ReporterAPI, SchedulerAPI, peer_topic
 from transport.startup import check_state_dir
@@ -119,6 +130,9 @@ class SchedulerService:
     _server: ControlServer
     _consumer: StreamConsumer
     _publisher: StreamPublisher
+    #: each cell's stream consumer, and publisher of catch_up's marker (design §4.6)
+    _cell_consumers: dict[str, StreamConsumer]
+    _cell_publishers: dict[str, StreamPublisher]
     reporter_api: ReporterAPI
 
     def __init__(
@@ -142,11 +156,16 @@ class SchedulerService:
         fence_timeout: float = 1.0,
         placement_max_staleness: float = 5.0,
         checkpoint_interval: float = 0.0,
+        cell_planes: Mapping[str, DataPlane] | None = None,
         **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
         self._data_plane = data_plane
         self._control_plane = control_plane
+        #: cell -> the data plane of the cell's stream, read besides ``data_plane``'s
+        self.cell_planes = dict(cell_planes or {})
+        self._cell_consumers = {}
+        self._cell_publishers = {}
         self._reporter_topic = reporter_topic
         self._scheduler_topic = scheduler_topic
         self._encoder = encoder or Encoder()
@@ -260,8 +279,12 @@ class SchedulerService:
         else:
             self._consumer.start(self.cache.ingest_stream, "first" if offset is None else offset + 1,
                                  on_batch=self.cache.ingest_stream_batch)
+        self._start_cells(offset is None and bool(self._known_sources))
         if self.membership_interval is not None:
             self._publisher = self._data_plane.stream_publisher()
+            self._cell_publishers = {cell: plane.stream_publisher()
+                                     for cell, plane in self.cell_planes.items()}
+            self.cache.marker_source = membership_source_id(self.name)
             self.membership = MembershipPublisher(self.name, time.time_ns(), time.time(),
                                                   interval=self.membership_interval)
             self._publish_membership()
@@ -283,7 +306,11 @@ class SchedulerService:
         if self.membership is not None:
             self._publish_membership(leaving=True)
             self._publisher.close()
+            for publisher in self._cell_publishers.values():
+                publisher.close()
         self._consumer.stop()
+        for consumer in self._cell_consumers.values():
+            consumer.stop()
         self._server.stop()
         if self._peer_server is not None:
             self._peer_server.stop()
@@ -306,6 +333,20 @@ class SchedulerService:
             self.recorder.close()
         self._client.close()
         LOG.info("scheduler cache %s stopped", self.name)
+
+    def _start_cells(self, only_new: bool) -> None:
+        """Start each cell stream's consumer after the offset the cache applied there (a
+        restored state or checkpoint), else at its retained start (``only_new``: at its
+        end, the known sources being asked for snapshots)."""
+        for cell, plane in self.cell_planes.items():
+            consumer = plane.stream_consumer(
+                on_retention_gap=functools.partial(self._on_retention_gap, cell=cell))
+            applied = self.cache.cell_offsets.get(cell)
+            start: OffsetSpec = applied + 1 if applied is not None else "next" if only_new \
+                else "first"
+            consumer.start(functools.partial(self.cache.ingest_stream, cell=cell), start,
+                           on_batch=functools.partial(self.cache.ingest_stream_batch, cell=cell))
+            self._cell_consumers[cell] = consumer
 
     # -- edges -------------------------------------------------------------------
 
@@ -395,11 +436,12 @@ class SchedulerService:
             except Exception as exc:  # advice only: peers drop it at its ttl
                 LOG.debug("scheduler %s could not forward a rejection: %s", self.name, exc)
 
-    def _on_retention_gap(self, requested: int, first: int) -> None:
+    def _on_retention_gap(self, requested: int, first: int, cell: str | None = None) -> None:
         self.retention_gaps += 1
+        # a source's cell is not kept: every source is asked (a retention gap is rare)
         n = self.cache.resync_all()
-        LOG.warning("stream offset %d is gone (oldest retained %d): asked %d sources to resync",
-                    requested, first, n)
+        LOG.warning("%sstream offset %d is gone (oldest retained %d): asked %d sources to "
+                    "resync", f"cell {cell}: " if cell else "", requested, first, n)
 
     def _timers(self) -> None:
         next_save = self.clock() + self.snapshot_interval
@@ -423,10 +465,12 @@ class SchedulerService:
             with self.cache.lock:
                 self.cache.peers = tuple(live_peers(self.receiver, now))
 
-    def _publish_membership(self, leaving: bool = False) -> tuple[int, int] | None:
+    def _publish_membership(self, leaving: bool = False, cells: tuple[str, ...] = (),
+                            ) -> tuple[tuple[int, int], tuple[str, ...]] | None:
         """Put this scheduler's own entry on the stream (design §2; a failure is retried at
-        the next interval: peers drop a silent scheduler, they do not fail); its version
-        once stored, None if it could not be."""
+        the next interval: peers drop a silent scheduler, they do not fail), and on the
+        streams of ``cells`` (catch_up's marker); its version and the cells it reached, once
+        stored on the deployment's stream, None if it could not be."""
         membership = self.membership
         assert membership is not None
         now = self.clock()
@@ -435,14 +479,23 @@ class SchedulerService:
                     "decisions": sum(self.decisions.values())}
         with self._membership_lock:  # versions reach the stream in the order they are made
             snapshot = membership.leave(now, load) if leaving else membership.publish(now, load)
+            body = self._encoder.encode(snapshot)
             try:
-                self._publisher.publish(self._encoder.encode(snapshot))
+                self._publisher.publish(body)
             except Exception as exc:
                 if self.running or leaving:  # (a timer tick racing stop() finds it closed)
                     LOG.warning("scheduler %s could not publish its membership entry: %s",
                                 self.name, exc)
                 return None
-        return snapshot.epoch, snapshot.seq
+            marked = []
+            for cell in cells:
+                try:
+                    self._cell_publishers[cell].publish(body)
+                    marked.append(cell)
+                except Exception as exc:  # that cell is not waited for
+                    LOG.warning("scheduler %s could not put its marker on cell %s's stream: "
+                                "%s", self.name, cell, exc)
+        return (snapshot.epoch, snapshot.seq), tuple(marked)
 
     def catch_up(self, settle: float = 0.0, timeout: float = 1.0) -> bool:
         """Wait until this cache holds what the sources had changed by now (design §5.4):
@@ -450,22 +503,26 @@ class SchedulerService:
         change within its coalescing window; 0: only what is on the stream already), then
         put our own entry on the stream and wait, at most ``timeout`` seconds, until it
         comes back: one stream, one order, so everything stored before it has been
-        applied. False at once without an entry to put (membership off), when stopped,
-        or when it fails."""
+        applied.  With cells, the same entry goes on every cell stream whose consumer is
+        connected, and each must come back too. False at once without an entry to put
+        (membership off), when stopped, or when it fails."""
         if self.membership is None or not self.running:
             return False
         if settle > 0 and self._stop.wait(settle):
             return False
         deadline = time.monotonic() + timeout
-        version = self._publish_membership()
-        if version is None:
+        published = self._publish_membership(cells=self._connected_cells())
+        if published is None:
             return False
+        version, cells = published
         view = self.receiver.sources.get  # read under the lock, by wait_for
         own = membership_source_id(self.name)
+        marks = self.cache.cell_marks
 
         def back() -> bool:
             held = view(own)
-            return held is not None and held.version >= version
+            return held is not None and held.version >= version and all(
+                marks.get(cell, (-1, -1)) >= version for cell in cells)
 
         with self._caught_up:
             self._catching_up += 1
@@ -473,6 +530,15 @@ class SchedulerService:
                 return self._caught_up.wait_for(back, max(0.0, deadline - time.monotonic()))
             finally:
                 self._catching_up -= 1
+
+    def _connected_cells(self) -> tuple[str, ...]:
+        """The cells whose stream consumer is connected (or cannot tell: in-process)."""
+        out = []
+        for cell, consumer in self._cell_consumers.items():
+            stats = getattr(consumer, "stats", None)
+            if not callable(stats) or stats().connected:
+                out.append(cell)
+        return tuple(out)
 
     def ingest_done(self) -> None:
         """The cache's IngestListener, under its lock: wake :meth:`catch_up`'s waiters."""
@@ -516,9 +582,11 @@ class SchedulerService:
 
     def stream_stats(self) -> StreamConsumerStats | None:
         """The stream consumer's figures (None before start, or for a backend without them)."""
-        consumer = getattr(self, "_consumer", None)
-        stats = getattr(consumer, "stats", None)
-        return stats() if callable(stats) else None
+        return _consumer_stats(getattr(self, "_consumer", None))
+
+    def cell_stream_stats(self) -> dict[str, StreamConsumerStats | None]:
+        """Each cell stream consumer's figures, in the configured order (design §4.6)."""
+        return {cell: _consumer_stats(c) for cell, c in self._cell_consumers.items()}
 
     def figures(self) -> dict[str, Any]:
         """Counters and source counts, read at once under the cache lock."""
@@ -535,6 +603,7 @@ class SchedulerService:
                 "messages": cache.messages,
                 "unroutable": cache.unroutable,
                 "offset": cache.offset,
+                "cell_offsets": dict(cache.cell_offsets),
                 "retention_gaps": self.retention_gaps,
                 "decisions": dict(self.decisions),
                 "peers": list(self.peers),
@@ -552,6 +621,11 @@ class SchedulerService:
 
 
 # -- built from a configuration file -------------------------------------------------
+
+def _consumer_stats(consumer: object) -> StreamConsumerStats | None:
+    stats = getattr(consumer, "stats", None)
+    return stats() if callable(stats) else None
+
 
 def _one_recipient(others: list[str]) -> str | None:
     """The peer to cast to directly when it is the only one, else None (one fanout).
@@ -578,6 +652,7 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
     keyring = signing_opts.keyring_from_conf(conf)
     data_plane, control_plane = factory.from_conf(conf)
     topics = factory.topics(conf)
+    bus = data_plane if isinstance(data_plane, InProcessBus) else None
     return SchedulerService(
         group.name, data_plane, control_plane,
         reporter_topic=topics.reporter, scheduler_topic=topics.scheduler,
@@ -591,4 +666,5 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         membership_interval=group.membership_interval or None,
         announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl,
         fence_timeout=group.fence_timeout, placement_max_staleness=group.placement_max_staleness,
-        checkpoint_interval=group.checkpoint_interval)
+        checkpoint_interval=group.checkpoint_interval,
+        cell_planes=factory.build_cell_planes(conf, bus))

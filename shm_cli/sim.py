@@ -66,6 +66,10 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
                         "reporter processes of their own, each serving its share with real "
                         "reporters on the stream and the broker; the workload, the churn and "
                         "every figure stay in this process")
+    p.add_argument("--cells", type=int, default=d.cells, metavar="C",
+                   help="shared mode: the reporters publish on C cell streams (a stream per "
+                        "nova cell, standing in for C brokers), every scheduler reads them all "
+                        "(default: %(default)s, one stream)")
     p.add_argument("--db-url", help="SQLAlchemy URL of the legacy/caching database "
                                     "(default: a temporary SQLite file), e.g. "
                                     "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -162,6 +166,7 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     unsupported = [flag for flag, given in (
         ("--processes", args.processes is not None), ("--record", bool(args.record)),
         ("--reporter-processes", args.reporter_processes is not None),
+        ("--cells", args.cells != SimConfig.cells),
         ("--transport", args.transport != "fake"), ("--plot", bool(args.plot)),
         ("--host-subset-size", args.host_subset_size is not None),
         ("--nvh-checks", args.nvh_checks != SimConfig.nvh_checks),

@@ -144,6 +144,15 @@ def _rows(st: dict[str, Any]) -> dict[str, str]:
         p50, p99 = stale.get("p50_le"), stale.get("p99_le")
         rows["staleness"] = "-" if not stale.get("count") else \
             f"p50 <= {_num(p50, 'g')} s, p99 <= {_num(p99, 'g')} s"
+    for cell, c in (st.get("cells") or {}).items():
+        # one row per cell stream (design §4.6): its broker, offset, lag and staleness
+        link = "-" if c.get("connected") is None else "connected" if c["connected"] else \
+            f"[red]DISCONNECTED[/red] {_ago(c.get('since'), now)}"
+        lag_s, stale = c.get("lag_seconds"), c.get("staleness") or {}
+        rows[f"cell {cell}"] = (
+            f"{link}; offset {_num(c.get('applied_offset'))}, lag "
+            f"{'-' if lag_s is None else f'{lag_s:.2f} s'}, staleness p99 "
+            f"{'-' if not stale.get('count') else '<= ' + _num(stale.get('p99_le'), 'g') + ' s'}")
     pub = st.get("published")
     if pub:
         rows["published"] = (f"{pub['batches']} batches: {pub['deltas']} deltas, {pub['heartbeats']} "

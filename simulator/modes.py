@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,12 +81,14 @@ class ModeSettings:
 class SharedScheduler(SchedulerManager):
     """This project's scheduler, as deployed: the manager over the stream-fed cache."""
 
-    def __init__(self, s: ModeSettings, data: DataPlane, control: ControlPlane) -> None:
+    def __init__(self, s: ModeSettings, data: DataPlane, control: ControlPlane,
+                 cell_planes: Mapping[str, DataPlane] | None = None) -> None:
         service = SchedulerService(
             s.name, data, control, reporter_topic=s.reporter_topic,
             scheduler_topic=s.scheduler_topic, down_interval=s.down_interval,
             claim_deadline=s.claim_deadline, reorder_timeout=0.1, resync_timeout=1.0,
-            membership_interval=MEMBERSHIP_INTERVAL, announce_claims=s.announce_claims)
+            membership_interval=MEMBERSHIP_INTERVAL, announce_claims=s.announce_claims,
+            cell_planes=cell_planes)
         super().__init__(service, config=s.config, rng=random.Random(f"{s.seed}-{s.name}"),
                          request_timeout=REQUEST_TIMEOUT)
         self.engine.live_schedulers = s.live_schedulers

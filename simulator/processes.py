@@ -129,9 +129,11 @@ class _Child:
 
     def main(self) -> None:
         run = self.run
-        transport = RunTransport(run["transport"], suffix=run["suffix"], owner=False)
+        transport = RunTransport(run["transport"], suffix=run["suffix"], owner=False,
+                                 cells=run["cells"])
         try:
-            self.schedulers = [SharedScheduler(s, transport.data, transport.control)
+            self.schedulers = [SharedScheduler(s, transport.data, transport.control,
+                                               transport.cell_planes)
                                for s in self.settings]
             for sched in self.schedulers:
                 sched.follow_membership = run["ownership"]
@@ -377,7 +379,7 @@ class ProcessSimulation(Simulation):
         assert p is not None  # __init__ refuses a run without scheduler processes
         run = {"transport": cfg.transport, "suffix": self.transport.suffix, "seed": cfg.seed,
                "sources": sorted(self.cloud.documents),
-               "ownership": cfg.peer_ownership, "schedulers": len(settings)}
+               "ownership": cfg.peer_ownership, "schedulers": len(settings), "cells": cfg.cells}
         for j in range(p):
             # scheduler i runs in process i % p, as its (i // p)-th; client c uses scheduler c % m
             clients = {}

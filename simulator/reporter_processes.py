@@ -99,15 +99,18 @@ class _ReporterChild:
 
     def main(self) -> None:
         run = self.run
-        transport = RunTransport(run["transport"], suffix=run["suffix"], owner=False)
+        transport = RunTransport(run["transport"], suffix=run["suffix"], owner=False,
+                                 cells=run["cells"])
         rtopic, stopic = transport.topics
         try:
             for name, seed, docs in self.shares:
+                k = int(name.rsplit("-", 1)[1])  # reporter-<k>: its cell as in-process
                 tracker = SimulatedTracker(0, seed=seed, documents=docs,
                                            change_interval=run["drift_interval"],
                                            delete_probability=0)
                 reporter = ReporterService(
-                    name, tracker, transport.data, transport.control, reporter_topic=rtopic,
+                    name, tracker, transport.reporter_plane(k), transport.control,
+                    reporter_topic=rtopic,
                     scheduler_topic=stopic, heartbeat_interval=run["heartbeat_interval"],
                     coalesce_window=run["coalesce_window"])
                 self.reporters.append(reporter)
@@ -248,12 +251,12 @@ class ReporterProcessSimulation(ProcessSimulation):
 
     def _start_reporters(self) -> None:
         cfg = self.cfg
-        self.transport = RunTransport(cfg.transport)
+        self.transport = RunTransport(cfg.transport, cells=cfg.cells)
         rtopic, _ = self.transport.topics
         ctx = mp.get_context("spawn")
         run = {"transport": cfg.transport, "suffix": self.transport.suffix,
                "drift_interval": cfg.drift_interval, "heartbeat_interval": cfg.heartbeat_interval,
-               "coalesce_window": cfg.coalesce_window}
+               "coalesce_window": cfg.coalesce_window, "cells": cfg.cells}
         sources = sorted(self.cloud.documents)
         n, m, per = len(sources), cfg.reporter_processes, cfg.hosts_per_reporter
         assert m is not None  # __init__ refuses a run without reporter processes

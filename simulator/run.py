@@ -92,6 +92,8 @@ def summary_table(report: dict[str, Any]) -> str:
         rows.insert(0, ("scheduler processes", "scheduler_processes"))
     if any("reporter_processes" in r for r in results.values()):
         rows.insert(1, ("reporter processes", "reporter_processes"))
+    if any(r.get("cells") for r in results.values()):
+        rows.insert(0, ("cell streams", "cells"))
     width = max(len(r[0]) for r in rows) + 2
     table: list[tuple[str, list[str]]] = []
     for label, key in rows:

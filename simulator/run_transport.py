@@ -3,6 +3,11 @@
 A run owns its stream and topics (named with a fresh suffix) and deletes them
 when it ends; scheduler processes of the same run (``--processes``) join it
 with the same suffix and ``owner=False``, so only the owner cleans up.
+
+With ``cells`` (``--cells C``, design §4.6) the hosts' reporters publish on C
+cell streams, ``<stream>.cell1`` .. ``<stream>.cellC`` (reporter ``k`` in cell
+``k % C + 1``), which on this machine stand in for C brokers; the schedulers
+read every cell's stream besides the run's own (their entries, checkpoints).
 """
 
 from __future__ import annotations
@@ -11,13 +16,15 @@ import sys
 import uuid
 
 from transport.base import ControlPlane, DataPlane
-from transport.inprocess import InProcessBus
+from transport.cells import cell_stream_name
+from transport.inprocess import InProcessBus, InProcessStreamPlane
 
 
 class RunTransport:
     """The in-process bus, or RabbitMQ (a kombu stream and oslo.messaging RPC) for one run."""
 
-    def __init__(self, spec: str, suffix: str | None = None, owner: bool = True) -> None:
+    def __init__(self, spec: str, suffix: str | None = None, owner: bool = True,
+                 cells: int = 0) -> None:
         """``suffix`` names the run's stream and topics (a fresh one by default); another
         process joins the same run with the same suffix and ``owner=False`` (its close()
         then leaves the run's stream and queues to the owner)."""
@@ -30,9 +37,14 @@ class RunTransport:
         self.bus: InProcessBus | None = None
         self.data: DataPlane
         self.control: ControlPlane
+        #: cell name -> the data plane of its stream (none: one stream)
+        self.cell_planes: dict[str, DataPlane] = {}
+        names = [f"cell{c + 1}" for c in range(cells)]
         if spec in ("fake", "inprocess"):
             self.bus = InProcessBus(threaded=True)
             self.data = self.control = self.bus
+            self.cell_planes = {c: InProcessStreamPlane(
+                self.bus, cell_stream_name(self.bus.default_stream, c)) for c in names}
             return
         if not spec.startswith("rabbit://"):
             raise ValueError(f"--transport must be 'fake' or a rabbit:// URL, got {spec!r}")
@@ -47,7 +59,16 @@ class RunTransport:
         self.stream = f"shm-sim-{suffix}"
         self.kombu_url = "amqp://" + spec[len("rabbit://"):]
         self.data = KombuStreamDataPlane(StreamSettings(url=self.kombu_url, name=self.stream))
+        self.cell_planes = {c: KombuStreamDataPlane(StreamSettings(
+            url=self.kombu_url, name=cell_stream_name(self.stream, c))) for c in names}
         self.control = OsloRpcControlPlane(conf, spec)
+
+    def reporter_plane(self, k: int) -> DataPlane:
+        """The data plane reporter ``k`` publishes on: its cell's stream, or the run's."""
+        if not self.cell_planes:
+            return self.data
+        planes = list(self.cell_planes.values())
+        return planes[k % len(planes)]
 
     def stats(self) -> tuple[int, int] | None:
         """(messages, bytes) carried so far on both planes, when the transport counts them."""
@@ -61,6 +82,8 @@ class RunTransport:
             self.bus.close()
             return
         self.control.close()
+        for plane in self.cell_planes.values():
+            plane.close()
         self.data.close()
         if not self.owner:
             return
@@ -69,7 +92,8 @@ class RunTransport:
         try:
             with Connection(self.kombu_url, connect_timeout=5) as conn:
                 channel = conn.channel()
-                for name in (self.stream, *self.topics, *self.queues):
+                cell_streams = [cell_stream_name(self.stream, c) for c in self.cell_planes]
+                for name in (self.stream, *cell_streams, *self.topics, *self.queues):
                     try:
                         channel.queue_delete(queue=name)
                     except Exception:

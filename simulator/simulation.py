@@ -111,6 +111,9 @@ class SimConfig(RunShape):
     #: with ``processes``: spread the hosts' reporters over this many processes (None: in the
     #: main process)
     reporter_processes: int | None = None
+    #: shared mode: the hosts' reporters publish on this many cell streams, which every
+    #: scheduler reads (design §4.6; 0: the one stream)
+    cells: int = 0
     #: the NoValidHost oracle: at most this many checks per run, at most this share of a core
     nvh_checks: int = NVH_ORACLE_CHECKS
     nvh_oracle_share: float = NVH_ORACLE_SHARE
@@ -140,6 +143,11 @@ def check_config(cfg: SimConfig) -> None:
         # every mode decides with nova's filter and weigher classes ([filter_scheduler]
         # decision_core)
         raise ValueError(MISSING_NOVA)
+    if cfg.cells < 0:
+        raise ValueError("--cells must be 0 (one stream) or more")
+    if cfg.cells and cfg.host_manager != "shared":
+        raise ValueError("--cells applies to the shared host manager only (--host-manager "
+                         "shared): legacy and caching read a database, not streams")
     if cfg.record and cfg.processes is not None:
         raise ValueError("--record records in-process runs; drop --processes (or record each "
                          "scheduler process with [update_log] in its own configuration)")
@@ -415,7 +423,8 @@ class Simulation:
         """The transport, the reporters (arbitrating from now on) and, for the database modes,
         the database."""
         cfg = self.cfg
-        self.transport = RunTransport(cfg.transport if self.mode == "shared" else "fake")
+        self.transport = RunTransport(cfg.transport if self.mode == "shared" else "fake",
+                                      cells=cfg.cells if self.mode == "shared" else 0)
         rtopic, stopic = self.transport.topics
         sources = sorted(self.cloud.documents)
         for i in range(0, len(sources), cfg.hosts_per_reporter):
@@ -423,7 +432,8 @@ class Simulation:
             tracker = SimulatedTracker(0, seed=cfg.seed + i, documents=docs,
                                        change_interval=cfg.drift_interval, delete_probability=0)
             reporter = ReporterService(
-                f"reporter-{i // cfg.hosts_per_reporter}", tracker, self.transport.data,
+                f"reporter-{i // cfg.hosts_per_reporter}", tracker,
+                self.transport.reporter_plane(i // cfg.hosts_per_reporter),
                 self.transport.control, reporter_topic=rtopic, scheduler_topic=stopic,
                 heartbeat_interval=cfg.heartbeat_interval, coalesce_window=cfg.coalesce_window)
             self.reporters.append(reporter)
@@ -473,7 +483,8 @@ class Simulation:
         endpoints = {s: r.name for s, r in self.reporter_of.items()}
         for s in self._mode_settings():
             if self.mode == "shared":
-                sched: Any = SharedScheduler(s, self.transport.data, self.transport.control)
+                sched: Any = SharedScheduler(s, self.transport.data, self.transport.control,
+                                             self.transport.cell_planes)
             else:
                 refresh = None if self.mode == "legacy" else cfg.refresh_interval
                 assert self.db is not None
@@ -777,6 +788,7 @@ class Simulation:
                 [uuid, self.workload.policy_of(uuid), where]
                 for uuid, where in self.workload.violations)[:20],
             "converged": converged,
+            "cells": len(self.transport.cell_planes),
             "prefilled_instances": self.prefilled,
             "db_statements_per_s": round(db_statements / elapsed, 1) if self.db else 0.0,
         }

@@ -18,6 +18,10 @@ Two ways in, differing only in who owns the in-process bus:
   caller stops its parties and then calls ``Transports.close()``.
 
 ``topics(conf)`` gives the control-plane topic names every party uses.
+
+Cells (``transport.cells``, docs/design.md §4.6): a publisher with ``[data_plane]
+cell`` gets that cell's stream from ``build_data_plane``; a scheduler gets every
+listed cell's stream, besides the deployment's, from ``build_cell_planes``.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from oslo_config import cfg
 
+from transport import cells as cells_conf
 from transport import opts
 from transport.base import ControlPlane, DataPlane
-from transport.inprocess import InProcessBus
+from transport.inprocess import InProcessBus, InProcessStreamPlane
 from transport.startup import OperatorError
 
 if TYPE_CHECKING:
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Topics",
     "Transports",
+    "build_cell_planes",
     "build_control_plane",
     "build_data_plane",
     "build_inprocess_bus",
@@ -124,29 +130,32 @@ def close_default_bus() -> None:
         bus.close()
 
 
-def from_conf(conf: cfg.ConfigOpts, bus: InProcessBus | None = None,
-              ) -> tuple[DataPlane, ControlPlane]:
-    """``(data_plane, control_plane)`` for *conf*; in-process planes use
-    *bus* or else the process-wide ``default_bus(conf)``."""
+def from_conf(conf: cfg.ConfigOpts, bus: InProcessBus | None = None, *,
+              cell: str | None = None) -> tuple[DataPlane, ControlPlane]:
+    """``(data_plane, control_plane)`` for *conf*, the data plane on ``cell``'s stream if
+    given; in-process planes use *bus* or else the process-wide ``default_bus(conf)``."""
     opts.register_opts(conf)
     if bus is None and "inprocess" in (conf.data_plane.backend,
                                        conf.control_plane.backend):
         bus = default_bus(conf)
-    return build_data_plane(conf, bus), build_control_plane(conf, bus)
+    return build_data_plane(conf, bus, cell=cell), build_control_plane(conf, bus)
 
 
-def stream_settings(conf: cfg.ConfigOpts) -> StreamSettings:
-    """``StreamSettings`` for the RabbitMQ stream from ``[data_plane]``."""
+def stream_settings(conf: cfg.ConfigOpts, *, url: str | None = None,
+                    name: str | None = None) -> StreamSettings:
+    """``StreamSettings`` for the RabbitMQ stream from ``[data_plane]``: its ``stream_url``
+    and ``stream_name`` unless ``url`` / ``name`` are given (a cell's stream)."""
     from transport.kombu_stream import StreamSettings
 
     opts.register_opts(conf)
     dp = conf.data_plane
-    if not dp.stream_url:
+    url = url or dp.stream_url
+    if not url:
         raise OperatorError("[data_plane] stream_url is required with backend = rabbit: set the "
                             "broker's URL, e.g. amqp://USER:PASSWORD@HOST:5672//")
     return StreamSettings(
-        url=dp.stream_url,
-        name=dp.stream_name,
+        url=url,
+        name=name or dp.stream_name,
         max_age=dp.stream_max_age or None,
         max_length_bytes=dp.stream_max_length_bytes or None,
         max_segment_size_bytes=dp.stream_max_segment_size_bytes or None,
@@ -162,18 +171,34 @@ def stream_settings(conf: cfg.ConfigOpts) -> StreamSettings:
     )
 
 
-def build_data_plane(conf: cfg.ConfigOpts,
-                     bus: InProcessBus | None = None) -> DataPlane:
-    """The data plane chosen by ``[data_plane] backend``.
+def build_data_plane(conf: cfg.ConfigOpts, bus: InProcessBus | None = None, *,
+                     cell: str | None = None) -> DataPlane:
+    """The data plane chosen by ``[data_plane] backend``: the deployment's stream, or the
+    stream of ``cell`` (on ``stream_url``'s broker, or the URL given for it).
 
     For ``inprocess`` the given *bus* is used, or a new one is created.
     """
     opts.register_opts(conf)
+    name = cells_conf.cell_stream_name(conf.data_plane.stream_name, cell) if cell else None
     if conf.data_plane.backend == "inprocess":
-        return bus if bus is not None else build_inprocess_bus(conf)
+        bus = bus if bus is not None else build_inprocess_bus(conf)
+        return InProcessStreamPlane(bus, name) if name else bus
     from transport.kombu_stream import KombuStreamDataPlane
 
-    return KombuStreamDataPlane(stream_settings(conf))
+    url = cells_conf.cell_urls(conf).get(cell) if cell else None
+    return KombuStreamDataPlane(stream_settings(conf, url=url, name=name))
+
+
+def build_cell_planes(conf: cfg.ConfigOpts,
+                      bus: InProcessBus | None = None) -> dict[str, DataPlane]:
+    """Each cell a scheduler reads (``[data_plane] cells``) -> the data plane of its stream,
+    in the listed order; {} for one stream.  In-process cells share *bus* (or the
+    process-wide one)."""
+    opts.register_opts(conf)
+    names = cells_conf.cells(conf)
+    if names and conf.data_plane.backend == "inprocess" and bus is None:
+        bus = default_bus(conf)
+    return {cell: build_data_plane(conf, bus, cell=cell) for cell in names}
 
 
 def build_control_plane(conf: cfg.ConfigOpts,
@@ -197,8 +222,12 @@ def check_urls(conf: cfg.ConfigOpts) -> None:
     """The OperatorError :func:`from_conf` raises for a missing broker URL, without building
     a plane (nova-scheduler-shared checks before nova forks its workers, which build them)."""
     opts.register_opts(conf)
+    cells_conf.publish_cell(conf)
+    cells_conf.cells(conf)
     if conf.data_plane.backend == "rabbit":
         stream_settings(conf)
+        for cell, url in cells_conf.cell_urls(conf).items():
+            stream_settings(conf, url=url, name=cell)
     if conf.control_plane.backend == "oslo":
         _require_transport_url(conf)
 

@@ -20,7 +20,11 @@ __all__ = [
     "CONTROL_PLANE_GROUP",
     "CONTROL_PLANE_OPTS",
     "DATA_PLANE_GROUP",
+    "CELL_GROUP_TEMPLATE",
+    "CELL_OPTS",
     "DATA_PLANE_OPTS",
+    "cell_group",
+    "register_cell_groups",
     "list_opts",
     "register_opts",
 ]
@@ -105,6 +109,46 @@ Possible values:
 Related options:
 
 * ``stream_max_age``, ``stream_max_length_bytes``
+"""),
+    cfg.StrOpt(
+        "cell",
+        help="""
+The nova cell this process publishes in (a reporter, a ``nova-compute-shared``).
+With a cell, its messages go to the cell's own stream, ``<stream_name>.<cell>``,
+on the broker of ``stream_url`` (the cell's broker), as a compute of cells v2
+talks only to its own cell's message queue. Unset: the deployment's one stream
+``stream_name`` (a single cell, or the API level: the nova-api and placement
+feeds, the schedulers' own entries).
+
+Possible values:
+
+* A cell name: letters, digits, ``_`` and ``-``; not ``default``.
+
+Related options:
+
+* ``cells``: the schedulers read every cell's stream.
+"""),
+    cfg.ListOpt(
+        "cells",
+        default=[],
+        help="""
+The cells whose streams a scheduler reads, besides the stream ``stream_name``
+(which it always reads). Each cell's stream is ``<stream_name>.<cell>`` on the
+broker named by ``stream_url`` in the section ``[data_plane:<cell>]`` (default:
+this section's ``stream_url``); every other setting is this section's. Each
+stream is read at its own offset, with its own catch-up, gap detection and
+metrics; a cell whose broker is down leaves the others undisturbed: its hosts
+go down after ``[cache] down_interval`` and rejoin from the cell stream's
+offset when the broker is back.
+
+Possible values:
+
+* Empty (default): one stream for the whole deployment.
+* Cell names: letters, digits, ``_`` and ``-``; not ``default``.
+
+Related options:
+
+* ``cell``: what a compute in one of these cells sets.
 """),
     cfg.StrOpt(
         "stream_max_age",
@@ -471,6 +515,51 @@ Related options:
 ]
 
 
+#: a cell's own section, ``[data_plane:<cell>]``, for each cell of ``[data_plane] cells``
+#: (registered by transport.cells when the cell is listed)
+CELL_GROUP_TEMPLATE = cfg.OptGroup(
+    "data_plane:<cell>",
+    title="A cell's host-state stream",
+    help="""
+One section per cell listed in ``[data_plane] cells``, named after it (e.g.
+``[data_plane:cell1]``): where a scheduler reads that cell's stream,
+``<stream_name>.<cell>``. Every setting not given here is ``[data_plane]``'s.
+""")
+
+CELL_OPTS = [
+    cfg.StrOpt("stream_url", secret=True, help="""
+kombu URL of the broker holding this cell's stream, the broker its computes
+publish to (their ``[data_plane] stream_url``).
+
+Possible values:
+
+* An ``amqp://`` or ``amqps://`` URL; unset: ``[data_plane] stream_url``.
+
+Related options:
+
+* ``[data_plane] cells``, ``[data_plane] cell``
+"""),
+]
+
+
+def cell_group(cell: str) -> str:
+    """The configuration section of ``cell`` (``[data_plane:<cell>]``)."""
+    return f"data_plane:{cell}"
+
+
+def register_cell_groups(conf: cfg.ConfigOpts) -> list[str]:
+    """Register the section of each cell listed in ``[data_plane] cells`` (after the files
+    were read: which sections exist depends on them); the names as listed, unchecked."""
+    try:
+        listed = conf.data_plane.cells
+    except (cfg.NoSuchOptError, cfg.NoSuchGroupError):
+        return []
+    names = [c.strip() for c in listed if c.strip()]
+    for name in names:
+        conf.register_opts(CELL_OPTS, group=cell_group(name))
+    return names
+
+
 def register_opts(conf: cfg.ConfigOpts) -> None:
     """Register both groups on *conf* (safe to call more than once).
 
@@ -490,6 +579,7 @@ def list_opts() -> list[tuple[cfg.OptGroup, list[cfg.Opt]]]:
     """Entry point for oslo-config-generator (``shm.transport``): the planes and [signing]."""
     return [
         (DATA_PLANE_GROUP, list(DATA_PLANE_OPTS)),
+        (CELL_GROUP_TEMPLATE, list(CELL_OPTS)),
         (CONTROL_PLANE_GROUP, list(CONTROL_PLANE_OPTS)),
         *signing_opts.list_opts(),
     ]

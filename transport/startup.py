@@ -36,6 +36,8 @@ import amqp.exceptions
 from kombu import Connection
 from oslo_config import cfg
 
+from transport.opts import register_cell_groups
+
 __all__ = [
     "EX_CONFIG",
     "EX_SOFTWARE",
@@ -104,6 +106,7 @@ def check_conf_values(conf: cfg.ConfigOpts, groups: list[str] | None = None) -> 
     is accepted with the comment in the name.  We refuse both (comments belong on a line
     of their own) rather than guess where a value ends.
     """
+    register_cell_groups(conf)  # [data_plane:<cell>] of each listed cell, read as the rest
     for key in list(conf) if groups is None else groups:
         value = _read(conf, None, key)
         if isinstance(value, cfg.ConfigOpts.GroupAttr):

@@ -43,6 +43,10 @@ def _get(url: str) -> tuple[int, str]:
         return 0, str(exc)
 
 
+#: the labels of the deployment's stream among a scheduler's stream series
+DEFAULT = (("cell", "default"),)
+
+
 def _samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     code, text = _get(url + "/metrics")
     assert code == 200, text
@@ -101,7 +105,7 @@ def test_an_operator_sees_health_lag_and_convergence_then_stops_everything(deplo
 
     _wait(healthy, 60, "every process healthy")
     _wait(lambda: all(_samples(urls[s]).get(("shm_sources", (("state", "active"),))) == HOSTS
-                      and _samples(urls[s]).get(("shm_stream_lag_offsets", ())) == 0
+                      and _samples(urls[s]).get(("shm_stream_lag_offsets", DEFAULT)) == 0
                       for s in ("s0", "s1")), 30, "both schedulers holding every host, caught up")
     r = _samples(urls["r0"])
     assert r[("shm_broker_connected", (("plane", "stream"),))] == 1
@@ -110,10 +114,10 @@ def test_an_operator_sees_health_lag_and_convergence_then_stops_everything(deplo
     assert r[("shm_stream_published_bytes_total", ())] > 0
     for s in ("s0", "s1"):
         m = _samples(urls[s])
-        assert m[("shm_broker_connected", (("plane", "stream"),))] == 1
-        assert m[("shm_staleness_seconds_count", ())] > 0
-        assert m[("shm_stream_tail_offset", ())] >= m[("shm_stream_applied_offset", ())] - 1
-        assert m[("shm_stream_lag_seconds", ())] < 30
+        assert m[("shm_broker_connected", (*DEFAULT, ("plane", "stream")))] == 1
+        assert m[("shm_staleness_seconds_count", DEFAULT)] > 0
+        assert m[("shm_stream_tail_offset", DEFAULT)] >= m[("shm_stream_applied_offset", DEFAULT)] - 1
+        assert m[("shm_stream_lag_seconds", DEFAULT)] < 30
         assert m[("shm_healthy", ())] == 1
         status = json.loads(_get(urls[s] + "/status")[1])
         assert status["broker"]["connected"] and status["stream"]["staleness"]["count"] > 0

@@ -26,7 +26,7 @@ def conf():
 
 def test_list_opts_shape_and_help():
     groups = dict((g.name, o) for g, o in opts.list_opts())
-    assert set(groups) == {"data_plane", "control_plane", "signing"}
+    assert set(groups) == {"data_plane", "data_plane:<cell>", "control_plane", "signing"}
     names = {o.name for o in groups["data_plane"]}
     assert {"backend", "stream_url", "stream_name", "stream_max_age",
             "stream_max_length_bytes", "prefetch_count",

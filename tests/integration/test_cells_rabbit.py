@@ -1,0 +1,175 @@
+"""A stream per cell over the real RabbitMQ (design §4.6): one cell's broker goes away.
+
+Two cells, each a stream of its own; cell2's "broker" is the local RabbitMQ behind a TCP
+relay that the test stops and starts again, as a cell's broker would fail while the
+others keep running.  While it is away the scheduler keeps applying cell1's changes,
+says on /healthz which cell it lost (and stays up), and cell2's hosts go down after
+``down_interval``; when it is back they rejoin from cell2's stream offset, without a
+resync request and without a retention gap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import uuid
+from urllib.parse import urlsplit
+
+import pytest
+from kombu import Connection
+from svc_harness import converged, make_reporter, make_scheduler, quiesce, wait_for
+
+from shared_host_manager import metrics
+from transport.cells import cell_stream_name
+from transport.inprocess import InProcessBus
+from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
+
+pytestmark = [pytest.mark.rabbit, pytest.mark.slow]
+
+HOSTS = 20
+DOWN = 2.0
+
+
+class Relay:
+    """A TCP relay to the broker on a fixed local port: stop() closes every connection and
+    refuses new ones (the cell's broker is gone), start() accepts again."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            conns, self._conns = self._conns, []
+        if listener is not None:
+            listener.close()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            c.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def cells(rabbit_url):
+    broker = urlsplit(rabbit_url)
+    relay = Relay((broker.hostname or "127.0.0.1", broker.port or 5672))
+    relay.start()
+    name = f"shm-test-cells-{uuid.uuid4().hex[:10]}"
+    relayed = f"amqp://guest:guest@127.0.0.1:{relay.port}//"
+
+    def plane(url: str, stream: str) -> KombuStreamDataPlane:
+        return KombuStreamDataPlane(StreamSettings(
+            url=url, name=stream, reconnect_interval=0.2, reconnect_interval_max=0.5,
+            tail_probe_interval=0.5, publish_timeout=2.0, connect_timeout=2.0))
+
+    planes = {"cell1": plane(rabbit_url, cell_stream_name(name, "cell1")),
+              "cell2": plane(relayed, cell_stream_name(name, "cell2"))}
+    top = plane(rabbit_url, name)
+    try:
+        yield relay, top, planes
+    finally:
+        relay.stop()
+        for p in (top, *planes.values()):
+            p.close()
+        with Connection(rabbit_url, connect_timeout=5) as conn:
+            for queue in (name, *(cell_stream_name(name, c) for c in planes)):
+                with contextlib.suppress(Exception):
+                    conn.channel().queue_delete(queue=queue)
+
+
+def test_a_cell_whose_broker_is_gone_leaves_the_others_running_and_rejoins_from_its_offset(
+        cells) -> None:
+    relay, top, planes = cells
+    control = InProcessBus(threaded=True)  # the streams are what this test is about
+    reporters = [make_reporter(planes[c], control, f"r-{c}", HOSTS, seed=i, change_interval=0.5,
+                               heartbeat_interval=0.3)
+                 for i, c in enumerate(planes)]
+    sched = make_scheduler(top, control, "s0", cell_planes=planes, down_interval=DOWN,
+                           membership_interval=0.5)
+    sched.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: converged(reporters, [sched]), 60, "both cells held")
+        cell1 = {s for s in reporters[0].manager.machines}
+        cell2 = {s for s in reporters[1].manager.machines}
+
+        relay.stop()  # cell2's broker is gone
+        wait_for(lambda: "cell cell2 not connected" in metrics.health(sched)[1], 20,
+                 "/healthz naming cell2")
+        assert metrics.health(sched)[0]  # degraded, still serving
+        applied = sched.cache.cell_offsets["cell1"]
+        wait_for(lambda: all(sched.receiver.sources[s].status.value == "down" for s in cell2),
+                 DOWN * 10, "cell2's hosts down after down_interval")
+        assert all(sched.receiver.sources[s].status.value == "active" for s in cell1)
+        assert sched.cache.cell_offsets["cell1"] > applied  # cell1's changes still applied
+        resyncs = sched.receiver.stats["resyncs_requested"]
+        offset = sched.cache.cell_offsets["cell2"]
+
+        relay.start()  # back: cell2 resumes after the offset it had applied
+        wait_for(lambda: all(sched.receiver.sources[s].status.value == "active" for s in cell2),
+                 60, "cell2's hosts active again")
+        assert sched.cache.cell_offsets["cell2"] > offset
+        quiesce(reporters)
+        wait_for(lambda: converged(reporters, [sched]), 60, "converged after the outage")
+        assert sched.receiver.stats["resyncs_requested"] == resyncs
+        assert sched.retention_gaps == 0
+        assert "cell" not in metrics.health(sched)[1]
+        status = metrics.status(sched)["cells"]
+        assert status["cell2"]["connected"] and status["cell2"]["reconnects"] >= 1
+    finally:
+        for r in reporters:
+            r.stop()
+        sched.stop()
+        control.close()

@@ -1,0 +1,224 @@
+"""A stream per cell (design §4.6): reporters publish on their cell's stream, a scheduler
+reads the deployment's stream and every cell's, each at its own offset."""
+
+from __future__ import annotations
+
+import pytest
+from oslo_config import cfg
+from svc_harness import converged, make_reporter, make_scheduler, quiesce, wait_for
+
+from shared_host_manager import metrics
+from shared_host_manager.service import SchedulerService
+from transport import cells, factory
+from transport import opts as transport_opts
+from transport.base import StreamConsumerStats
+from transport.inprocess import InProcessBus, InProcessStreamPlane
+from transport.startup import OperatorError
+
+CELLS = ("cell1", "cell2")
+
+
+def _cell_planes(bus: InProcessBus) -> dict[str, InProcessStreamPlane]:
+    return {c: InProcessStreamPlane(bus, cells.cell_stream_name(bus.default_stream, c))
+            for c in CELLS}
+
+
+def _cloud(bus: InProcessBus, **sched_kw):
+    planes = _cell_planes(bus)
+    reporters = [make_reporter(planes[c], bus, f"r-{c}", 3, seed=i) for i, c in enumerate(CELLS)]
+    sched = make_scheduler(bus, bus, "s0", cell_planes=planes, **sched_kw)
+    return planes, reporters, sched
+
+
+def test_a_scheduler_holds_every_cells_hosts_and_no_cell_stream_carries_another_cells() -> None:
+    bus = InProcessBus(threaded=True)
+    planes, reporters, sched = _cloud(bus)
+    sched.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: converged(reporters, [sched]), what="both cells' hosts held")
+        quiesce(reporters)
+        wait_for(lambda: converged(reporters, [sched]), what="converged after the drift")
+        # each cell's stream holds only its reporter's messages; the deployment's, neither
+        lo, hi = bus.stream_bounds()
+        assert hi - lo == 0
+        for c in CELLS:
+            first, end = bus.stream_bounds(planes[c].stream)
+            assert end > first and sched.cache.cell_offsets[c] == end - 1
+        assert sched.cache.offset is None
+        assert set(sched.figures()["cell_offsets"]) == set(CELLS)
+    finally:
+        for r in reporters:
+            r.stop()
+        sched.stop()
+        bus.close()
+
+
+class _Recorded(InProcessStreamPlane):
+    """A cell's plane that notes where each consumer was started."""
+
+    def __init__(self, bus: InProcessBus, stream: str) -> None:
+        super().__init__(bus, stream)
+        self.starts: list[object] = []
+
+    def stream_consumer(self, on_retention_gap=None):
+        consumer = super().stream_consumer(on_retention_gap)
+        start = consumer.start
+
+        def recorded(on_message, offset="first", **kw):
+            self.starts.append(offset)
+            return start(on_message, offset, **kw)
+
+        consumer.start = recorded  # type: ignore[method-assign]
+        return consumer
+
+
+def test_a_restart_resumes_each_cell_from_its_own_offset_without_a_resync(tmp_path) -> None:
+    bus = InProcessBus(threaded=True)
+    planes, reporters, sched = _cloud(bus, state_dir=str(tmp_path))
+    sched.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: converged(reporters, [sched]), what="both cells' hosts held")
+        sched.stop()  # writes its state: both cells' offsets
+        saved = dict(sched.cache.cell_offsets)
+        assert set(saved) == set(CELLS)
+        recorded = {c: _Recorded(bus, p.stream) for c, p in planes.items()}
+        again = make_scheduler(bus, bus, "s0", cell_planes=recorded, state_dir=str(tmp_path))
+        again.start()
+        try:
+            assert {c: p.starts for c, p in recorded.items()} == {
+                c: [saved[c] + 1] for c in CELLS}
+            wait_for(lambda: converged(reporters, [again]), what="converged after the restart")
+            assert again.receiver.stats["resyncs_requested"] == 0
+        finally:
+            again.stop()
+    finally:
+        for r in reporters:
+            r.stop()
+        bus.close()
+
+
+def test_catch_up_waits_for_its_marker_on_every_cell_stream() -> None:
+    bus = InProcessBus(threaded=False)
+    planes, reporters, sched = _cloud(bus, membership_interval=60.0)
+    sched.start()
+    try:
+        bus.pump()
+        import threading
+
+        result: list[bool] = []
+        waiter = threading.Thread(target=lambda: result.append(sched.catch_up(timeout=5.0)))
+        waiter.start()
+        # the marker is on each stream; until each is read, catch_up waits
+        wait_for(lambda: all(bus.stream_bounds(p.stream)[1] > 0 for p in planes.values()),
+                 what="the marker on each cell stream")
+        first = sched._cell_consumers["cell1"]
+        first.poll()  # cell1 read; the deployment's and cell2's not yet
+        waiter.join(0.2)
+        assert waiter.is_alive() and not result
+        bus.pump()
+        waiter.join(5)
+        assert result == [True]
+        own = sched.cache.marker_source
+        held = sched.receiver.sources[own].version
+        assert all(sched.cache.cell_marks[c] == held for c in CELLS)
+    finally:
+        sched.stop()
+        bus.close()
+
+
+class _Down:
+    """A cell consumer whose broker went away (what a KombuStreamConsumer reports then)."""
+
+    def stats(self) -> StreamConsumerStats:
+        return StreamConsumerStats(connected=False, reconnects=3, delivered=0, duplicates=0,
+                                   errors=0, retention_gaps=0, applied_offset=7, tail_offset=None,
+                                   tail_checked_at=None, applied_published_at=None,
+                                   tail_published_at=None, state_since=0.0)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_health_names_a_cell_out_of_reach_and_stays_up() -> None:
+    bus = InProcessBus(threaded=True)
+    planes, reporters, sched = _cloud(bus)
+    sched.start()
+    try:
+        healthy, line = metrics.health(sched)
+        assert healthy and "cell" not in line
+        sched._cell_consumers["cell2"] = _Down()  # type: ignore[assignment]
+        healthy, line = metrics.health(sched)
+        assert healthy and "degraded: cell cell2 not connected to its broker" in line
+        status = metrics.status(sched)
+        assert status["cells"]["cell2"]["connected"] is False
+        assert status["cells"]["cell1"]["connected"] is None  # in-process: no figures
+        text = "".join(str(m) for m in metrics.SchedulerCollector(sched).collect())
+        assert "cell2" in text
+    finally:
+        sched.stop()
+        bus.close()
+
+
+def _conf(**data_plane: object) -> cfg.ConfigOpts:
+    conf = cfg.ConfigOpts()
+    transport_opts.register_opts(conf)
+    conf([])
+    for k, v in data_plane.items():
+        conf.set_override(k, v, group="data_plane")
+    return conf
+
+
+def test_the_configuration_names_each_cells_stream_and_broker() -> None:
+    conf = _conf(backend="rabbit", stream_url="amqp://top//", stream_name="hs",
+                 cells=["cell1", "cell2"])
+    assert cells.cell_urls(conf) == {"cell1": "amqp://top//", "cell2": "amqp://top//"}
+    conf.set_override("stream_url", "amqp://c2//", group="data_plane:cell2")
+    planes = factory.build_cell_planes(conf)
+    assert {c: (p.settings.url, p.settings.name) for c, p in planes.items()} == {  # type: ignore[attr-defined]
+        "cell1": ("amqp://top//", "hs.cell1"), "cell2": ("amqp://c2//", "hs.cell2")}
+    # a reporter in a cell publishes on the cell's stream
+    publisher = _conf(backend="rabbit", stream_url="amqp://c2//", stream_name="hs", cell="cell2")
+    data = factory.build_data_plane(publisher, cell=cells.publish_cell(publisher))
+    assert (data.settings.url, data.settings.name) == ("amqp://c2//", "hs.cell2")  # type: ignore[attr-defined]
+
+
+def test_no_cells_is_one_stream_and_in_process_cells_share_the_bus() -> None:
+    assert factory.build_cell_planes(_conf()) == {}
+    bus = InProcessBus(threaded=False)
+    planes = factory.build_cell_planes(_conf(cells=["a"]), bus)
+    assert isinstance(planes["a"], InProcessStreamPlane) and planes["a"].bus is bus
+    assert planes["a"].stream == "shm-hoststate.a"
+    bus.close()
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("cells", ["cell 1"], "not a cell name"),
+    ("cells", ["default"], "not a cell name"),
+    ("cells", ["a", "a"], "listed twice"),
+    ("cell", "x/y", "not a cell name"),
+])
+def test_a_bad_cell_name_is_one_line(option: str, value: object, says: str) -> None:
+    conf = _conf(**{option: value})
+    with pytest.raises(OperatorError) as exc:
+        factory.check_urls(conf)
+    assert says in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_service_from_configuration_reads_the_listed_cells(tmp_path) -> None:
+    from shared_host_manager import service as service_mod
+
+    conf = cfg.ConfigOpts()
+    service_mod.register_service_opts(conf)
+    conf([])
+    conf.set_override("cells", ["cell1"], group="data_plane")
+    bus = InProcessBus(threaded=True)
+    try:
+        svc: SchedulerService = service_mod.service_from_conf(conf)
+        assert list(svc.cell_planes) == ["cell1"]
+    finally:
+        factory.close_default_bus()
+        bus.close()
