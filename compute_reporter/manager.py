@@ -189,6 +189,14 @@ class ReporterManager:
             b.origin = self.name
         return out, control
 
+    def take_control(self) -> list[Send]:
+        """The control messages due now (claim results, resync answers), taken out of what
+        :meth:`poll` returns: the control thread casts them at once (the loop thread may be
+        busy with a publish the stream does not take)."""
+        with self._lock:
+            control, self._control = self._control, []
+        return control
+
     def next_deadline(self) -> float | None:
         with self._lock:
             if self._data or self._control:

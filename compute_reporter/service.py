@@ -297,6 +297,10 @@ class ReporterService:
             return
         if self.recorder is not None:
             self.recorder.control(body, now)
+        # the answer goes now, from this thread: the loop may be retrying a publish for up
+        # to publish_timeout (the stream's broker out of reach), and a claim's arbiter is
+        # this reporter, not the stream (design §5.3)
+        self._cast(self.manager.take_control())
         self.wake()
 
     def _loop(self) -> None:
@@ -335,9 +339,28 @@ class ReporterService:
                 self.stats["cast_errors"] += 1
                 LOG.warning("fence of %s not sent: %s", source, exc)
 
+    def _cast(self, control: list[Send]) -> None:
+        """Cast claim results and resync answers to their schedulers (from the control
+        thread as they are judged, or from the loop)."""
+        recorder = self.recorder
+        now = self.clock() if recorder is not None else 0.0
+        for send in control:
+            try:
+                to, message = send.to, send.message
+                if to is None or not isinstance(message, (ClaimResult, ResyncAnswer)):
+                    raise TypeError(f"a reporter does not cast {type(message).__name__} to {to!r}")
+                self._scheduler_api.send(to, message)
+                if recorder is not None:
+                    recorder.sent(send.to, send.message, now)
+                self.stats["casts"] += 1
+            except Exception as exc:
+                self.stats["cast_errors"] += 1
+                LOG.warning("cast to scheduler %s failed: %s", send.to, exc)
+
     def _send(self, batches: list[Batch], control: list[Send]) -> None:
         recorder = self.recorder
         now = self.clock() if recorder is not None else 0.0
+        self._cast(control)
         for batch in batches:
             try:
                 body = self._encoder.encode(batch)
@@ -358,18 +381,6 @@ class ReporterService:
             except Exception as exc:
                 self.stats["publish_errors"] += 1
                 LOG.warning("publish of %d items failed: %s", len(batch.items), exc)
-        for send in control:
-            try:
-                to, message = send.to, send.message
-                if to is None or not isinstance(message, (ClaimResult, ResyncAnswer)):
-                    raise TypeError(f"a reporter does not cast {type(message).__name__} to {to!r}")
-                self._scheduler_api.send(to, message)
-                if recorder is not None:
-                    recorder.sent(send.to, send.message, now)
-                self.stats["casts"] += 1
-            except Exception as exc:
-                self.stats["cast_errors"] += 1
-                LOG.warning("cast to scheduler %s failed: %s", send.to, exc)
 
 
 # -- built from a configuration file -------------------------------------------------

@@ -91,6 +91,7 @@ from protocol.messages import (
 )
 from protocol.receiver import ReceiverMachine, ReceiverParams
 from shared_host_manager.cache import CacheObserver, HostStateCache
+from shared_host_manager.cell_markers import CellMarkers
 from shared_host_manager.checkpoint import Checkpointer, checkpoint_plane
 from shared_host_manager.conf import cache as cache_conf
 from shared_host_manager.membership import MembershipPublisher, live_peers
@@ -130,9 +131,8 @@ class SchedulerService:
     _server: ControlServer
     _consumer: StreamConsumer
     _publisher: StreamPublisher
-    #: each cell's stream consumer, and publisher of catch_up's marker (design §4.6)
+    #: each cell's stream consumer (design §4.6)
     _cell_consumers: dict[str, StreamConsumer]
-    _cell_publishers: dict[str, StreamPublisher]
     reporter_api: ReporterAPI
 
     def __init__(
@@ -165,7 +165,8 @@ class SchedulerService:
         #: cell -> the data plane of the cell's stream, read besides ``data_plane``'s
         self.cell_planes = dict(cell_planes or {})
         self._cell_consumers = {}
-        self._cell_publishers = {}
+        #: catch_up's markers on the cell streams, each from a thread of its own
+        self._markers: CellMarkers | None = None
         self._reporter_topic = reporter_topic
         self._scheduler_topic = scheduler_topic
         self._encoder = encoder or Encoder()
@@ -282,8 +283,10 @@ class SchedulerService:
         self._start_cells(offset is None and bool(self._known_sources))
         if self.membership_interval is not None:
             self._publisher = self._data_plane.stream_publisher()
-            self._cell_publishers = {cell: plane.stream_publisher()
-                                     for cell, plane in self.cell_planes.items()}
+            if self.cell_planes:
+                self._markers = CellMarkers(self.name, {
+                    cell: plane.stream_publisher() for cell, plane in self.cell_planes.items()})
+                self._markers.start()
             self.cache.marker_source = membership_source_id(self.name)
             self.membership = MembershipPublisher(self.name, time.time_ns(), time.time(),
                                                   interval=self.membership_interval)
@@ -306,8 +309,9 @@ class SchedulerService:
         if self.membership is not None:
             self._publish_membership(leaving=True)
             self._publisher.close()
-            for publisher in self._cell_publishers.values():
-                publisher.close()
+            if self._markers is not None:
+                self._markers.stop()
+                self._markers = None
         self._consumer.stop()
         for consumer in self._cell_consumers.values():
             consumer.stop()
@@ -466,11 +470,11 @@ class SchedulerService:
                 self.cache.peers = tuple(live_peers(self.receiver, now))
 
     def _publish_membership(self, leaving: bool = False, cells: tuple[str, ...] = (),
-                            ) -> tuple[tuple[int, int], tuple[str, ...]] | None:
+                            ) -> tuple[int, int] | None:
         """Put this scheduler's own entry on the stream (design §2; a failure is retried at
-        the next interval: peers drop a silent scheduler, they do not fail), and on the
-        streams of ``cells`` (catch_up's marker); its version and the cells it reached, once
-        stored on the deployment's stream, None if it could not be."""
+        the next interval: peers drop a silent scheduler, they do not fail), and hand it to
+        the streams of ``cells`` (catch_up's marker, published by their own threads); its
+        version once stored on the deployment's stream, None if it could not be."""
         membership = self.membership
         assert membership is not None
         now = self.clock()
@@ -487,15 +491,9 @@ class SchedulerService:
                     LOG.warning("scheduler %s could not publish its membership entry: %s",
                                 self.name, exc)
                 return None
-            marked = []
-            for cell in cells:
-                try:
-                    self._cell_publishers[cell].publish(body)
-                    marked.append(cell)
-                except Exception as exc:  # that cell is not waited for
-                    LOG.warning("scheduler %s could not put its marker on cell %s's stream: "
-                                "%s", self.name, cell, exc)
-        return (snapshot.epoch, snapshot.seq), tuple(marked)
+            if cells and self._markers is not None:
+                self._markers.put(body, cells)
+        return snapshot.epoch, snapshot.seq
 
     def catch_up(self, settle: float = 0.0, timeout: float = 1.0) -> bool:
         """Wait until this cache holds what the sources had changed by now (design §5.4):
@@ -504,17 +502,18 @@ class SchedulerService:
         put our own entry on the stream and wait, at most ``timeout`` seconds, until it
         comes back: one stream, one order, so everything stored before it has been
         applied.  With cells, the same entry goes on every cell stream whose consumer is
-        connected, and each must come back too. False at once without an entry to put
-        (membership off), when stopped, or when it fails."""
+        connected, and each must come back too (a cell whose publish hangs makes catch_up
+        wait out its ``timeout``, nothing more: shared_host_manager.cell_markers).  False at
+        once without an entry to put (membership off), when stopped, or when it fails."""
         if self.membership is None or not self.running:
             return False
         if settle > 0 and self._stop.wait(settle):
             return False
         deadline = time.monotonic() + timeout
-        published = self._publish_membership(cells=self._connected_cells())
-        if published is None:
+        cells = self._connected_cells()
+        version = self._publish_membership(cells=cells)
+        if version is None:
             return False
-        version, cells = published
         view = self.receiver.sources.get  # read under the lock, by wait_for
         own = membership_source_id(self.name)
         marks = self.cache.cell_marks

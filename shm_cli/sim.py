@@ -70,6 +70,11 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
                    help="shared mode: the reporters publish on C cell streams (a stream per "
                         "nova cell, standing in for C brokers), every scheduler reads them all "
                         "(default: %(default)s, one stream)")
+    p.add_argument("--cell-outage", metavar="CELL:START:SECONDS",
+                   help="with --cells over RabbitMQ: stop that cell's broker (a relay in front "
+                        "of it) START seconds into the run for SECONDS, e.g. cell2:10:30; the "
+                        "figures say where requests landed meanwhile and how long the cell's "
+                        "hosts took to rejoin")
     p.add_argument("--db-url", help="SQLAlchemy URL of the legacy/caching database "
                                     "(default: a temporary SQLite file), e.g. "
                                     "mysql+pymysql://root@127.0.0.1:3306/test")
@@ -167,6 +172,7 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         ("--processes", args.processes is not None), ("--record", bool(args.record)),
         ("--reporter-processes", args.reporter_processes is not None),
         ("--cells", args.cells != SimConfig.cells),
+        ("--cell-outage", args.cell_outage is not None),
         ("--transport", args.transport != "fake"), ("--plot", bool(args.plot)),
         ("--host-subset-size", args.host_subset_size is not None),
         ("--nvh-checks", args.nvh_checks != SimConfig.nvh_checks),

@@ -130,7 +130,7 @@ class _Child:
     def main(self) -> None:
         run = self.run
         transport = RunTransport(run["transport"], suffix=run["suffix"], owner=False,
-                                 cells=run["cells"])
+                                 cells=run["cells"], cell_urls=run["cell_urls"])
         try:
             self.schedulers = [SharedScheduler(s, transport.data, transport.control,
                                                transport.cell_planes)
@@ -379,7 +379,8 @@ class ProcessSimulation(Simulation):
         assert p is not None  # __init__ refuses a run without scheduler processes
         run = {"transport": cfg.transport, "suffix": self.transport.suffix, "seed": cfg.seed,
                "sources": sorted(self.cloud.documents),
-               "ownership": cfg.peer_ownership, "schedulers": len(settings), "cells": cfg.cells}
+               "ownership": cfg.peer_ownership, "schedulers": len(settings), "cells": cfg.cells,
+               "cell_urls": self.transport.cell_urls}
         for j in range(p):
             # scheduler i runs in process i % p, as its (i // p)-th; client c uses scheduler c % m
             clients = {}

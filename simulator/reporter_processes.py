@@ -66,7 +66,7 @@ from simulator.processes import (
     run_child,
 )
 from simulator.run_transport import RunTransport
-from simulator.simulation import _reporter_truth
+from simulator.simulation import _reporter_truth, reporter_size
 
 Truth = dict[str, tuple[int, int, dict]]
 
@@ -100,7 +100,7 @@ class _ReporterChild:
     def main(self) -> None:
         run = self.run
         transport = RunTransport(run["transport"], suffix=run["suffix"], owner=False,
-                                 cells=run["cells"])
+                                 cells=run["cells"], cell_urls=run["cell_urls"])
         rtopic, stopic = transport.topics
         try:
             for name, seed, docs in self.shares:
@@ -251,14 +251,18 @@ class ReporterProcessSimulation(ProcessSimulation):
 
     def _start_reporters(self) -> None:
         cfg = self.cfg
-        self.transport = RunTransport(cfg.transport, cells=cfg.cells)
+        self.transport = RunTransport(cfg.transport, cells=cfg.cells,
+                                      relay_cell=self.outage.cell if self.outage else None)
+        if self.outage is not None:
+            self.outage.relay = self.transport.relay
         rtopic, _ = self.transport.topics
         ctx = mp.get_context("spawn")
         run = {"transport": cfg.transport, "suffix": self.transport.suffix,
                "drift_interval": cfg.drift_interval, "heartbeat_interval": cfg.heartbeat_interval,
-               "coalesce_window": cfg.coalesce_window, "cells": cfg.cells}
+               "coalesce_window": cfg.coalesce_window, "cells": cfg.cells,
+               "cell_urls": self.transport.cell_urls}
         sources = sorted(self.cloud.documents)
-        n, m, per = len(sources), cfg.reporter_processes, cfg.hosts_per_reporter
+        n, m, per = len(sources), cfg.reporter_processes, reporter_size(cfg)
         assert m is not None  # __init__ refuses a run without reporter processes
         k = 0
         for j in range(m):
@@ -269,6 +273,7 @@ class ReporterProcessSimulation(ProcessSimulation):
                 chunk = sources[i:min(i + per, hi)]
                 shares.append((f"reporter-{k}", cfg.seed + i,
                                {s: self.cloud.documents[s] for s in chunk}))
+                self.note_cell(k, chunk)
                 k += 1
             proc = ReporterProcess(ctx, j, run, shares)
             self.reporter_processes.append(proc)

@@ -94,6 +94,14 @@ def summary_table(report: dict[str, Any]) -> str:
         rows.insert(1, ("reporter processes", "reporter_processes"))
     if any(r.get("cells") for r in results.values()):
         rows.insert(0, ("cell streams", "cells"))
+    if any("outage_cell" in r for r in results.values()):
+        rows += [("cell away", "outage_cell"), ("  its hosts", "outage_cell_hosts"),
+                 ("  seconds away", "outage_seconds"),
+                 ("  scheduled/s meanwhile", "outage_scheduled_per_s"),
+                 ("  placed elsewhere meanwhile", "outage_placed_elsewhere"),
+                 ("  placed on it meanwhile", "outage_placed_on_cell"),
+                 ("  placed on it after down", "outage_placed_on_cell_after_down"),
+                 ("  rejoined s after return", "outage_rejoin_s")]
     width = max(len(r[0]) for r in rows) + 2
     table: list[tuple[str, list[str]]] = []
     for label, key in rows:

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,8 @@ from protocol.source import SourceMachine
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import DecisionEngine, NoValidHost
 from shared_host_manager.updatelog.recorder import record_run
+from simulator.cell_outage import CellOutage
+from simulator.cell_outage import parse as parse_outage
 from simulator.database import HostDatabase
 from simulator.modes import DatabaseScheduler, ModeSettings, Outcome, SharedScheduler
 from simulator.run_transport import RunTransport
@@ -114,6 +116,9 @@ class SimConfig(RunShape):
     #: shared mode: the hosts' reporters publish on this many cell streams, which every
     #: scheduler reads (design §4.6; 0: the one stream)
     cells: int = 0
+    #: with ``cells`` over RabbitMQ: "CELL:START:SECONDS", that cell's broker away for SECONDS
+    #: from START seconds into the run (simulator.cell_outage)
+    cell_outage: str | None = None
     #: the NoValidHost oracle: at most this many checks per run, at most this share of a core
     nvh_checks: int = NVH_ORACLE_CHECKS
     nvh_oracle_share: float = NVH_ORACLE_SHARE
@@ -129,6 +134,14 @@ def nova_installed() -> bool:
         return importlib.util.find_spec("nova") is not None
     except ValueError:  # a module blocked in sys.modules (None) has no spec
         return False
+
+
+def reporter_size(cfg: SimConfig) -> int:
+    """Hosts per reporter: ``hosts_per_reporter``, fewer with cells, so that every cell has a
+    reporter (reporter ``k`` is in cell ``k % cells``)."""
+    if cfg.cells <= 0:
+        return cfg.hosts_per_reporter
+    return max(1, min(cfg.hosts_per_reporter, -(-cfg.nodes // cfg.cells)))
 
 
 def check_config(cfg: SimConfig) -> None:
@@ -148,6 +161,11 @@ def check_config(cfg: SimConfig) -> None:
     if cfg.cells and cfg.host_manager != "shared":
         raise ValueError("--cells applies to the shared host manager only (--host-manager "
                          "shared): legacy and caching read a database, not streams")
+    if cfg.cell_outage is not None:
+        parse_outage(cfg.cell_outage, cfg.cells)
+        if not cfg.transport.startswith("rabbit://"):
+            raise ValueError("--cell-outage needs --transport rabbit://...: the cell's broker "
+                             "is the local RabbitMQ behind a relay the run stops")
     if cfg.record and cfg.processes is not None:
         raise ValueError("--record records in-process runs; drop --processes (or record each "
                          "scheduler process with [update_log] in its own configuration)")
@@ -393,6 +411,9 @@ class Simulation:
         self.clock = time.monotonic
         self._nvh_checker = _NoValidHostChecker(self._check_no_valid_host, cfg.nvh_checks,
                                                 cfg.nvh_oracle_share)
+        #: --cell-outage: one cell's broker away during the run (shared mode only)
+        self.outage = CellOutage(cfg.cell_outage, cfg.cells, 3 * cfg.heartbeat_interval) \
+            if cfg.cell_outage is not None and mode == "shared" else None
 
     # -- set-up -----------------------------------------------------------------
 
@@ -424,20 +445,24 @@ class Simulation:
         the database."""
         cfg = self.cfg
         self.transport = RunTransport(cfg.transport if self.mode == "shared" else "fake",
-                                      cells=cfg.cells if self.mode == "shared" else 0)
+                                      cells=cfg.cells if self.mode == "shared" else 0,
+                                      relay_cell=self.outage.cell if self.outage else None)
+        if self.outage is not None:
+            self.outage.relay = self.transport.relay
         rtopic, stopic = self.transport.topics
         sources = sorted(self.cloud.documents)
-        for i in range(0, len(sources), cfg.hosts_per_reporter):
-            docs = {s: self.cloud.documents[s] for s in sources[i:i + cfg.hosts_per_reporter]}
+        per = reporter_size(cfg)
+        for i in range(0, len(sources), per):
+            docs = {s: self.cloud.documents[s] for s in sources[i:i + per]}
             tracker = SimulatedTracker(0, seed=cfg.seed + i, documents=docs,
                                        change_interval=cfg.drift_interval, delete_probability=0)
             reporter = ReporterService(
-                f"reporter-{i // cfg.hosts_per_reporter}", tracker,
-                self.transport.reporter_plane(i // cfg.hosts_per_reporter),
+                f"reporter-{i // per}", tracker, self.transport.reporter_plane(i // per),
                 self.transport.control, reporter_topic=rtopic, scheduler_topic=stopic,
                 heartbeat_interval=cfg.heartbeat_interval, coalesce_window=cfg.coalesce_window)
             self.reporters.append(reporter)
             self.transport.queues.append(f"{rtopic}.{reporter.name}")
+            self.note_cell(i // per, docs)
             for s in docs:
                 self.reporter_of[s] = reporter
         if self.mode != "shared":
@@ -516,6 +541,11 @@ class Simulation:
                 with sched.lock:
                     sched.engine.index.sync()
 
+    def note_cell(self, k: int, sources: Iterable[str]) -> None:
+        """Reporter ``k`` serves ``sources``: the outage's hosts, if it is in its cell."""
+        if self.outage is not None and self.transport.reporter_cell(k) == self.outage.cell:
+            self.outage.sources.update(sources)
+
     def _published_versions(self) -> dict[str, tuple[int, int]]:
         out: dict[str, tuple[int, int]] = {}
         for reporter in self.reporters:
@@ -585,6 +615,8 @@ class Simulation:
             elif not outcome.timed_out:
                 m.scheduled += 1
         if outcome.placed:
+            if self.outage is not None:
+                self.outage.placed(list(outcome.placed.values()))
             self._churn(spec, outcome.placed)
 
     def _churn(self, spec: Any, placed: dict[str, str]) -> None:
@@ -676,10 +708,14 @@ class Simulation:
         bus_before = self.transport.stats()
         db_before = self.db.statements if self.db else 0
         sampler.start()
+        if self.outage is not None:
+            self.outage.begin(self._published_versions, self._views)
         elapsed = drive_clients(self._client, cfg.clients, None if cfg.requests else cfg.duration,
                                 progress, lambda: self.metrics.requests)
         sampler_stop.set()
         sampler.join()
+        if self.outage is not None:
+            self.outage.end()
         self._nvh_checker.close()
         if self.client_errors:
             raise RuntimeError("simulation clients failed: " + "; ".join(self.client_errors[:3]))
@@ -789,6 +825,7 @@ class Simulation:
                 for uuid, where in self.workload.violations)[:20],
             "converged": converged,
             "cells": len(self.transport.cell_planes),
+            **(self.outage.figures() if self.outage is not None else {}),
             "prefilled_instances": self.prefilled,
             "db_statements_per_s": round(db_statements / elapsed, 1) if self.db else 0.0,
         }
