@@ -3,10 +3,15 @@ reads the deployment's stream and every cell's, each at its own offset."""
 
 from __future__ import annotations
 
+import threading
+import time
+import uuid
+
 import pytest
 from oslo_config import cfg
 from svc_harness import converged, make_reporter, make_scheduler, quiesce, wait_for
 
+from protocol.messages import Claim
 from shared_host_manager import metrics
 from shared_host_manager.service import SchedulerService
 from transport import cells, factory
@@ -107,8 +112,6 @@ def test_catch_up_waits_for_its_marker_on_every_cell_stream() -> None:
     sched.start()
     try:
         bus.pump()
-        import threading
-
         result: list[bool] = []
         waiter = threading.Thread(target=lambda: result.append(sched.catch_up(timeout=5.0)))
         waiter.start()
@@ -221,4 +224,91 @@ def test_a_service_from_configuration_reads_the_listed_cells(tmp_path) -> None:
         assert list(svc.cell_planes) == ["cell1"]
     finally:
         factory.close_default_bus()
+        bus.close()
+
+
+class _Stuck:
+    """A stream whose broker went away: a publish blocks (as a kombu publisher retrying for
+    publish_timeout does) until ``release`` is set, then goes through."""
+
+    def __init__(self, plane: InProcessStreamPlane) -> None:
+        self.plane = plane
+        self.stuck = threading.Event()
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+
+    def stream_publisher(self):
+        inner = self.plane.stream_publisher()
+        outer = self
+
+        class Publisher:
+            def publish(self, body: bytes) -> None:
+                if outer.stuck.is_set():
+                    outer.blocked.set()
+                    outer.release.wait(30)
+                inner.publish(body)
+
+            def close(self) -> None:
+                inner.close()
+
+        return Publisher()
+
+    def stream_consumer(self, on_retention_gap=None):
+        return self.plane.stream_consumer(on_retention_gap)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_reporter_answers_claims_while_its_stream_does_not_take_its_deltas() -> None:
+    bus = InProcessBus(threaded=True)
+    planes = _cell_planes(bus)
+    stuck = _Stuck(planes["cell2"])
+    reporter = make_reporter(stuck, bus, "r-cell2", 3, seed=1, change_interval=3600.0)
+    sched = make_scheduler(bus, bus, "s0", cell_planes=planes)
+    sched.start()
+    reporter.start()
+    try:
+        wait_for(lambda: converged([reporter], [sched]), what="the cell's hosts held")
+        stuck.stuck.set()
+        wait_for(stuck.blocked.is_set, 5, "the reporter's loop held by a publish")
+        source = sorted(reporter.manager.machines)[0]
+        with sched.cache.lock:
+            view = sched.receiver.sources[source]
+            claim = Claim(uuid.uuid4().hex, sched.name, source, view.epoch, view.seq,
+                          {"memory_mb": 256}, uuid.uuid4().hex)
+            sched.receiver.add_claim(claim, sched.clock())
+        assert sched.send_claim(claim)
+        # the answer comes while the delta listing the claim is stuck on its way
+        wait_for(lambda: sched.cache.control_received["claim_accepted"] == 1, 10,
+                 "the claim's answer")
+        assert stuck.blocked.is_set() and not stuck.release.is_set()
+        stuck.release.set()
+        wait_for(lambda: converged([reporter], [sched]), what="the delta after it")
+    finally:
+        stuck.release.set()
+        reporter.stop()
+        sched.stop()
+        bus.close()
+
+
+def test_catch_up_is_not_held_by_a_cell_whose_publish_hangs() -> None:
+    bus = InProcessBus(threaded=True)
+    planes: dict[str, object] = dict(_cell_planes(bus))
+    stuck = _Stuck(planes["cell2"])  # type: ignore[arg-type]
+    stuck.stuck.set()
+    planes["cell2"] = stuck
+    sched = make_scheduler(bus, bus, "s0", cell_planes=planes, membership_interval=0.2)
+    sched.start()
+    try:
+        started = time.monotonic()
+        assert sched.catch_up(timeout=0.5) is False  # cell2's marker never comes back
+        assert time.monotonic() - started < 5
+        # the timer thread is not held either: this scheduler's entry keeps being published
+        held = sched.receiver.sources[sched.cache.marker_source].version
+        wait_for(lambda: sched.receiver.sources[sched.cache.marker_source].version > held, 5,
+                 "the next membership entry")
+    finally:
+        stuck.release.set()
+        sched.stop()
         bus.close()

@@ -36,6 +36,27 @@ def test_each_mode_keeps_the_invariants(mode):
         assert sum(result["claims_rejected_by_choice"].values()) == result["claims_rejected"]
 
 
+def test_the_shared_mode_over_cell_streams_keeps_the_invariants():
+    """3 cells: one reporter per cell (fewer hosts each than hosts_per_reporter asks), each on
+    its cell's stream; the schedulers read all three and converge."""
+    sim = Simulation(SimConfig(host_manager="shared", cells=3, **SMALL), "shared")
+    sim.start()
+    try:
+        result = sim.run()
+        streams = {name: plane.stream for name, plane in sim.transport.cell_planes.items()}
+        assert sorted(streams) == ["cell1", "cell2", "cell3"]
+        bus = sim.transport.bus
+        assert bus is not None
+        assert all(bus.stream_bounds(s)[1] > 0 for s in streams.values())
+        held = [sched.service.cache.cell_offsets for sched in sim.schedulers]
+        assert all(set(offsets) == set(streams) for offsets in held)
+    finally:
+        sim.stop()
+    assert result["cells"] == 3 and len(sim.reporters) == 3
+    assert result["overcommitted_hosts"] == 0 and result["timed_out"] == 0
+    assert result["scheduled"] > 0 and result["converged"]
+
+
 @pytest.mark.nova
 @pytest.mark.parametrize("mode", ["shared", "legacy", "caching"])
 def test_each_mode_decides_with_novas_classes(mode):

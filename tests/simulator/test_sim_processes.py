@@ -159,3 +159,50 @@ def test_reporter_processes_refuse_what_cannot_run(argv, says, capsys):
     err = capsys.readouterr().err
     assert says in err
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
+
+
+@pytest.mark.rabbit
+@pytest.mark.slow
+def test_cells_in_processes_with_one_cells_broker_away(rabbit, tmp_path, closed):
+    """4 cell streams, reporters and schedulers in processes; cell2's broker away for 3 s:
+    the run keeps scheduling elsewhere, nothing is overcommitted, the cell rejoins, and every
+    cell stream is deleted at the end."""
+    out = tmp_path / "cells.json"
+    code = sim_cmd.main(["--host-manager", "shared", "--nodes", "40", "--schedulers", "2",
+                         "--processes", "2", "--reporter-processes", "2", "--cells", "4",
+                         "--duration", "8", "--clients", "4", "--heartbeat-interval", "0.5",
+                         "--cell-outage", "cell2:1:3", "--transport", rabbit, "--quiet",
+                         "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())["results"]["shared"]
+    assert result["cells"] == 4 and result["outage_cell"] == "cell2"
+    assert result["outage_cell_hosts"] == 10  # one reporter of 10 hosts per cell
+    assert result["outage_seconds"] == pytest.approx(3, abs=0.5)
+    assert result["outage_placed_elsewhere"] > 0
+    assert result["outage_rejoin_s"] is not None
+    assert result["overcommitted_hosts"] == 0 and result["converged"]
+    (owner,) = [t for t in closed if t.owner]
+    streams = [f"{owner.stream}.cell{c}" for c in range(1, 5)]
+    assert [n for n in [owner.stream, *streams] if _queue_exists(n)] == []
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--cells", "-1"], "--cells must be 0"),
+    (["--cells", "2", "--host-manager", "all"], "--cells applies to the shared host manager"),
+    (["--cells", "2", "--host-manager", "shared", "--cell-outage", "cell3:1:2", *RABBIT],
+     "'cell3' is not one of the run's cells"),
+    (["--cells", "2", "--host-manager", "shared", "--cell-outage", "cell1:1"],
+     "expected CELL:START:SECONDS"),
+    (["--cells", "2", "--host-manager", "shared", "--cell-outage", "cell1:1:0", *RABBIT],
+     "SECONDS > 0"),
+    (["--cells", "2", "--host-manager", "shared", "--cell-outage", "cell1:1:2"],
+     "--cell-outage needs --transport rabbit://"),
+    (["--scheduler", "nova", "--cells", "2"], "--cells"),
+])
+def test_cells_refuse_what_cannot_run(argv, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sim_cmd.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
