@@ -110,7 +110,6 @@ from transport.base import (
     StreamConsumerStats,
     StreamPublisher,
 )
-from transport.inprocess import InProcessBus
 from transport.metrics import Histogram
 from transport.rpcapi import ReporterAPI, SchedulerAPI, peer_topic
 from transport.startup import check_state_dir
@@ -651,7 +650,6 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
     keyring = signing_opts.keyring_from_conf(conf)
     data_plane, control_plane = factory.from_conf(conf)
     topics = factory.topics(conf)
-    bus = data_plane if isinstance(data_plane, InProcessBus) else None
     return SchedulerService(
         group.name, data_plane, control_plane,
         reporter_topic=topics.reporter, scheduler_topic=topics.scheduler,
@@ -666,4 +664,4 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl,
         fence_timeout=group.fence_timeout, placement_max_staleness=group.placement_max_staleness,
         checkpoint_interval=group.checkpoint_interval,
-        cell_planes=factory.build_cell_planes(conf, bus))
+        cell_planes=factory.build_cell_planes(conf))

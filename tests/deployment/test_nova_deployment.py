@@ -384,36 +384,48 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
 
 
 def test_a_deleted_compute_gets_nothing_until_it_starts_again(deployment: Any) -> None:
-    """A compute killed (SIGKILL: no goodbye) and its service deleted through the API at
-    once, long before nova would see it down: servers requested right after all go
-    elsewhere, none fails.  Started again, nova-compute creates its service and node anew
-    and, once mapped (``discover_hosts``), takes servers again: an anti-affinity group gets
-    one server on every compute."""
+    """REPEATS times, a different compute each time: killed (SIGKILL: no goodbye) and its
+    service deleted through the API at once, long before nova would see it down: servers
+    requested right after all go elsewhere, none fails.  Started again, nova-compute creates
+    its service and node anew and, once mapped (``discover_hosts``), takes servers again;
+    nova-api and nova-conductor restart between repetitions.  At the end an anti-affinity
+    group gets one server on every compute."""
     dep = deployment
     _clean(dep)
-    host = dep.hosts[0]
     count = 3
     booted: list[Server] = []
+    reps: list[dict[str, Any]] = []
+    host = dep.hosts[0]
     try:
-        dep.kill(host)
-        dep.delete_service(host)
-        name = _name()
-        for i in range(count):
-            dep.boot(f"{name}-{i}")
-        servers = dep.wait_servers(name, count)
-        booted += servers
-        hosts = _hosts(servers)
-        FIGURES[dep.mode]["deleted_compute"] = dict(host=host, on_host=hosts.get(host, 0),
-                                                    servers=count, errors=len(_faults(servers)))
-        assert not hosts.get(host) and not _faults(servers), \
-            f"servers on the deleted compute {host}: {dict(hosts)}, faults {_faults(servers)}"
-        dep.restart(host)
-        dep.wait_service("nova-compute", host)
-        wait_until(lambda: len(dep.resource_providers()) >= len(dep.hosts), 120,
-                   f"{host}'s resource provider again")
-        dep.discover_hosts()
+        for rep in range(REPEATS):
+            host = dep.hosts[rep % len(dep.hosts)]
+            dep.kill(host)
+            dep.delete_service(host)
+            name = _name()
+            for i in range(count):
+                dep.boot(f"{name}-{i}")
+            servers = dep.wait_servers(name, count)
+            booted += servers
+            hosts = _hosts(servers)
+            reps.append(dict(host=host, on_host=hosts.get(host, 0), servers=count,
+                             errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
+                             faults=_faults(servers)[:3]))
+            dep.restart(host)
+            dep.wait_service("nova-compute", host)
+            wait_until(lambda: len(dep.resource_providers()) >= len(dep.hosts), 120,
+                       f"{host}'s resource provider again")
+            dep.discover_hosts()
+            if rep + 1 < REPEATS:
+                dep.restart("api", "conductor")
+                restarted = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+                dep.wait_reported_since(restarted)
+        bad = [r for r in reps if r["on_host"] or r["errors"]]
+        assert not bad, f"servers on a deleted compute or in ERROR: {bad}"
         _one_per_compute(dep, f"after {host} started again")
     finally:
+        FIGURES[dep.mode]["deleted_compute"] = dict(
+            on_host=sum(r["on_host"] for r in reps), servers=sum(r["servers"] for r in reps),
+            errors=sum(r["errors"] for r in reps), repetitions=len(reps), per_repetition=reps)
         if not dep.processes[host].alive():
             dep.restart(host)
         if booted:
