@@ -197,9 +197,7 @@ def health(service: SchedulerService, max_lag_seconds: float = 30.0) -> tuple[bo
     stream = service.stream_stats()
     if stream is not None:
         if not stream.connected:
-            since = f" since {time.strftime('%H:%M:%S', time.localtime(stream.state_since))}" \
-                if stream.state_since else ""
-            return False, f"not connected to the broker{since} ({stream.reconnects} reconnects)"
+            return False, f"not connected to the broker{_disconnected(stream)}"
         lag = stream.lag_seconds
         if lag is not None and lag > max_lag_seconds:
             return False, (f"{lag:.1f} s ({stream.lag_offsets} offsets) behind the stream's tail "
@@ -225,6 +223,13 @@ def health(service: SchedulerService, max_lag_seconds: float = 30.0) -> tuple[bo
     return True, f"ok: {f['active']} sources active, {lag_text}{feed}"
 
 
+def _disconnected(stream: StreamConsumerStats) -> str:
+    """`` since HH:MM:SS (N reconnects)`` of a consumer out of reach."""
+    since = f" since {time.strftime('%H:%M:%S', time.localtime(stream.state_since))}" \
+        if stream.state_since else ""
+    return f"{since} ({stream.reconnects} reconnects)"
+
+
 def _cell_lines(service: SchedulerService, max_lag_seconds: float) -> list[str]:
     """A line for each cell whose stream is out of reach or behind (design §4.6): the
     scheduler still decides, with that cell's hosts going down after ``down_interval``, so
@@ -235,10 +240,7 @@ def _cell_lines(service: SchedulerService, max_lag_seconds: float) -> list[str]:
         if stream is None:
             continue
         if not stream.connected:
-            since = f" since {time.strftime('%H:%M:%S', time.localtime(stream.state_since))}" \
-                if stream.state_since else ""
-            out.append(f"cell {cell} not connected to its broker{since} "
-                       f"({stream.reconnects} reconnects)")
+            out.append(f"cell {cell} not connected to its broker{_disconnected(stream)}")
         elif stream.lag_seconds is not None and stream.lag_seconds > max_lag_seconds:
             out.append(f"cell {cell} {stream.lag_seconds:.1f} s behind its stream's tail")
     return out
@@ -267,14 +269,7 @@ def status(service: SchedulerService, sources: bool = False, role: str = "schedu
         "sources": f["sources"],
         "broker": {"connected": stream.connected, "reconnects": stream.reconnects,
                    "since": stream.state_since} if stream is not None else None,
-        "stream": {"applied_offset": f["offset"],
-                   "tail_offset": stream.tail_offset if stream else None,
-                   "lag_offsets": stream.lag_offsets if stream else None,
-                   "lag_seconds": stream.lag_seconds if stream else None,
-                   "tail_checked_at": stream.tail_checked_at if stream else None,
-                   "staleness": stream.staleness.as_dict()
-                   if stream is not None and stream.staleness is not None else None,
-                   "retention_gaps": f["retention_gaps"]},
+        "stream": _stream_status(stream, f["offset"], f["retention_gaps"]),
         "cells": {cell: _cell_status(stats, f["cell_offsets"].get(cell))
                   for cell, stats in service.cell_stream_stats().items()},
         "receiver": {"applied": rx["applied"], "gaps": rx["gaps"],
@@ -295,18 +290,25 @@ def status(service: SchedulerService, sources: bool = False, role: str = "schedu
     return out
 
 
-def _cell_status(stream: StreamConsumerStats | None, applied: int | None) -> dict[str, Any]:
-    """One cell's stream in /status (design §4.6): its broker, offsets, lag and staleness."""
+def _stream_status(stream: StreamConsumerStats | None, applied: int | None,
+                   retention_gaps: int | None) -> dict[str, Any]:
+    """A stream's consumer in /status: offsets, lag and staleness (None: no figures)."""
     return {"applied_offset": applied,
-            "connected": stream.connected if stream else None,
-            "reconnects": stream.reconnects if stream else None,
-            "since": stream.state_since if stream else None,
             "tail_offset": stream.tail_offset if stream else None,
             "lag_offsets": stream.lag_offsets if stream else None,
             "lag_seconds": stream.lag_seconds if stream else None,
+            "tail_checked_at": stream.tail_checked_at if stream else None,
             "staleness": stream.staleness.as_dict()
             if stream is not None and stream.staleness is not None else None,
-            "retention_gaps": stream.retention_gaps if stream else None}
+            "retention_gaps": retention_gaps}
+
+
+def _cell_status(stream: StreamConsumerStats | None, applied: int | None) -> dict[str, Any]:
+    """One cell's stream in /status (design §4.6): its broker beside the stream's figures."""
+    return {**_stream_status(stream, applied, stream.retention_gaps if stream else None),
+            "connected": stream.connected if stream else None,
+            "reconnects": stream.reconnects if stream else None,
+            "since": stream.state_since if stream else None}
 
 
 def _placement_status(service: SchedulerService) -> dict[str, Any]:
