@@ -308,6 +308,8 @@ def scheduler_service() -> Any:
             from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
 
             conf = _stream_conf(_register_scheduler)
+            if _register_nova_opts().shared_host_manager.cell_streams:
+                _read_cells(conf)
             if _scheduler_workers() != 1:
                 conf.set_override("name", f"{conf.cache.name}-{os.getpid()}", group="cache")
                 conf.set_override("state_dir", None, group="cache")
@@ -315,6 +317,18 @@ def scheduler_service() -> Any:
             _service = scheduler_service.service_from_conf(conf, recorder=recorder_from_conf(conf))
             _serve.append(conf)
         return _service
+
+
+def _read_cells(conf: Any) -> None:
+    """A stream per cell: nova's cell mappings, read once as the service is built."""
+    from nova import context, objects
+
+    from shared_host_manager.nova import cells
+
+    objects.register_all()
+    read = cells.apply_cell_mappings(
+        conf, objects.CellMappingList.get_all(context.get_admin_context()))
+    LOG.info("reading the host-state streams of %d cells: %s", len(read), ", ".join(read))
 
 
 def _start_scheduler_service(*_: Any) -> None:
@@ -468,6 +482,11 @@ def check_compute() -> None:
         from compute_reporter.epochs import EpochStore
 
         EpochStore(conf.reporter.state_dir)  # writable, and its epochs file readable
+        group = _register_nova_opts().shared_host_manager
+        if group.cell_streams:
+            from shared_host_manager.nova import cells
+
+            cells.compute_cell(conf, group.cell_uuid)
 
     _check_before_start(_register_compute, local)
 
@@ -506,6 +525,10 @@ def install_compute() -> Any:
         from shared_host_manager.updatelog.recorder import from_conf as recorder_from_conf
 
         ours = _stream_conf(_register_compute)
+        if group.cell_streams:
+            from shared_host_manager.nova import cells
+
+            cells.compute_cell(ours, group.cell_uuid)
         _reporter = reporter_service.service_from_conf(ours, compute_hook.NovaTracker(hook),
                                                        recorder=recorder_from_conf(ours))
         _reporter.start()

@@ -123,6 +123,17 @@ Set it to placement's value.
 every host document of this service. Find it with 'nova-manage cell_v2
 list_cells'.
 """),
+    cfg.BoolOpt("cell_streams", default=False, help="""
+(nova-scheduler, nova-compute) A host-state stream per nova cell, found from
+nova's cell mappings. A compute publishes on the stream of its cell_uuid
+(required then), on its [data_plane] stream_url: its cell's broker. A
+scheduler reads, at start, nova's cell mappings and the stream of every cell
+but cell0, on [data_plane:<cell uuid>] stream_url if the stream's file sets
+one, else on the cell mapping's transport_url. [data_plane] cells set in the
+stream's file wins over the mappings.
+
+Related options: cell_uuid, config_files ([data_plane] cell and cells).
+"""),
     cfg.IntOpt("aggregate_refresh_interval", default=60, min=0, help="""
 (nova-compute) Seconds between reads of this host's aggregates (one
 AggregateList.get_by_host through the conductor), published in the
