@@ -31,6 +31,7 @@ DEFAULT_STREAM = "default"
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
+
 def validate_cell(name: str, option: str) -> str:
     """``name`` if it can name a cell, else the one-line OperatorError naming ``option``."""
     if not _NAME.match(name) or name == DEFAULT_STREAM:

@@ -227,7 +227,8 @@ def check_urls(conf: cfg.ConfigOpts) -> None:
     if conf.data_plane.backend == "rabbit":
         stream_settings(conf)
         for cell, url in cells_conf.cell_urls(conf).items():
-            stream_settings(conf, url=url, name=cell)
+            stream_settings(conf, url=url,
+                            name=cells_conf.cell_stream_name(conf.data_plane.stream_name, cell))
     if conf.control_plane.backend == "oslo":
         _require_transport_url(conf)
 
