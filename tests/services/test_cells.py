@@ -312,3 +312,36 @@ def test_catch_up_is_not_held_by_a_cell_whose_publish_hangs() -> None:
         stuck.release.set()
         sched.stop()
         bus.close()
+
+
+def test_a_newcomer_resumes_each_cell_stream_after_the_checkpoints_offsets() -> None:
+    bus = InProcessBus(threaded=True)
+    # membership on: the schedulers' entries give the deployment's stream an offset
+    planes, reporters, first = _cloud(bus, checkpoint_interval=30.0, membership_interval=0.5)
+    first.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: converged(reporters, [first]), what="both cells' hosts held")
+        wait_for(lambda: first.cache.offset is not None, what="an offset on the main stream")
+        assert first.checkpoints is not None and first.checkpoints.publish()
+        with first.cache.lock:
+            taken = dict(first.cache.cell_offsets)
+        recorded = {c: _Recorded(bus, p.stream) for c, p in planes.items()}
+        newcomer = make_scheduler(bus, bus, "s1", cell_planes=recorded, checkpoint_interval=30.0,
+                                  membership_interval=0.5)
+        newcomer.start()
+        try:
+            assert newcomer.checkpoints is not None and newcomer.checkpoints.restored is not None
+            assert {c: p.starts for c, p in recorded.items()} == {
+                c: [taken[c] + 1] for c in CELLS}
+            quiesce(reporters)
+            wait_for(lambda: converged(reporters, [first, newcomer]), what="convergence")
+            assert newcomer.receiver.stats["resyncs_requested"] == 0
+        finally:
+            newcomer.stop()
+    finally:
+        for r in reporters:
+            r.stop()
+        first.stop()
+        bus.close()
