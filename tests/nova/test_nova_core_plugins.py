@@ -263,6 +263,52 @@ def test_the_multipliers_key_follows_novas_option_and_patched_classes_are_asked(
     assert weigher.default_multiplier == 1.0
 
 
+def test_a_class_replaced_since_nova_shipped_it_is_told_on_the_next_decision() -> None:
+    """The vector forms stand for nova's classes as shipped (vector.is_base_filter_all and
+    is_base_weigher, asked on every decision): a method replaced on the class, on a base
+    class it inherits from, or shadowed in the class makes it run as itself, and restored,
+    the form stands for it again.  The default multiplier only looks at
+    ``weight_multiplier``, all it runs: another method replaced leaves it nova's."""
+    from unittest import mock
+
+    from nova.scheduler import filters as nova_filters
+    from nova.scheduler.filters import compute_filter
+    from nova.scheduler.weights import ram
+
+    from shared_host_manager.nova.core import vector
+
+    f = compute_filter.ComputeFilter.__new__(compute_filter.ComputeFilter)
+    w = ram.RAMWeigher()
+    assert vector.is_base_filter_all(f) and vector.is_base_weigher(w)
+    for target, name in ((compute_filter.ComputeFilter, "host_passes"),
+                         (nova_filters.BaseHostFilter, "_filter_one"),
+                         (nova_filters.BaseHostFilter, "filter_all"),
+                         (compute_filter.ComputeFilter, "filter_all")):  # shadows the base's
+        with mock.patch.object(target, name, return_value=[]):
+            assert not vector.is_base_filter_all(f), (target, name)
+        assert vector.is_base_filter_all(f), (target, name)
+    with mock.patch.object(ram.RAMWeigher, "_weigh_object", return_value=3.0):
+        assert not vector.is_base_weigher(w)
+        assert vector.default_multiplier(w) == 1.0
+    assert vector.is_base_weigher(w)
+
+    class Own(nova_filters.BaseHostFilter):
+        """A method whose look-up is a new object each time: told in the class dicts."""
+
+        @classmethod
+        def limit(cls) -> int:
+            return 1
+
+        def host_passes(self, host_state: object, spec_obj: object) -> bool:
+            return True
+
+    shipped = vector._Shipped(Own, "filter_all", nova_filters.BaseHostFilter.filter_all)
+    assert shipped.unchanged()
+    with mock.patch.object(Own, "limit", classmethod(lambda cls: 2)):
+        assert not shipped.unchanged()
+    assert shipped.unchanged()
+
+
 def test_bench_decisions_decides_with_novas_classes(tmp_path) -> None:
     out = tmp_path / "bench.json"
     rc = bench_decisions.main(["--hosts", "40", "--runs", "2", "--decisions", "10",

@@ -68,10 +68,17 @@ class Shared:
     def __init__(self, default_cell: str | None = None) -> None:
         self.templates = Templates(default_cell)
         self.objects = _Objects()
+        #: the request asked last and its nova face (its memo's, found without a look-up)
+        self._last: tuple[RequestView | None, Any] = (None, None)
 
     def request(self, index: HostIndex | None, req: RequestView) -> _NovaRequest:
         """The request's nova face (made once per request, see the module docstring)."""
-        nova_req: _NovaRequest = req.memo("nova-core", lambda: _NovaRequest(self, req))
+        last = self._last  # asked a dozen times per decision, for the same request
+        if last[0] is req:
+            nova_req: _NovaRequest = last[1]
+        else:
+            nova_req = req.memo("nova-core", lambda: _NovaRequest(self, req))
+            self._last = (req, nova_req)
         if index is not None and nova_req.table is None:
             nova_req.table = IndexTable(index, self.templates, alike=nova_req.alike)
         return nova_req
@@ -264,10 +271,17 @@ class NovaFilter(BaseHostFilter):
         super().__init__(config)
         self.nova = nova_filter
         self.shared = shared
+        # what only the class decides, looked up once here rather than on every decision:
+        # its vector form (asked only while the class is as shipped: _NovaRequest.form),
+        # and whether that form reads what is set per instance
+        cls = type(nova_filter)
+        self._name = cls.__name__
+        self._answer = vector.VECTOR_FILTERS.get(cls)
+        self._per_instance = cls in vector.PER_INSTANCE
 
     @property
     def name(self) -> str:
-        return type(self.nova).__name__
+        return self._name
 
     def active(self, spec_obj: RequestView) -> bool:
         # a request that does not engage nova's class: it would pass every host
@@ -278,10 +292,9 @@ class NovaFilter(BaseHostFilter):
         form = nova_req.form(self.nova)
         if not form:
             return None if form is None else PASS_ALL
-        assert nova_req.table is not None
+        assert nova_req.table is not None and self._answer is not None  # a form: it has one
         rows = nova_req.rows()
-        mask = vector.VECTOR_FILTERS[type(self.nova)](
-            self.nova, nova_req.table, rows, nova_req.spec(type(self.nova) in vector.PER_INSTANCE))
+        mask = self._answer(self.nova, nova_req.table, rows, nova_req.spec(self._per_instance))
         if mask is None or mask is PASS_ALL:
             return mask
         if mask.all():
@@ -305,10 +318,15 @@ class NovaWeigher(BaseHostWeigher):
         self.shared = shared
         self.minval = nova_weigher.minval
         self.maxval = nova_weigher.maxval
+        # what only the class decides, looked up once here (see NovaFilter)
+        cls = type(nova_weigher)
+        self._name = cls.__name__
+        self._raw = vector.VECTOR_WEIGHERS.get(cls)
+        self._per_instance = cls in vector.PER_INSTANCE
 
     @property
     def name(self) -> str:
-        return type(self.nova).__name__
+        return self._name
 
     @property
     def default_multiplier(self) -> float:
@@ -319,13 +337,13 @@ class NovaWeigher(BaseHostWeigher):
                                                               "")))
 
     def vector_weights(self, index: HostIndex, spec_obj: RequestView, rows: Any) -> Any:
-        vw = vector.VECTOR_WEIGHERS.get(type(self.nova))
+        vw = self._raw
         if vw is None or not vector.is_base_weigher(self.nova):
             return None
         nova_req = self.shared.request(index, spec_obj)
         assert nova_req.table is not None
         raw = vw(self.nova, nova_req.table, np.asarray(rows, dtype=np.int64),
-                 nova_req.spec(type(self.nova) in vector.PER_INSTANCE))
+                 nova_req.spec(self._per_instance))
         return None if raw is None else np.asarray(raw, dtype=np.float64)
 
     def _weigh_object(self, host_state: HostView, weight_properties: RequestView) -> float:

@@ -73,11 +73,11 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
+import operator
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
-from nova import conf as nova_conf
 from nova.scheduler import filters as nova_filters
 from nova.scheduler import weights as nova_weights
 
@@ -98,6 +98,7 @@ from shared_host_manager.nova.core.forms.base import (
     Probe,
     VectorFilter,
     VectorWeigher,
+    option,
 )
 from shared_host_manager.nova.core.forms.filters import FORMS as FILTER_FORMS
 from shared_host_manager.nova.core.forms.weights import FORMS as WEIGHER_FORMS
@@ -561,49 +562,73 @@ def filter_answer(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAn
     return VECTOR_FILTERS[type(f)](f, rows, idx, spec) if engaged(f, spec) else PASS_ALL
 
 
-_Shipped = list[tuple[Any, str, Any, tuple[Any, ...]]]
+class _Shipped:
+    """A class of nova's with a vector form, as nova shipped it (captured at import), and the
+    test that it still is: it holds the functions it held then, and it runs its base class's
+    handler loop (``filter_all``, ``weigh_objects``: what the vector form replaces).
 
+    The test runs for each such class on every request, so its look-ups are one C call:
+    ``attrgetter`` looks every name up through the class (the first dict along the MRO that
+    has it, as nothing may shadow nova's function), and each answer must be the very object
+    captured.  A name whose look-up builds a new object each time (a classmethod's bound
+    method) cannot be told by identity: it is checked in the class dicts themselves."""
 
-def _shipped(cls: type) -> _Shipped:
-    """The functions a class defines or inherits, as nova shipped them (captured at import):
-    per function, the class dict it is found in, its name, the function itself, and the
-    dicts before that one along the MRO (where nothing may shadow it)."""
-    dicts = [klass.__dict__ for klass in cls.__mro__]
-    out = []
-    for name in dir(cls):
-        if name.startswith("__") or not callable(getattr(cls, name, None)):
-            continue
-        # the stored function or descriptor itself, as inspect.getattr_static finds it
-        # (getattr would build a new bound method of a classmethod every time)
-        k = next(i for i, d in enumerate(dicts) if name in d)
-        out.append((dicts[k], name, dicts[k][name], tuple(dicts[:k])))
-    return out
+    __slots__ = ("_cls", "_loop", "_get", "_expected", "_dicts")
 
+    def __init__(self, cls: type, loop: str, base: Any) -> None:
+        self._cls = cls
+        #: the class runs ``base`` as its handler loop ``loop`` (else its form never stands
+        #: for it; a loop replaced later fails the names' test, as ``loop`` is one of them)
+        self._loop = getattr(cls, loop) is base
+        dicts = [klass.__dict__ for klass in cls.__mro__]
+        names: list[str] = []
+        #: per name looked up in the dicts: the dict it is found in, its name, the stored
+        #: function or descriptor itself, and the dicts before that one along the MRO
+        self._dicts: list[tuple[Any, str, Any, tuple[Any, ...]]] = []
+        for name in dir(cls):
+            if name.startswith("__") or not callable(getattr(cls, name, None)):
+                continue
+            if getattr(cls, name) is getattr(cls, name):
+                names.append(name)
+            else:
+                k = next(i for i, d in enumerate(dicts) if name in d)
+                self._dicts.append((dicts[k], name, dicts[k][name], tuple(dicts[:k])))
+        # the metaclass, one more name: attrgetter of a single name would answer that value
+        # alone, not a tuple of one
+        names.append("__class__")
+        self._get = operator.attrgetter(*names)
+        self._expected: tuple[Any, ...] = self._get(cls)
 
-#: nova's methods of every class with a vector form: a vector form stands for *these*. A class
-#: whose method was replaced since (a test's mock.patch, a deployment's monkey patch) runs as
-#: itself, per host, like a filter without a vector form
-_SHIPPED: dict[type, _Shipped] = {cls: _shipped(cls) for cls in VECTOR_FILTERS}
-
-
-def _unchanged(cls: type) -> bool:
-    """``cls`` holds nova's methods as shipped (a few dict lookups per class, no call: it
-    runs for every class on every request)."""
-    shipped = _SHIPPED.get(cls)
-    if shipped is None:
-        return False
-    for where, name, fn, before in shipped:
-        if where.get(name) is not fn:
+    def unchanged(self) -> bool:
+        if not self._loop:
             return False
-        for d in before:
-            if name in d:
+        try:
+            found = self._get(self._cls)
+        except AttributeError:  # deleted since
+            return False
+        if not all(map(operator.is_, found, self._expected)):
+            return False
+        for where, name, fn, before in self._dicts:
+            if where.get(name) is not fn:
                 return False
-    return True
+            for d in before:
+                if name in d:
+                    return False
+        return True
+
+
+#: nova's filter classes with a vector form, as shipped: a vector form stands for *these*. A
+#: class whose method was replaced since (a test's mock.patch, a deployment's monkey patch)
+#: runs as itself, per host, like a filter without a vector form
+_SHIPPED_FILTERS: dict[type, _Shipped] = {
+    cls: _Shipped(cls, "filter_all", nova_filters.BaseHostFilter.filter_all)
+    for cls in VECTOR_FILTERS}
 
 
 def is_base_filter_all(f: Any) -> bool:
     """``f`` is nova's class as shipped (its vector form stands for it)."""
-    return type(f).filter_all is nova_filters.BaseHostFilter.filter_all and _unchanged(type(f))
+    shipped = _SHIPPED_FILTERS.get(type(f))
+    return shipped is not None and shipped.unchanged()
 
 
 def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec: Any,
@@ -651,12 +676,19 @@ def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec:
 #: in forms/weights/
 VECTOR_WEIGHERS: dict[type, VectorWeigher] = {cls: form.raw for cls, form in WEIGHER_FORMS.items()}
 
-_SHIPPED.update({cls: _shipped(cls) for cls in VECTOR_WEIGHERS})
+#: nova's weigher classes with a vector form, as shipped (see _SHIPPED_FILTERS)
+_SHIPPED_WEIGHERS: dict[type, _Shipped] = {
+    cls: _Shipped(cls, "weigh_objects", nova_weights.BaseHostWeigher.weigh_objects)
+    for cls in VECTOR_WEIGHERS}
 
 #: the option each of nova's weighers reads for its multiplier, (group, name): all its
 #: answer depends on besides the host's aggregates
 _MULTIPLIER_OPTIONS: dict[type, tuple[str, str]] = {
     cls: form.multiplier_option for cls, form in WEIGHER_FORMS.items()}
+#: each of those weighers' ``weight_multiplier`` as nova shipped it: a function of that
+#: option and the host's aggregates alone (it calls no other method of its class)
+_SHIPPED_MULTIPLIER: dict[type, Any] = {cls: cast(Any, cls).weight_multiplier
+                                         for cls in WEIGHER_FORMS}
 #: (class, option value) -> nova's multiplier for a host in no aggregate
 _DEFAULTS: dict[tuple[type, Any], float] = {}
 
@@ -664,12 +696,15 @@ _DEFAULTS: dict[tuple[type, Any], float] = {}
 def default_multiplier(w: Any) -> float:
     """nova's multiplier of ``w`` for a host in no aggregate: the key its per-group answers
     are kept under.  nova's class is asked again only when the option it reads changed (it
-    reads the option on every call, which costs more than the rest of a weigher)."""
-    option = _MULTIPLIER_OPTIONS.get(type(w))
-    if option is None or not is_base_weigher(w):
+    reads the option on every call, which costs more than the rest of a weigher), or every
+    time once its ``weight_multiplier`` was replaced.  That method alone is looked at, not
+    the whole class (:func:`is_base_weigher`): it is all this answer runs, and this is
+    asked for every weigher on every decision."""
+    cls = type(w)
+    setting = _MULTIPLIER_OPTIONS.get(cls)
+    if setting is None or cls.weight_multiplier is not _SHIPPED_MULTIPLIER[cls]:
         return float(w.weight_multiplier(Probe([], "", "")))
-    group, name = option
-    key = (type(w), getattr(getattr(nova_conf.CONF, group), name))
+    key = (cls, option(*setting))
     value = _DEFAULTS.get(key)
     if value is None:
         if len(_DEFAULTS) > 1024:
@@ -680,8 +715,8 @@ def default_multiplier(w: Any) -> float:
 
 def is_base_weigher(w: Any) -> bool:
     """``w`` is nova's class as shipped (its vector form stands for it)."""
-    return type(w).weigh_objects is nova_weights.BaseHostWeigher.weigh_objects \
-        and _unchanged(type(w))
+    shipped = _SHIPPED_WEIGHERS.get(type(w))
+    return shipped is not None and shipped.unchanged()
 
 
 def _normalize(weights: FloatArray, minval: Any, maxval: Any) -> FloatArray:

@@ -91,6 +91,18 @@ class Probe:
         return f"({self.host}, {self.nodename})"
 
 
+def option(group: str | None, name: str) -> Any:
+    """nova's option ``[group] name``, as nova's ``CONF.group.name`` reads it now.
+
+    By item: the same oslo.config look-up without first failing an ordinary attribute
+    look-up on the ConfigOpts and on its group (half the cost, and the forms read a few
+    options on every decision).  Not kept here: oslo.config keeps the values and drops
+    them on every change (an override, a reload, SIGHUP's mutate_config_files), so a change
+    takes effect on the next read, as it does for nova."""
+    conf = nova_conf.CONF
+    return conf[name] if group is None else conf[group][name]
+
+
 # -- engagement ------------------------------------------------------------------------------
 
 def rebuild_skips(f: Any, spec: Any) -> bool:
@@ -189,13 +201,13 @@ def per_group(rows: HostTable, idx: IntArray, key: Any, answer: Callable[[Any], 
     return once_per_group(idx, rows.group_ids(), lambda row: answer(probe(row)), dtype=dtype)
 
 
-def limit(name: str, getter: str, option: str) -> VectorFilter:
+def limit(name: str, getter: str, setting: str) -> VectorFilter:
     """NumInstances/IoOps (and their aggregate forms) over the number ``name``: the limit per
     aggregate group, by nova."""
     def vf(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
         get_max = getattr(f, getter)
         # nova's getters read the option and the aggregates, not the request
-        key = (type(f), getattr(nova_conf.CONF.filter_scheduler, option))
+        key = (type(f), option("filter_scheduler", setting))
         lim = per_group(rows, idx, key, lambda host: get_max(host, spec), dtype=np.float64)
         assert lim is not PASS_ALL  # numbers, not answers
         return rows.col(name)[idx] < lim

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from nova import conf as nova_conf
 from nova.scheduler.filters import compute_filter
 
 from shared_host_manager.decision.host_table import HostTable
-from shared_host_manager.nova.core.forms.base import FilterAnswer, FilterForm, IntArray, runs
+from shared_host_manager.nova.core.forms.base import (
+    FilterAnswer,
+    FilterForm,
+    IntArray,
+    option,
+    runs,
+)
 
 
 def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> FilterAnswer:
@@ -22,7 +27,7 @@ def _compute_filter(f: Any, rows: HostTable, idx: IntArray, spec: Any) -> Filter
         return None  # another servicegroup driver: nova's class asks it per host
     # nova: abs(utcnow - last_seen_up) <= service_down_time, with last_seen_up = wall clock of
     # the last message (host_state.SharedHostState._make); microsecond rounding aside, the same comparison
-    up = rows.heard_within(idx, nova_conf.CONF.service_down_time)
+    up = rows.heard_within(idx, option(None, "service_down_time"))
     return (rows.col("down")[idx] == 0.0) & up
 
 

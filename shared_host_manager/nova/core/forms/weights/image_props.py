@@ -9,15 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from nova import conf as nova_conf
 from nova.scheduler.weights import image_props
 
 from shared_host_manager.decision.host_table import HostTable
-from shared_host_manager.nova.core.forms.base import FloatArray, IntArray, WeigherForm
+from shared_host_manager.nova.core.forms.base import FloatArray, IntArray, WeigherForm, option
 
 
 def _image_props_weight(w: Any, rows: HostTable, idx: IntArray, spec: Any) -> FloatArray | None:
-    if nova_conf.CONF.filter_scheduler.image_props_weight_multiplier == 0.0:
+    if option("filter_scheduler", "image_props_weight_multiplier") == 0.0:
         return np.zeros(len(idx))
     return None  # reads instances' image metadata from the cell DB: nova's class per host
 
