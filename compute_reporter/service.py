@@ -297,10 +297,10 @@ class ReporterService:
             return
         if self.recorder is not None:
             self.recorder.control(body, now)
-        # the answer goes now, from this thread: the loop may be retrying a publish for up
-        # to publish_timeout (the stream's broker out of reach), and a claim's arbiter is
-        # this reporter, not the stream (design §5.3)
-        self._cast(self.manager.take_control())
+        if self._stream_out_of_reach():
+            # the answer goes now, from this thread: the loop is retrying a publish for up to
+            # publish_timeout, and a claim's arbiter is this reporter, not the stream (§5.3)
+            self._cast(self.manager.take_control())
         self.wake()
 
     def _loop(self) -> None:
@@ -339,6 +339,12 @@ class ReporterService:
                 self.stats["cast_errors"] += 1
                 LOG.warning("fence of %s not sent: %s", source, exc)
 
+    def _stream_out_of_reach(self) -> bool:
+        """The stream's last publish failed (its broker out of reach): claim results then go
+        out as they are judged, ahead of the deltas (design §5.3)."""
+        stats = getattr(self._publisher, "stats", None)
+        return callable(stats) and not stats().connected
+
     def _cast(self, control: list[Send]) -> None:
         """Cast claim results and resync answers to their schedulers (from the control
         thread as they are judged, or from the loop)."""
@@ -360,7 +366,9 @@ class ReporterService:
     def _send(self, batches: list[Batch], control: list[Send]) -> None:
         recorder = self.recorder
         now = self.clock() if recorder is not None else 0.0
-        self._cast(control)
+        if self._stream_out_of_reach():
+            self._cast(control)  # not behind publishes the stream may not take for long
+            control = []
         for batch in batches:
             try:
                 body = self._encoder.encode(batch)
@@ -381,6 +389,7 @@ class ReporterService:
             except Exception as exc:
                 self.stats["publish_errors"] += 1
                 LOG.warning("publish of %d items failed: %s", len(batch.items), exc)
+        self._cast(control)  # after the deltas: a claim's delta first, then its result
 
 
 # -- built from a configuration file -------------------------------------------------

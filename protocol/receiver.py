@@ -865,7 +865,7 @@ class ReceiverMachine:
                 self._data(item, now, out)
         pending = view.pending.get(result.claim_id)
         if pending is None:
-            # An acceptance may arrive after the delta that listed the claim
+            # An acceptance usually arrives after the delta that listed the claim
             # retired it; only a rejection for an already-retired claim is late.
             if not result.accepted:
                 self.stats["claim_results_late"] += 1

@@ -16,7 +16,7 @@ from shared_host_manager import metrics
 from shared_host_manager.service import SchedulerService
 from transport import cells, factory
 from transport import opts as transport_opts
-from transport.base import StreamConsumerStats
+from transport.base import StreamConsumerStats, StreamPublisherStats
 from transport.inprocess import InProcessBus, InProcessStreamPlane
 from transport.startup import OperatorError
 
@@ -229,7 +229,9 @@ def test_a_service_from_configuration_reads_the_listed_cells(tmp_path) -> None:
 
 class _Stuck:
     """A stream whose broker went away: a publish blocks (as a kombu publisher retrying for
-    publish_timeout does) until ``release`` is set, then goes through."""
+    publish_timeout does) until ``release`` is set, then goes through; meanwhile the
+    publisher says it is not connected (a kombu publisher does from its first failed
+    attempt)."""
 
     def __init__(self, plane: InProcessStreamPlane) -> None:
         self.plane = plane
@@ -243,10 +245,16 @@ class _Stuck:
 
         class Publisher:
             def publish(self, body: bytes) -> None:
-                if outer.stuck.is_set():
+                if outer.stuck.is_set() and not outer.release.is_set():
                     outer.blocked.set()
                     outer.release.wait(30)
                 inner.publish(body)
+                outer.blocked.clear()
+
+            def stats(self) -> StreamPublisherStats:
+                return StreamPublisherStats(connected=not outer.blocked.is_set(), published=0,
+                                            published_bytes=0, retries=0, failures=0,
+                                            connects=1, state_since=None)
 
             def close(self) -> None:
                 inner.close()
