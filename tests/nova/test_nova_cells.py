@@ -43,20 +43,30 @@ def test_a_cell_without_a_rabbit_queue_cannot_carry_a_stream() -> None:
 
 @pytest.fixture(scope="module")
 def mappings(tmp_path_factory):
-    """Three cells and cell0 in a real nova API database, read back as the scheduler does."""
+    """Three cells in a real nova API database, read back as the scheduler does, and cell0
+    (in memory only: nova's database fixtures are process-wide, and the scheduler tests
+    after this module make their own cell0), removed again at the end."""
     fx.setup_nova()
     db = fx.NovaDatabase(str(tmp_path_factory.mktemp("novadb-cells")))
     db.configure()
     from nova import context, objects
 
     ctxt = context.get_admin_context()
-    for uuid, name, url in ((objects.CellMapping.CELL0_UUID, "cell0", "none:/"),
-                            (CELL1, "cell1", "rabbit://u:p@cell1-mq:5672/"),
+    made = []
+    for uuid, name, url in ((CELL1, "cell1", "rabbit://u:p@cell1-mq:5672/"),
                             (CELL2, "cell2", "rabbit://u:p@cell2-mq:5672/c2"),
                             (CELL3, "cell3", "rabbit://u:p@cell3-mq:5672/")):
-        objects.CellMapping(ctxt, uuid=uuid, name=name, transport_url=url,
-                            database_connection=db.cell_url).create()
-    return objects.CellMappingList.get_all(ctxt)
+        mapping = objects.CellMapping(ctxt, uuid=uuid, name=name, transport_url=url,
+                                      database_connection=db.cell_url)
+        mapping.create()
+        made.append(mapping)
+    cell0 = objects.CellMapping(uuid=objects.CellMapping.CELL0_UUID, transport_url="none:/")
+    try:
+        yield [cell0, *(m for m in objects.CellMappingList.get_all(ctxt)
+                        if m.uuid in (CELL1, CELL2, CELL3))]
+    finally:
+        for mapping in made:
+            mapping.destroy()
 
 
 def test_a_scheduler_reads_every_mapped_cells_stream_on_its_broker(mappings, tmp_path) -> None:
@@ -95,4 +105,6 @@ def test_nova_scheduler_shared_reads_the_mappings_when_its_service_is_built(mapp
 
     conf = _conf("[data_plane]\nstream_name = hs\n", tmp_path)
     cmd._read_cells(conf)  # what scheduler_service() does with cell_streams
-    assert conf.data_plane.cells == [CELL1, CELL2, CELL3]
+    # every mapping of the (process-wide) API database, ours among them
+    assert {CELL1, CELL2, CELL3} <= set(conf.data_plane.cells)
+    assert cells.CELL0_UUID not in conf.data_plane.cells
