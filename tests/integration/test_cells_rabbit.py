@@ -5,7 +5,8 @@ relay that the test stops and starts again, as a cell's broker would fail while 
 others keep running.  While it is away the scheduler keeps applying cell1's changes,
 says on /healthz which cell it lost (and stays up), and cell2's hosts go down after
 ``down_interval``; when it is back they rejoin from cell2's stream offset, without a
-resync request and without a retention gap.
+retention gap, and with no resync request but for a delta whose publish the cut itself
+lost (counted by the reporter: the protocol repairs it from that host's ring).
 """
 
 from __future__ import annotations
@@ -93,7 +94,10 @@ def test_a_cell_whose_broker_is_gone_leaves_the_others_running_and_rejoins_from_
         assert sched.cache.cell_offsets["cell2"] > offset
         quiesce(reporters)
         wait_for(lambda: converged(reporters, [sched]), 60, "converged after the outage")
-        assert sched.receiver.stats["resyncs_requested"] == resyncs
+        lost = sum(reporters[1].stats[k] for k in ("publish_unconfirmed", "publish_errors"))
+        # a batch on the wire when the cell went away may be lost: at most one resync per
+        # host of that cell then, none otherwise
+        assert sched.receiver.stats["resyncs_requested"] - resyncs <= (len(cell2) if lost else 0)
         assert sched.retention_gaps == 0
         assert "cell" not in metrics.health(sched)[1]
         status = metrics.status(sched)["cells"]
