@@ -27,7 +27,7 @@ Persistence (restart without resyncing everything)::
 
     dump_state(): under the lock, every held source's (epoch, seq, document),
                  the stream offset applied so far (and each cell stream's, design §4.6)
-                 and the origins -> checksummed msgpack
+                 and the origins and cells of the sources -> checksummed msgpack
     save(path):  dump_state() -> a temp file, flushed, then renamed over path
     load(path):  restore_state(): each saved source is fed back as a Snapshot
                  through the same receiver code; returns the offset to resume the
@@ -187,6 +187,9 @@ class HostStateCache:
         self.marker_source: str | None = None
         self.cell_marks: dict[str, tuple[int, int]] = {}
         self.origins: dict[str, str] = {}
+        #: source -> the cell whose stream carries it (absent: the deployment's stream); the
+        #: control plane reaches the source's reporter on that cell's broker, if it has one
+        self.source_cells: dict[str, str] = {}
         self.invalid: Counter[str] = Counter()
         self.unroutable = 0
         self.messages = 0
@@ -248,10 +251,18 @@ class HostStateCache:
         decoded = []
         for body, offset in messages:  # outside the lock: decoding is most of the work
             msg = self._decode(body, _STREAM_TYPES, f"stream offset {offset}")
-            if type(msg) is Batch and msg.origin:
-                origins = self.origins
-                for item in msg.items:
-                    origins[item.source] = msg.origin
+            if type(msg) is Batch:
+                if msg.origin:
+                    origins = self.origins
+                    for item in msg.items:
+                        origins[item.source] = msg.origin
+                source_cells = self.source_cells
+                if cell is not None:
+                    for item in msg.items:
+                        source_cells[item.source] = cell
+                elif source_cells:  # a source heard on the deployment's stream is in no cell
+                    for item in msg.items:
+                        source_cells.pop(item.source, None)
             decoded.append((body, offset, msg))
         sends: list[Send] = []
         with self.lock:
@@ -423,13 +434,18 @@ class HostStateCache:
             except Exception:  # a listener's bug must not stop ingest
                 LOG.exception("cache ingest listener failed")
 
-    def resync_all(self, full: bool = False) -> int:
-        """Ask every known source to resync (the stream lost our offset)."""
+    def resync_all(self, full: bool = False, *, stream: str | None | bool = True) -> int:
+        """Ask every known source to resync; ``stream``: only those carried by that cell's
+        stream (None: the deployment's), after that stream lost our offset.  A source whose
+        cell was not noted yet is taken for the deployment's: should it be a cell's, its
+        next delta or heartbeat shows the gap, and it is asked then."""
         with self.lock:
             now = self.clock()
             sends: list[Send] = []
+            cell_of = self.source_cells.get
             for source in list(self.receiver.sources):
-                sends.extend(self.receiver.request_resync(source, now, full=full))
+                if stream is True or cell_of(source) == stream:
+                    sends.extend(self.receiver.request_resync(source, now, full=full))
         self._dispatch(sends)
         return len(sends)
 
@@ -464,6 +480,11 @@ class HostStateCache:
         view = self.receiver.sources.get(source)
         endpoint = endpoint_of(view.doc) if view is not None else None
         return endpoint if endpoint is not None else self.origins.get(source)
+
+    def cell_of(self, source: str) -> str | None:
+        """The cell whose stream carries ``source`` (None: the deployment's stream, or not
+        heard yet)."""
+        return self.source_cells.get(source)
 
     def _dispatch(self, sends: list[Send]) -> None:
         for send in sends:
@@ -515,6 +536,7 @@ class HostStateCache:
                 "sources": [[v.source, v.epoch, v.seq, v.doc]
                             for v in self.receiver.sources.values() if v.doc is not None],
                 "origins": dict(self.origins),
+                "source_cells": dict(self.source_cells),
             }
             body = msgpack.packb(state, use_bin_type=True)
         return msgpack.packb({"format": STATE_FORMAT, "state": body, "check": _checksum(body)},
@@ -556,6 +578,10 @@ class HostStateCache:
             if type(cell_offsets) is not dict or not all(
                     type(k) is str and type(v) is int for k, v in cell_offsets.items()):
                 raise ValueError("cell offsets not a map of names to offsets")
+            source_cells = state.get("source_cells") or {}
+            if type(source_cells) is not dict or not all(
+                    type(k) is str and type(v) is str for k, v in source_cells.items()):
+                raise ValueError("source cells not a map of sources to cells")
         except Exception as exc:  # a damaged state means a cold start, not a crash
             LOG.warning("ignoring unreadable cache state %s: %s", where, exc)
             return None
@@ -566,6 +592,7 @@ class HostStateCache:
                 if self.recorder is not None:
                     self.recorder.restored(snap, now)
             self.origins.update(state.get("origins") or {})
+            self.source_cells.update(source_cells)
             self.offset = offset
             self.cell_offsets = dict(cell_offsets)
         LOG.info("restored %d sources at stream offset %s%s from %s", len(snapshots), offset,

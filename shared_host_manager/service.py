@@ -45,7 +45,11 @@ the cache applied there (restored with the rest), or from its retained start.  A
 whose broker is down stops only its own consumer: its hosts go down after
 ``down_interval`` and rejoin from the cell's offset when the consumer reconnects.
 catch_up() puts its marker on every connected cell's stream as well and waits for
-each to come back.
+each to come back.  Given ``cell_control_planes`` (cell -> the control plane on the cell's
+broker), the cell's computes are reached there, as cells v2 has them talk only to their
+cell's broker: a resync request or claim for a source the cell's stream carries goes out on
+it, and a control server on it takes their answers, claim results and fences; a source no
+cell stream has carried yet is reached on ``control_plane``.
 
 Cold start has two modes: read the stream from its retained start (the
 default: every announcement snapshot and delta still retained), or, given
@@ -156,6 +160,7 @@ class SchedulerService:
         placement_max_staleness: float = 5.0,
         checkpoint_interval: float = 0.0,
         cell_planes: Mapping[str, DataPlane] | None = None,
+        cell_control_planes: Mapping[str, ControlPlane] | None = None,
         **receiver_params: Unpack[ReceiverParams],
     ) -> None:
         self.name = name
@@ -164,6 +169,11 @@ class SchedulerService:
         #: cell -> the data plane of the cell's stream, read besides ``data_plane``'s
         self.cell_planes = dict(cell_planes or {})
         self._cell_consumers = {}
+        #: cell -> the control plane on the cell's broker, where its computes are reached
+        self.cell_control_planes = dict(cell_control_planes or {})
+        self._cell_apis: dict[str, ReporterAPI] = {}
+        self._cell_clients: list[ControlClient] = []
+        self._cell_servers: list[ControlServer] = []
         #: catch_up's markers on the cell streams, each from a thread of its own
         self._markers: CellMarkers | None = None
         self._reporter_topic = reporter_topic
@@ -252,6 +262,13 @@ class SchedulerService:
         self._server = self._control_plane.control_server(
             self._scheduler_topic, self.name, self._on_control)
         self._server.start()
+        for cell, cell_plane in self.cell_control_planes.items():
+            client = cell_plane.control_client()
+            self._cell_clients.append(client)
+            self._cell_apis[cell] = ReporterAPI(client, self._encoder, self._reporter_topic)
+            server = cell_plane.control_server(self._scheduler_topic, self.name, self._on_control)
+            server.start()
+            self._cell_servers.append(server)
         # the peer topic: announced claims and forwarded rejections (design §5.2), requests
         # handed over and their answers (§5.4; peers known from membership or given to the
         # decider).  The data plane's broker carries it where it can (RabbitMQ: kombu alone,
@@ -315,6 +332,9 @@ class SchedulerService:
         for consumer in self._cell_consumers.values():
             consumer.stop()
         self._server.stop()
+        for server in self._cell_servers:
+            server.stop()
+        self._cell_servers = []
         if self._peer_server is not None:
             self._peer_server.stop()
         self.cache.claim_announcer = None
@@ -335,6 +355,9 @@ class SchedulerService:
         if self.recorder is not None:
             self.recorder.close()
         self._client.close()
+        for client in self._cell_clients:
+            client.close()
+        self._cell_clients, self._cell_apis = [], {}
         LOG.info("scheduler cache %s stopped", self.name)
 
     def _start_cells(self, only_new: bool) -> None:
@@ -353,11 +376,20 @@ class SchedulerService:
 
     # -- edges -------------------------------------------------------------------
 
+    def _reporters(self, source: str) -> ReporterAPI:
+        """Where the reporter of ``source`` is reached: its cell's broker, if the scheduler
+        has a control plane there, else the deployment's control plane."""
+        if self._cell_apis:
+            cell = self.cache.cell_of(source)
+            if cell is not None and cell in self._cell_apis:
+                return self._cell_apis[cell]
+        return self.reporter_api
+
     def _send(self, endpoint: str, message: Message) -> None:
         if isinstance(message, ResyncRequest):
-            self.reporter_api.resync(endpoint, message)
+            self._reporters(message.source).resync(endpoint, message)
         elif isinstance(message, Claim):
-            self.reporter_api.claim(endpoint, message)
+            self._reporters(message.source).claim(endpoint, message)
         else:
             raise TypeError(f"a scheduler does not send {type(message).__name__}")
 
@@ -370,7 +402,7 @@ class SchedulerService:
         endpoint = self.cache.endpoint_of(claim.source)
         if endpoint is None:
             return False
-        self.reporter_api.claim(endpoint, claim)
+        self._reporters(claim.source).claim(endpoint, claim)
         if self.recorder is not None:
             self.recorder.sent(endpoint, claim, self.clock())
         self.announce(claim)
@@ -441,8 +473,8 @@ class SchedulerService:
 
     def _on_retention_gap(self, requested: int, first: int, cell: str | None = None) -> None:
         self.retention_gaps += 1
-        # a source's cell is not kept: every source is asked (a retention gap is rare)
-        n = self.cache.resync_all()
+        # only the sources that stream carries: the others lost nothing
+        n = self.cache.resync_all(stream=cell)
         LOG.warning("%sstream offset %d is gone (oldest retained %d): asked %d sources to "
                     "resync", f"cell {cell}: " if cell else "", requested, first, n)
 
@@ -664,4 +696,5 @@ def service_from_conf(conf: cfg.ConfigOpts, *, recorder: CacheObserver | None = 
         announce_claims=group.announce_claims, peer_claim_ttl=group.peer_claim_ttl,
         fence_timeout=group.fence_timeout, placement_max_staleness=group.placement_max_staleness,
         checkpoint_interval=group.checkpoint_interval,
-        cell_planes=factory.build_cell_planes(conf))
+        cell_planes=factory.build_cell_planes(conf),
+        cell_control_planes=factory.build_cell_control_planes(conf))

@@ -1,12 +1,15 @@
 """A stream per nova cell: which streams a process publishes to and reads.
 
 Role: turn ``[data_plane] cell`` / ``cells`` and the sections
-``[data_plane:<cell>]`` into stream names and broker URLs (docs/design.md §4.6).
+``[data_plane:<cell>]`` into stream names and broker URLs, the stream's and the
+control plane's (docs/design.md §4.6).
 A compute of cells v2 talks only to its own cell's message queue, so a reporter
 in a cell publishes on ``<stream_name>.<cell>`` on its cell's broker; a
 scheduler reads the deployment's stream ``stream_name`` (the API level: nova-api
 and placement feeds, the schedulers' own entries; every host when there is one
-cell) and each listed cell's stream, each at its own offset.
+cell) and each listed cell's stream, each at its own offset; it reaches a cell's
+computes (resync requests) and hears them (answers, claim results) on the cell's
+broker when ``[data_plane:<cell>] transport_url`` names one, else on the API level's.
 
 Nothing here opens a connection: ``transport.factory`` builds the planes from
 what this module resolves. A cell section is registered when the cell is
@@ -23,7 +26,7 @@ from oslo_config import cfg
 from transport.opts import cell_group, register_cell_groups
 from transport.startup import OperatorError
 
-__all__ = ["DEFAULT_STREAM", "cell_stream_name", "cell_urls", "cells",
+__all__ = ["DEFAULT_STREAM", "cell_control_urls", "cell_stream_name", "cell_urls", "cells",
            "publish_cell", "validate_cell"]
 
 #: the label of the deployment's stream (``[data_plane] stream_name``) beside the cells'
@@ -71,3 +74,11 @@ def cell_urls(conf: cfg.ConfigOpts) -> dict[str, str | None]:
     for cell in cells(conf):
         out[cell] = conf[cell_group(cell)].stream_url or conf.data_plane.stream_url
     return out
+
+
+def cell_control_urls(conf: cfg.ConfigOpts) -> dict[str, str]:
+    """Each read cell whose computes are reached on a broker of its own -> its
+    oslo.messaging URL (``[data_plane:<cell>] transport_url``); the others are reached over
+    ``[control_plane] transport_url``."""
+    return {cell: url for cell in cells(conf)
+            if (url := conf[cell_group(cell)].transport_url)}

@@ -21,7 +21,9 @@ Two ways in, differing only in who owns the in-process bus:
 
 Cells (``transport.cells``, docs/design.md §4.6): a publisher with ``[data_plane]
 cell`` gets that cell's stream from ``build_data_plane``; a scheduler gets every
-listed cell's stream, besides the deployment's, from ``build_cell_planes``.
+listed cell's stream, besides the deployment's, from ``build_cell_planes``, and the
+control plane on each cell broker it reaches the cell's computes on from
+``build_cell_control_planes``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Topics",
     "Transports",
+    "build_cell_control_planes",
     "build_cell_planes",
     "build_control_plane",
     "build_data_plane",
@@ -202,20 +205,34 @@ def build_cell_planes(conf: cfg.ConfigOpts,
 
 
 def build_control_plane(conf: cfg.ConfigOpts,
-                        bus: InProcessBus | None = None) -> ControlPlane:
-    """The control plane chosen by ``[control_plane] backend``."""
+                        bus: InProcessBus | None = None, *,
+                        url: str | None = None) -> ControlPlane:
+    """The control plane chosen by ``[control_plane] backend``, on ``[control_plane]
+    transport_url``'s broker or the one ``url`` names (a cell's)."""
     opts.register_opts(conf)
     cp = conf.control_plane
     if cp.backend == "inprocess":
         return bus if bus is not None else build_inprocess_bus(conf)
-    _require_transport_url(conf)
+    if url is None:
+        _require_transport_url(conf)
     from transport.oslo_rpc import OsloRpcControlPlane
 
     return OsloRpcControlPlane(
-        conf, cp.transport_url,
+        conf, url or cp.transport_url,
         pool_size=cp.executor_thread_pool_size,
         cast_retry=None if cp.cast_retry < 0 else cp.cast_retry,
     )
+
+
+def build_cell_control_planes(conf: cfg.ConfigOpts) -> dict[str, ControlPlane]:
+    """Each read cell whose computes are reached on its own broker (``[data_plane:<cell>]
+    transport_url``) -> the control plane on that broker; {} in-process, where every party
+    shares one bus."""
+    opts.register_opts(conf)
+    if conf.control_plane.backend == "inprocess":
+        return {}
+    return {cell: build_control_plane(conf, url=url)
+            for cell, url in cells_conf.cell_control_urls(conf).items()}
 
 
 def check_urls(conf: cfg.ConfigOpts) -> None:

@@ -539,6 +539,22 @@ Related options:
 
 * ``[data_plane] cells``, ``[data_plane] cell``
 """),
+    cfg.StrOpt("transport_url", secret=True, help="""
+oslo.messaging URL of this cell's broker for the control plane: the resync
+requests a scheduler sends to the cell's computes, and their answers, claim
+results and fences back to it. The computes of the cell then set it as their
+``[control_plane] transport_url`` and talk only to their cell's broker, as
+cells v2 has them do.
+
+Possible values:
+
+* A ``rabbit://`` URL; unset: the cell's computes are reached over
+  ``[control_plane] transport_url`` (the API level's broker).
+
+Related options:
+
+* ``[control_plane] transport_url``, ``[data_plane:<cell>] stream_url``
+"""),
 ]
 
 

@@ -6,9 +6,11 @@ cell_uuid``, on its own ``[data_plane] stream_url`` (its cell's broker); a sched
 when it starts (never on the decision path), nova's cell mappings from the API database,
 and reads the stream of every cell but cell0, ``<stream_name>.<cell uuid>``, on the broker
 of ``[data_plane:<cell uuid>] stream_url`` if the stream's file names one, else on the cell
-mapping's own message queue (its ``transport_url``, as a kombu URL).  ``[data_plane]
-cells`` set in the file wins: the mappings are then not read.  A cell mapped later is read
-from the scheduler's next start.
+mapping's own message queue (its ``transport_url``, as a kombu URL); and it reaches the
+cell's computes (resync requests) and hears them on ``[data_plane:<cell uuid>]
+transport_url``, else on that same message queue, where the computes of the cell listen
+(their ``[control_plane] transport_url``).  ``[data_plane] cells`` set in the file wins: the
+mappings are then not read.  A cell mapped later is read from the scheduler's next start.
 """
 
 from __future__ import annotations
@@ -47,16 +49,20 @@ def kombu_url(transport_url: str) -> str:
 
 def apply_cell_mappings(conf: Any, mappings: Iterable[CellMapping]) -> list[str]:
     """Read the stream of every mapped cell but cell0 (``[data_plane] cells`` = their uuids),
-    each on its ``[data_plane:<uuid>] stream_url`` or else its mapping's broker; the cells
-    read.  ``[data_plane] cells`` already set: left as it is."""
+    each on its ``[data_plane:<uuid>] stream_url`` or else its mapping's broker, and reach its
+    computes on ``[data_plane:<uuid>] transport_url`` or else that broker; the cells read.
+    ``[data_plane] cells`` already set: left as it is."""
     if conf.data_plane.cells:
         return list(conf.data_plane.cells)
     cells = {m.uuid: m.transport_url for m in mappings if m.uuid != CELL0_UUID}
     conf.set_override("cells", list(cells), group="data_plane")
     register_cell_groups(conf)
     for uuid, url in cells.items():
-        if not conf[cell_group(uuid)].stream_url and url:
+        group = conf[cell_group(uuid)]
+        if not group.stream_url and url:
             conf.set_override("stream_url", kombu_url(url), group=cell_group(uuid))
+        if not group.transport_url and url:
+            conf.set_override("transport_url", url, group=cell_group(uuid))
     return list(cells)
 
 

@@ -129,7 +129,10 @@ nova's cell mappings. A compute publishes on the stream of its cell_uuid
 (required then), on its [data_plane] stream_url: its cell's broker. A
 scheduler reads, at start, nova's cell mappings and the stream of every cell
 but cell0, on [data_plane:<cell uuid>] stream_url if the stream's file sets
-one, else on the cell mapping's transport_url. [data_plane] cells set in the
+one, else on the cell mapping's transport_url; and it reaches each cell's
+computes on [data_plane:<cell uuid>] transport_url, else on the mapping's
+transport_url, where a compute of the cell listens with its [control_plane]
+transport_url set to its cell's message queue. [data_plane] cells set in the
 stream's file wins over the mappings.
 
 Related options: cell_uuid, config_files ([data_plane] cell and cells).

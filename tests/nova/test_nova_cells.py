@@ -9,6 +9,7 @@ pytest.importorskip("nova")
 
 from shared_host_manager.nova import cells  # noqa: E402
 from shared_host_manager.nova.testing import fixtures as fx  # noqa: E402
+from transport import cells as transport_cells  # noqa: E402
 from transport import factory  # noqa: E402
 from transport import opts as transport_opts  # noqa: E402
 from transport.startup import OperatorError  # noqa: E402
@@ -79,6 +80,10 @@ def test_a_scheduler_reads_every_mapped_cells_stream_on_its_broker(mappings, tmp
         CELL2: ("amqp://u:p@cell2-mq:5672/c2", f"hs.{CELL2}"),
         CELL3: ("amqp://other//", f"hs.{CELL3}"),  # the stream's file wins
     }
+    # and each cell's computes are reached on the cell's own message queue
+    assert transport_cells.cell_control_urls(conf) == {
+        CELL1: "rabbit://u:p@cell1-mq:5672/", CELL2: "rabbit://u:p@cell2-mq:5672/c2",
+        CELL3: "rabbit://u:p@cell3-mq:5672/"}
 
 
 def test_cells_listed_in_the_streams_file_win_over_the_mappings(mappings, tmp_path) -> None:

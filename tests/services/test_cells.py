@@ -66,8 +66,10 @@ class _Recorded(InProcessStreamPlane):
     def __init__(self, bus: InProcessBus, stream: str) -> None:
         super().__init__(bus, stream)
         self.starts: list[object] = []
+        self.on_retention_gap = None
 
     def stream_consumer(self, on_retention_gap=None):
+        self.on_retention_gap = on_retention_gap
         consumer = super().stream_consumer(on_retention_gap)
         start = consumer.start
 
@@ -175,6 +177,105 @@ def _conf(**data_plane: object) -> cfg.ConfigOpts:
     return conf
 
 
+def test_a_cells_computes_are_reached_only_on_their_cells_control_plane() -> None:
+    """cell2's reporter listens and answers on cell2's broker alone (cells v2: a compute
+    talks only to its cell's message queue): the scheduler's resync requests and claims for
+    cell2's hosts go out there, and their answers come back there; cell1's stay on the
+    deployment's control plane."""
+    bus = InProcessBus(threaded=True)
+    cell2_broker = InProcessBus(threaded=True)  # the control plane on cell2's broker
+    planes = _cell_planes(bus)
+    reporters = [make_reporter(planes["cell1"], bus, "r-cell1", 3, seed=0),
+                 make_reporter(planes["cell2"], cell2_broker, "r-cell2", 3, seed=1)]
+    sched = make_scheduler(bus, bus, "s0", cell_planes=planes,
+                           cell_control_planes={"cell2": cell2_broker})
+    sched.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: converged(reporters, [sched]), what="both cells' hosts held")
+        cell2 = sorted(reporters[1].manager.machines)
+        assert {sched.cache.cell_of(s) for s in cell2} == {"cell2"}
+        # a resync of every host: each answered on its own cell's control plane
+        answered = sched.cache.control_received["resync_answer"]
+        assert sched.cache.resync_all(full=True) == 6
+        wait_for(lambda: sched.cache.control_received["resync_answer"] == answered + 6, 10,
+                 "every host's resync answer")
+        # a claim on a cell2 host, judged by its reporter and answered
+        for source in (cell2[0], sorted(reporters[0].manager.machines)[0]):
+            with sched.cache.lock:
+                view = sched.receiver.sources[source]
+                claim = Claim(uuid.uuid4().hex, sched.name, source, view.epoch, view.seq,
+                              {"memory_mb": 256}, uuid.uuid4().hex)
+                sched.receiver.add_claim(claim, sched.clock())
+            assert sched.send_claim(claim)
+        wait_for(lambda: sched.cache.control_received["claim_accepted"] == 2, 10,
+                 "both claims' answers")
+        quiesce(reporters)
+        wait_for(lambda: converged(reporters, [sched]), what="converged")
+    finally:
+        for r in reporters:
+            r.stop()
+        sched.stop()
+        bus.close()
+        cell2_broker.close()
+
+
+def test_a_restart_knows_which_cell_carries_each_source(tmp_path) -> None:
+    bus = InProcessBus(threaded=True)
+    planes, reporters, sched = _cloud(bus, state_dir=str(tmp_path))
+    sched.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: converged(reporters, [sched]), what="both cells' hosts held")
+        sched.stop()
+        again = make_scheduler(bus, bus, "s0", cell_planes=planes, state_dir=str(tmp_path))
+        again.cache.load(str(tmp_path / "cache-s0.msgpack"))  # what start() restores
+        assert {again.cache.cell_of(s) for s in reporters[1].manager.machines} == {"cell2"}
+        assert {again.cache.cell_of(s) for s in reporters[0].manager.machines} == {"cell1"}
+    finally:
+        for r in reporters:
+            r.stop()
+        bus.close()
+
+
+def test_a_cell_streams_retention_gap_resyncs_that_cells_hosts_only() -> None:
+    bus = InProcessBus(threaded=True)
+    planes = {c: _Recorded(bus, p.stream) for c, p in _cell_planes(bus).items()}
+    reporters = [make_reporter(planes[c], bus, f"r-{c}", 3, seed=i) for i, c in enumerate(CELLS)]
+    sched = make_scheduler(bus, bus, "s0", cell_planes=planes)
+    sched.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: converged(reporters, [sched]), what="both cells' hosts held")
+        asked: list[str] = []
+        sched.receiver.set_observer(_Asked(asked))
+        planes["cell2"].on_retention_gap(5, 9)  # what cell2's consumer reports
+        assert sorted(asked) == sorted(reporters[1].manager.machines)
+        assert sched.retention_gaps == 1
+        wait_for(lambda: converged(reporters, [sched]), what="converged after the resyncs")
+    finally:
+        for r in reporters:
+            r.stop()
+        sched.stop()
+        bus.close()
+
+
+class _Asked:
+    """A receiver observer noting the sources asked to resync."""
+
+    def __init__(self, asked: list[str]) -> None:
+        self.asked = asked
+
+    def resync_asked(self, source: str, now: float, full: bool, sends: list) -> None:
+        self.asked.append(source)
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kw: None
+
+
 def test_the_configuration_names_each_cells_stream_and_broker() -> None:
     conf = _conf(backend="rabbit", stream_url="amqp://top//", stream_name="hs",
                  cells=["cell1", "cell2"])
@@ -183,6 +284,10 @@ def test_the_configuration_names_each_cells_stream_and_broker() -> None:
     planes = factory.build_cell_planes(conf)
     assert {c: (p.settings.url, p.settings.name) for c, p in planes.items()} == {  # type: ignore[attr-defined]
         "cell1": ("amqp://top//", "hs.cell1"), "cell2": ("amqp://c2//", "hs.cell2")}
+    # a cell's computes are reached on its own broker only where one is named
+    assert cells.cell_control_urls(conf) == {}
+    conf.set_override("transport_url", "rabbit://c2:5672/", group="data_plane:cell2")
+    assert cells.cell_control_urls(conf) == {"cell2": "rabbit://c2:5672/"}
     # a reporter in a cell publishes on the cell's stream
     publisher = _conf(backend="rabbit", stream_url="amqp://c2//", stream_name="hs", cell="cell2")
     data = factory.build_data_plane(publisher, cell=cells.publish_cell(publisher))
@@ -191,6 +296,7 @@ def test_the_configuration_names_each_cells_stream_and_broker() -> None:
 
 def test_no_cells_is_one_stream_and_in_process_cells_share_the_bus() -> None:
     assert factory.build_cell_planes(_conf()) == {}
+    assert factory.build_cell_control_planes(_conf(cells=["a"])) == {}
     bus = InProcessBus(threaded=False)
     planes = factory.build_cell_planes(_conf(cells=["a"]), bus)
     assert isinstance(planes["a"], InProcessStreamPlane) and planes["a"].bus is bus
