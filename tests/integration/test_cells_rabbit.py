@@ -6,7 +6,9 @@ others keep running.  While it is away the scheduler keeps applying cell1's chan
 says on /healthz which cell it lost (and stays up), and cell2's hosts go down after
 ``down_interval``; when it is back they rejoin from cell2's stream offset, without a
 retention gap, and with no resync request but for a delta whose publish the cut itself
-lost (counted by the reporter: the protocol repairs it from that host's ring).
+lost (counted by the reporter: the protocol repairs it from that host's ring).  And a
+cell's computes reached on their cell's broker alone (a vhost of its own here), the control
+plane per cell.
 """
 
 from __future__ import annotations
@@ -107,3 +109,62 @@ def test_a_cell_whose_broker_is_gone_leaves_the_others_running_and_rejoins_from_
             r.stop()
         sched.stop()
         control.close()
+
+
+@pytest.fixture
+def cell_vhost(rabbitmqctl, oslo_rabbit_url):
+    """A vhost of its own standing in for a cell's broker (the guest user may use it), and
+    its oslo.messaging URL; deleted after the test with everything in it."""
+    vhost = f"shm-test-cell-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", vhost)
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield f"{oslo_rabbit_url.rstrip('/')}/{vhost}"
+    finally:
+        rabbitmqctl("delete_vhost", vhost)
+
+
+def test_a_cells_computes_talk_only_to_their_cells_broker(cells, oslo_rabbit_url,
+                                                          cell_vhost) -> None:
+    """cell2's reporter takes resync requests and claims and answers on cell2's vhost alone;
+    the scheduler reaches it there (oslo.messaging, as deployed), and cell1's reporter on the
+    deployment's control plane."""
+    from oslo_config import cfg
+
+    from transport import no_eventlet  # noqa: F401  (before oslo_messaging)
+    from transport.oslo_rpc import OsloRpcControlPlane
+
+    relay, top, planes = cells
+    conf = cfg.ConfigOpts()
+    conf([])
+    api_control = OsloRpcControlPlane(conf, oslo_rabbit_url)
+    cell2_control = OsloRpcControlPlane(conf, cell_vhost)
+    suffix = uuid.uuid4().hex[:8]
+    topics = (f"shm-it-reporter-{suffix}", f"shm-it-scheduler-{suffix}")
+    reporters = [make_reporter(planes["cell1"], api_control, "r-cell1", 4, seed=0, topics=topics),
+                 make_reporter(planes["cell2"], cell2_control, "r-cell2", 4, seed=1,
+                               topics=topics)]
+    sched = make_scheduler(top, api_control, "s0", cell_planes=planes, topics=topics,
+                           cell_control_planes={"cell2": cell2_control})
+    sched.start()
+    for r in reporters:
+        r.start()
+    try:
+        wait_for(lambda: converged(reporters, [sched]), 60, "both cells held")
+        answered = sched.cache.control_received["resync_answer"]
+        assert sched.cache.resync_all(full=True) == 8
+        wait_for(lambda: sched.cache.control_received["resync_answer"] == answered + 8, 30,
+                 "every host's resync answer, each from its own cell's broker")
+        quiesce(reporters)
+        wait_for(lambda: converged(reporters, [sched]), 60, "converged")
+    finally:
+        for r in reporters:
+            r.stop()
+        sched.stop()
+        api_control.close()
+        cell2_control.close()
+        with Connection(top.settings.url, connect_timeout=5) as conn:
+            for topic in topics:
+                for queue in (topic, *(f"{topic}.{s}" for s in ("s0", "r-cell1", "r-cell2"))):
+                    with contextlib.suppress(Exception):
+                        conn.channel().queue_delete(queue=queue)
