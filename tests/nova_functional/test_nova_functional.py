@@ -2,8 +2,9 @@
 
 The selection (``selection.txt``, docs/development.md "nova's functional tests") runs twice
 in subprocesses (``worker.py``), ``SHM_NOVA_FUNCTIONAL_WORKERS`` processes per
-side (default 2): once as nova ships it (the baseline), once with every nova
-TestCase using :class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture`.
+side (default 3: a worker keeps about 70 % of a core busy, so three use two cores better
+than two), once as nova ships it (the baseline), once with every nova TestCase using
+:class:`shared_host_manager.nova.fixtures.SharedHostManagerFixture`.
 Pass: no test that passes on the baseline fails with the drop-in (a test that
 fails with the drop-in runs again alone, on both sides, and counts only if it
 fails again there while passing with nova's HostManager; otherwise the summary
@@ -149,7 +150,7 @@ def test_nova_functional_selection_passes_with_the_drop_in():
     _paste_config()
     out = Path(os.environ.get("SHM_NOVA_FUNCTIONAL_OUT") or tempfile.mkdtemp(prefix="shm-nova-ft-"))
     out.mkdir(parents=True, exist_ok=True)
-    workers = int(os.environ.get("SHM_NOVA_FUNCTIONAL_WORKERS", "2"))
+    workers = int(os.environ.get("SHM_NOVA_FUNCTIONAL_WORKERS", "3"))
     env = dict(os.environ, OS_NOVA_DISABLE_EVENTLET_PATCHING="1")
     selection = os.environ.get("SHM_NOVA_FUNCTIONAL_SELECTION") or str(HERE / "selection.txt")
     listed = subprocess.run([sys.executable, str(HERE / "worker.py"), "--list", selection],
