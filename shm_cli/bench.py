@@ -25,6 +25,11 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "simulator.bench_stream:main",
         "over RabbitMQ: staleness, sources per message, restart catch-up vs full resync",
     ),
+    "ingest": (
+        "simulator.bench_ingest:main",
+        "over RabbitMQ: one scheduler process reading a large cloud's cell streams, "
+        "catch-up and live",
+    ),
     "staleness": (
         "simulator.bench_staleness:main",
         "over RabbitMQ: shm sim's staleness p99 and scheduled/s against a stored reference",
