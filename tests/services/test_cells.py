@@ -28,6 +28,16 @@ def _cell_planes(bus: InProcessBus) -> dict[str, InProcessStreamPlane]:
             for c in CELLS}
 
 
+def _claim(sched: SchedulerService, source: str) -> None:
+    """A claim of 256 MB on ``source``, registered and cast as a decision's would be."""
+    with sched.cache.lock:
+        view = sched.receiver.sources[source]
+        claim = Claim(uuid.uuid4().hex, sched.name, source, view.epoch, view.seq,
+                      {"memory_mb": 256}, uuid.uuid4().hex)
+        sched.receiver.add_claim(claim, sched.clock())
+    assert sched.send_claim(claim)
+
+
 def _cloud(bus: InProcessBus, **sched_kw):
     planes = _cell_planes(bus)
     reporters = [make_reporter(planes[c], bus, f"r-{c}", 3, seed=i) for i, c in enumerate(CELLS)]
@@ -92,6 +102,11 @@ def test_a_restart_resumes_each_cell_from_its_own_offset_without_a_resync(tmp_pa
         sched.stop()  # writes its state: both cells' offsets
         saved = dict(sched.cache.cell_offsets)
         assert set(saved) == set(CELLS)
+        # and which cell carries each source, for the control plane of its cell
+        restored = make_scheduler(bus, bus, "s0", cell_planes=planes)
+        restored.cache.load(str(tmp_path / "cache-s0.msgpack"))
+        for cell, reporter in zip(CELLS, reporters, strict=True):
+            assert {restored.cache.cell_of(s) for s in reporter.manager.machines} == {cell}
         recorded = {c: _Recorded(bus, p.stream) for c, p in planes.items()}
         again = make_scheduler(bus, bus, "s0", cell_planes=recorded, state_dir=str(tmp_path))
         again.start()
@@ -203,12 +218,7 @@ def test_a_cells_computes_are_reached_only_on_their_cells_control_plane() -> Non
                  "every host's resync answer")
         # a claim on a cell2 host, judged by its reporter and answered
         for source in (cell2[0], sorted(reporters[0].manager.machines)[0]):
-            with sched.cache.lock:
-                view = sched.receiver.sources[source]
-                claim = Claim(uuid.uuid4().hex, sched.name, source, view.epoch, view.seq,
-                              {"memory_mb": 256}, uuid.uuid4().hex)
-                sched.receiver.add_claim(claim, sched.clock())
-            assert sched.send_claim(claim)
+            _claim(sched, source)
         wait_for(lambda: sched.cache.control_received["claim_accepted"] == 2, 10,
                  "both claims' answers")
         quiesce(reporters)
@@ -219,25 +229,6 @@ def test_a_cells_computes_are_reached_only_on_their_cells_control_plane() -> Non
         sched.stop()
         bus.close()
         cell2_broker.close()
-
-
-def test_a_restart_knows_which_cell_carries_each_source(tmp_path) -> None:
-    bus = InProcessBus(threaded=True)
-    planes, reporters, sched = _cloud(bus, state_dir=str(tmp_path))
-    sched.start()
-    for r in reporters:
-        r.start()
-    try:
-        wait_for(lambda: converged(reporters, [sched]), what="both cells' hosts held")
-        sched.stop()
-        again = make_scheduler(bus, bus, "s0", cell_planes=planes, state_dir=str(tmp_path))
-        again.cache.load(str(tmp_path / "cache-s0.msgpack"))  # what start() restores
-        assert {again.cache.cell_of(s) for s in reporters[1].manager.machines} == {"cell2"}
-        assert {again.cache.cell_of(s) for s in reporters[0].manager.machines} == {"cell1"}
-    finally:
-        for r in reporters:
-            r.stop()
-        bus.close()
 
 
 def test_a_cell_streams_retention_gap_resyncs_that_cells_hosts_only() -> None:
@@ -386,13 +377,7 @@ def test_a_reporter_answers_claims_while_its_stream_does_not_take_its_deltas() -
         wait_for(lambda: converged([reporter], [sched]), what="the cell's hosts held")
         stuck.stuck.set()
         wait_for(stuck.blocked.is_set, 5, "the reporter's loop held by a publish")
-        source = sorted(reporter.manager.machines)[0]
-        with sched.cache.lock:
-            view = sched.receiver.sources[source]
-            claim = Claim(uuid.uuid4().hex, sched.name, source, view.epoch, view.seq,
-                          {"memory_mb": 256}, uuid.uuid4().hex)
-            sched.receiver.add_claim(claim, sched.clock())
-        assert sched.send_claim(claim)
+        _claim(sched, sorted(reporter.manager.machines)[0])
         # the answer comes while the delta listing the claim is stuck on its way
         wait_for(lambda: sched.cache.control_received["claim_accepted"] == 1, 10,
                  "the claim's answer")
