@@ -31,8 +31,9 @@ Persistence (restart without resyncing everything)::
     save(path):  dump_state() -> a temp file, flushed, then renamed over path
     load(path):  restore_state(): each saved source is fed back as a Snapshot
                  through the same receiver code; returns the offset to resume the
-                 stream after.  A checkpoint (shared_host_manager.checkpoint) carries
-                 the same bytes and is restored the same way
+                 deployment's stream after (each cell's is in cell_offsets).  A
+                 checkpoint (shared_host_manager.checkpoint) carries the same bytes
+                 and is restored the same way
 
 Bad input (docs/design.md §6, invariant 6): an undecodable or invalid message is dropped, logged
 with what is known of its sender, and counted in :attr:`invalid` by reason;
@@ -60,6 +61,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import msgpack
@@ -152,6 +154,16 @@ class CacheObserver(ReceiverObserver, Protocol):
 
     def close(self) -> None:
         """The scheduler stops: nothing more will be observed."""
+
+
+@dataclass(frozen=True)
+class RestoredState:
+    """What :meth:`HostStateCache.restore_state` restored: the offsets to resume after."""
+
+    #: on the deployment's stream (None: nothing applied there; read it from its start)
+    offset: int | None
+    #: on each cell's stream (design §4.6)
+    cells: dict[str, int]
 
 
 class HostStateCache:
@@ -552,14 +564,15 @@ class HostStateCache:
         except OSError as exc:  # an unreadable cache file means a cold start, not a crash
             LOG.warning("ignoring unreadable cache state %s: %s", path, exc)
             return None
-        return self.restore_state(data, path)
+        restored = self.restore_state(data, path)
+        return None if restored is None else restored.offset
 
     def restore_state(self, data: bytes, where: str,
-                      keep: Callable[[str], bool] | None = None) -> int | None:
+                      keep: Callable[[str], bool] | None = None) -> RestoredState | None:
         """Restore what :meth:`dump_state` returned (``where``: its origin, for the log; only
-        the sources ``keep`` accepts, if given); returns the stream offset it had applied,
-        None when ``data`` is damaged or not a state (nothing is restored then: a cold
-        start)."""
+        the sources ``keep`` accepts, if given); returns the offsets it had applied on the
+        deployment's stream and on each cell's, None when ``data`` is damaged or not a state
+        (nothing is restored then: a cold start)."""
         try:
             state = msgpack.unpackb(data, raw=False)
             if type(state) is not dict:
@@ -597,7 +610,7 @@ class HostStateCache:
             self.cell_offsets = dict(cell_offsets)
         LOG.info("restored %d sources at stream offset %s%s from %s", len(snapshots), offset,
                  "".join(f", {c} at {o}" for c, o in sorted(cell_offsets.items())), where)
-        return offset
+        return RestoredState(offset, dict(cell_offsets))
 
 
 def _checksum(body: bytes) -> bytes:

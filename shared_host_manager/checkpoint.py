@@ -26,7 +26,9 @@ Who publishes: the coordinator, the first live peer by name (as for scarce reque
 §5.4), so one scheduler pays for it and the others only read; a scheduler that knows no
 peers (membership off, or alone) publishes itself, every interval with ±10 % jitter so that
 schedulers started together do not publish together.  A scheduler publishes only once it has
-applied something from the stream (no offset: nothing to resume from).
+applied something from the host-state stream or from a cell's (no offset: nothing to resume
+from); with a stream per cell the deployment's may hold nothing (membership off, no API-level
+source), and the cells' offsets are then the whole cut.
 
 Why a checkpoint cannot put a view ahead of its source: every version it holds was applied by
 some scheduler's receiver from what the source published (its stream or its resync answers),
@@ -198,8 +200,9 @@ class Checkpointer:
     # -- a newcomer --------------------------------------------------------------------
 
     def restore(self) -> int | None:
-        """Restore the newest usable checkpoint into the cache; the host-state stream offset
-        to resume after, None when there is none (then nothing was restored)."""
+        """Restore the newest usable checkpoint into the cache; the deployment stream's offset
+        to resume after (each cell's is in the cache's ``cell_offsets``), None when nothing
+        was applied there or no checkpoint was restored (:attr:`restored` tells which)."""
         if not self._usable:
             return None
         started = time.monotonic()
@@ -210,18 +213,16 @@ class Checkpointer:
                 self.rejected += 1
                 LOG.warning("ignoring checkpoint at offset %d: %s", offset, exc)
                 continue
-            if checkpoint.offset is None:
-                continue
             where = (f"the checkpoint of {checkpoint.scheduler} taken "
                      f"{max(0.0, (time.time_ns() - checkpoint.taken_ns) / 1e9):.1f} s ago")
-            resume = self.cache.restore_state(checkpoint.state, where, keep=_not_membership)
-            if resume is None:
+            restored = self.cache.restore_state(checkpoint.state, where, keep=_not_membership)
+            if restored is None:
                 self.rejected += 1
                 continue
             self.restored = checkpoint
             LOG.info("started from %s in %.2f s (%d sources)", where,
                      time.monotonic() - started, checkpoint.sources)
-            return resume
+            return restored.offset
         LOG.info("no usable checkpoint within %.1f s: cold start", self.wait)
         return None
 
@@ -293,9 +294,11 @@ class Checkpointer:
         """Take and publish one checkpoint now; False when there is nothing to resume from."""
         with self.cache.lock:  # one cut: dump_state re-enters the (reentrant) lock
             offset = self.cache.offset
+            # a stream per cell and nothing on the deployment's: the cells' offsets are the cut
+            applied = offset is not None or bool(self.cache.cell_offsets)
             sources = sum(1 for v in self.cache.receiver.sources.values() if v.doc is not None)
             state = self.cache.dump_state()
-        if offset is None or not sources:
+        if not applied or not sources:
             return False
         body = encode(state, scheduler=self.name, taken_ns=time.time_ns(), sources=sources,
                       offset=offset, keyring=self._keyring)

@@ -413,22 +413,28 @@ def test_catch_up_is_not_held_by_a_cell_whose_publish_hangs() -> None:
         bus.close()
 
 
-def test_a_newcomer_resumes_each_cell_stream_after_the_checkpoints_offsets() -> None:
+@pytest.mark.parametrize("membership", [0.5, None], ids=["membership", "no-membership"])
+def test_a_newcomer_resumes_each_cell_stream_after_the_checkpoints_offsets(membership) -> None:
+    """With membership the schedulers' entries give the deployment's stream an offset;
+    without, it holds nothing and the cells' offsets are the checkpoint's whole cut."""
     bus = InProcessBus(threaded=True)
-    # membership on: the schedulers' entries give the deployment's stream an offset
-    planes, reporters, first = _cloud(bus, checkpoint_interval=30.0, membership_interval=0.5)
+    planes, reporters, first = _cloud(bus, checkpoint_interval=30.0,
+                                      membership_interval=membership)
     first.start()
     for r in reporters:
         r.start()
     try:
         wait_for(lambda: converged(reporters, [first]), what="both cells' hosts held")
-        wait_for(lambda: first.cache.offset is not None, what="an offset on the main stream")
+        if membership is not None:
+            wait_for(lambda: first.cache.offset is not None, what="an offset on the main stream")
+        else:
+            assert first.cache.offset is None
         assert first.checkpoints is not None and first.checkpoints.publish()
         with first.cache.lock:
             taken = dict(first.cache.cell_offsets)
         recorded = {c: _Recorded(bus, p.stream) for c, p in planes.items()}
         newcomer = make_scheduler(bus, bus, "s1", cell_planes=recorded, checkpoint_interval=30.0,
-                                  membership_interval=0.5)
+                                  membership_interval=membership)
         newcomer.start()
         try:
             assert newcomer.checkpoints is not None and newcomer.checkpoints.restored is not None
