@@ -9,9 +9,9 @@ default (a report every 60 s, a heartbeat every 10 s).  The hosts' messages come
 reporters' own state machines (``ReporterManager``, one per cell, driven in virtual time),
 so every delta and heartbeat is what a reporter publishes and every digest matches.
 
-Three processes: the cloud (generates and publishes), the scheduler (a
-``SchedulerService`` as deployed, reading the deployment's stream and every cell's) and
-this one.  Two phases:
+Processes: the cloud (generates and publishes), the scheduler (a ``SchedulerService`` as
+deployed, reading the deployment's stream and every cell's), the newcomer, and this one.
+Three phases:
 
 * **catch-up**: the streams hold every host's announcement and ``--backlog`` seconds of
   the cloud's traffic before the scheduler starts; measured: seconds and CPU seconds of the
@@ -21,7 +21,13 @@ this one.  Two phases:
   (the rate it is meant to have), and the scheduler applies it as it comes; measured: the
   scheduler process's share of a core meanwhile (CPU seconds over wall seconds), CPU per
   message, publish-to-applied staleness (p50 and p99, bucket upper bounds) and the seconds
-  it needed after the last publish to apply everything.
+  it needed after the last publish to apply everything;
+* **newcomer** (``--checkpoint-interval`` > 0, the default): the scheduler publishes
+  checkpoints of its whole view meanwhile (design §4.5) and one more at the end; a fresh
+  scheduler process then starts with no state of its own, restores the newest checkpoint and
+  reads every cell stream on from the checkpoint's offsets; measured: seconds and CPU
+  seconds from its service start until every host is active and every cell stream applied
+  to its end, and the resync requests it sent.
 
 Both beside the rate needed (messages per second of the whole cloud) and the headroom
 (achieved per CPU second over needed).  RabbitMQ, the cloud and the scheduler share this
@@ -190,7 +196,6 @@ def _quantile(buckets: tuple[float, ...], counts: list[int], q: float) -> float 
 
 def _scheduler_proc(args: dict[str, Any], expected: Any, go_live: Any, live_info: Any,
                     out: Any) -> None:
-    from shared_host_manager.service import SchedulerService
     from transport.inprocess import InProcessBus
     from transport.kombu_stream import KombuStreamDataPlane
 
@@ -201,9 +206,7 @@ def _scheduler_proc(args: dict[str, Any], expected: Any, go_live: Any, live_info
                                                    tail_probe_interval=args["tail_probe_interval"]))
               for cell in cells}
     control = InProcessBus(threaded=True)  # nobody to answer: every message is on the streams
-    service = SchedulerService("bench-ingest", top, control, reporter_topic="r",
-                               scheduler_topic="s", cell_planes=planes,
-                               down_interval=3 * args["heartbeat_interval"])
+    service = _service(args, "bench-ingest", top, planes, control)
     cpu0, t0 = _cpu(), time.time()
     service.start()
 
@@ -247,11 +250,61 @@ def _scheduler_proc(args: dict[str, Any], expected: Any, go_live: Any, live_info
                            "went_down")}
     result["sources"] = figures["sources"]
     result["rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    if service.checkpoints is not None:
+        service.checkpoints.publish()  # the newest, at the streams' end
+        result["checkpoints_published"] = service.checkpoints.published
+    with service.cache.lock:
+        result["final_offsets"] = dict(service.cache.cell_offsets)
     service.stop()
     for p in (top, *planes.values()):
         p.close()
     control.close()
     out.put(result)
+
+
+def _service(args: dict[str, Any], name: str, top: Any, planes: dict[str, Any],
+             control: Any) -> Any:
+    from shared_host_manager.service import SchedulerService
+
+    return SchedulerService(name, top, control, reporter_topic="r", scheduler_topic="s",
+                            cell_planes=planes, down_interval=3 * args["heartbeat_interval"],
+                            checkpoint_interval=args["checkpoint_interval"])
+
+
+def _newcomer_proc(args: dict[str, Any], final: dict[str, int], hosts: int, out: Any) -> None:
+    """A fresh scheduler: restores the newest checkpoint, reads every cell stream to its end."""
+    from transport.inprocess import InProcessBus
+    from transport.kombu_stream import KombuStreamDataPlane
+
+    top = KombuStreamDataPlane(_settings(args["url"], args["stream"]))
+    planes = {cell: KombuStreamDataPlane(_settings(args["url"], f"{args['stream']}.{cell}"))
+              for cell in _cell_names(args["cells"])}
+    control = InProcessBus(threaded=True)
+    service = _service(args, "bench-newcomer", top, planes, control)
+    cpu0, t0 = _cpu(), time.time()
+    service.start()
+    restored_s = time.time() - t0
+    ready = False
+    deadline = t0 + args["timeout"]
+    while time.time() < deadline:
+        figures = service.figures()
+        offsets = figures["cell_offsets"]
+        if (figures["sources"]["active"] >= hosts
+                and all(offsets.get(c, -1) >= o for c, o in final.items())):
+            ready = True
+            break
+        time.sleep(0.02)
+    t1, cpu1 = time.time(), _cpu()
+    restored = service.checkpoints.restored if service.checkpoints is not None else None
+    out.put({"ready": ready, "seconds": round(t1 - t0, 2), "cpu_seconds": round(cpu1 - cpu0, 2),
+             "restore_seconds": round(restored_s, 2),
+             "restored_sources": restored.sources if restored is not None else 0,
+             "resyncs_requested": figures["receiver"].get("resyncs_requested", 0),
+             "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)})
+    service.stop()
+    for p in (top, *planes.values()):
+        p.close()
+    control.close()
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -276,7 +329,10 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     cloud = ctx.Process(target=_cloud_proc, args=(args, ready, go, report), name="cloud")
     sched = ctx.Process(target=_scheduler_proc, args=(args, expected, go_live, live_info, out),
                         name="scheduler")
-    names = [args["stream"], *(f"{args['stream']}.{c}" for c in _cell_names(args["cells"]))]
+    from shared_host_manager.checkpoint import SUFFIX
+
+    names = [args["stream"], args["stream"] + SUFFIX,
+             *(f"{args['stream']}.{c}" for c in _cell_names(args["cells"]))]
     try:
         cloud.start()
         counts = ready.get(timeout=args["timeout"])
@@ -287,6 +343,13 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         info = report.get(timeout=args["timeout"] + args["live"])
         live_info.put({**info, "live": counts["live"]})
         result = out.get(timeout=args["timeout"] + 60)
+        sched.join(timeout=60)
+        if args["checkpoint_interval"] > 0:
+            newcomer = ctx.Process(target=_newcomer_proc, name="newcomer",
+                                   args=(args, result.pop("final_offsets"), args["hosts"], out))
+            newcomer.start()
+            result["newcomer"] = out.get(timeout=args["timeout"] + 60)
+            newcomer.join(timeout=60)
     finally:
         for p in (cloud, sched):
             p.join(timeout=30)
@@ -300,7 +363,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     result.update({
         "config": {k: args[k] for k in ("hosts", "cells", "change_interval",
                                         "heartbeat_interval", "backlog", "live", "seed",
-                                        "tail_probe_interval")},
+                                        "tail_probe_interval", "checkpoint_interval")},
         "cloud": {k: counts[k] for k in ("generated_s", "backlog_published_s")},
         "needed_messages_per_s": round(needed),
         "catch_up_messages_per_cpu_s": round(per_cpu) if per_cpu else None,
@@ -326,6 +389,9 @@ def main(argv: list[str] | None = None, prog: str = "shm bench ingest") -> int:
                    help="seconds of traffic published at its pace once the scheduler caught up")
     p.add_argument("--tail-probe-interval", type=float, default=5.0,
                    help="the scheduler's [data_plane] tail_probe_interval (0: no probe)")
+    p.add_argument("--checkpoint-interval", type=float, default=10.0,
+                   help="the scheduler's [cache] checkpoint_interval; a newcomer then starts from "
+                        "the newest checkpoint (0: no checkpoints, no newcomer)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--url", default=DEFAULT_URL, help="kombu URL of RabbitMQ")
@@ -349,11 +415,16 @@ def main(argv: list[str] | None = None, prog: str = "shm bench ingest") -> int:
           f"{live['staleness_p99_le_ms']} ms; applied {live['drain_after_last_publish_s']} s "
           f"after the last publish; cloud behind its pace by up to "
           f"{live['cloud']['cloud_behind_max_s']} s")
+    newcomer = result.get("newcomer")
+    if newcomer is not None:
+        print(f"  newcomer from the newest checkpoint ({newcomer['restored_sources']} hosts): "
+              f"ready in {newcomer['seconds']} s ({newcomer['cpu_seconds']} CPU s), "
+              f"{newcomer['resyncs_requested']} resync requests")
     print(f"  receiver: {result['receiver']}")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
-    complete = catch["complete"] and live["complete"]
+    complete = catch["complete"] and live["complete"] and (newcomer is None or newcomer["ready"])
     return 0 if complete else 1
 
 

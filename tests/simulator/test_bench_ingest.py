@@ -1,5 +1,6 @@
 """shm bench ingest: the cloud's messages (one source each, in order, decodable) and a small
-run over the real RabbitMQ (every message applied, no gap, no resync; no timing checked)."""
+run over the real RabbitMQ (every message applied, no gap, no resync, a newcomer ready from
+the checkpoint; no timing checked)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def test_a_small_cloud_is_applied_whole(tmp_path) -> None:
     rabbit_url = KOMBU_URL
     out = tmp_path / "ingest.json"
     assert main(["--hosts", "200", "--cells", "2", "--backlog", "2", "--live", "3",
-                 "--url", rabbit_url, "--timeout", "120", "--json", str(out)]) == 0
+                 "--checkpoint-interval", "1", "--url", rabbit_url, "--timeout", "120",
+                 "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["catch_up"]["complete"] and figures["live"]["complete"]
     assert figures["sources"]["held"] == 200
@@ -55,3 +57,7 @@ def test_a_small_cloud_is_applied_whole(tmp_path) -> None:
     assert receiver["snapshots"] == 200
     assert receiver["gaps"] == receiver["resyncs_requested"] == receiver["divergences"] == 0
     assert figures["needed_messages_per_s"] == round(200 * (1 / 60 + 1 / 10))
+    # the newcomer started from the newest checkpoint, with nothing on the deployment's stream
+    newcomer = figures["newcomer"]
+    assert newcomer["ready"] and newcomer["restored_sources"] == 200
+    assert newcomer["resyncs_requested"] == 0
