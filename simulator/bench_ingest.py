@@ -22,7 +22,7 @@ Three phases:
   scheduler process's share of a core meanwhile (CPU seconds over wall seconds), CPU per
   message, publish-to-applied staleness (p50 and p99, bucket upper bounds) and the seconds
   it needed after the last publish to apply everything;
-* **newcomer** (``--checkpoint-interval`` > 0, the default): the scheduler publishes
+* **newcomer** (with ``--checkpoint-interval`` > 0): the scheduler publishes
   checkpoints of its whole view meanwhile (design §4.5) and one more at the end; a fresh
   scheduler process then starts with no state of its own, restores the newest checkpoint and
   reads every cell stream on from the checkpoint's offsets; measured: seconds and CPU
@@ -389,9 +389,9 @@ def main(argv: list[str] | None = None, prog: str = "shm bench ingest") -> int:
                    help="seconds of traffic published at its pace once the scheduler caught up")
     p.add_argument("--tail-probe-interval", type=float, default=5.0,
                    help="the scheduler's [data_plane] tail_probe_interval (0: no probe)")
-    p.add_argument("--checkpoint-interval", type=float, default=10.0,
+    p.add_argument("--checkpoint-interval", type=float, default=0.0,
                    help="the scheduler's [cache] checkpoint_interval; a newcomer then starts from "
-                        "the newest checkpoint (0: no checkpoints, no newcomer)")
+                        "the newest checkpoint (0, the default: no checkpoints, no newcomer)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--url", default=DEFAULT_URL, help="kombu URL of RabbitMQ")
