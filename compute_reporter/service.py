@@ -213,7 +213,6 @@ class ReporterService:
             return
         self.running = False
         self.tracker.stop()
-        self._server.stop()
         self._running = False
         self.wake()
         if self._thread is not None:
@@ -227,6 +226,9 @@ class ReporterService:
         for waiter in waiters:
             waiter.ok = self.stats["publish_errors"] == errors
             waiter.done.set()
+        # after the goodbye, not before: an oslo.messaging server takes seconds to stop, and
+        # a process on its way out (nova's graceful shutdown) may not wait that long
+        self._server.stop()
         self._publisher.close()
         self._client.close()
         if self.recorder is not None:

@@ -36,7 +36,8 @@ nova-compute-shared::
     ComputeManager.pre_start_hook += after nova's first update_available_resource,
                                      start a ReporterService serving this host's nodes
                                      and its [metrics] endpoint (port 9467)
-    ComputeManager.graceful_shutdown += stop it (last changes flushed)
+    ComputeManager.graceful_shutdown: first stop it (last changes flushed, goodbye), then
+                                     nova's own
     nova.cmd.compute.main(), checked right after it parses nova.conf (see below)
 
 nova-api (uWSGI ``module = shared_host_manager.nova.wsgi.osapi_compute:application``)
@@ -536,13 +537,16 @@ def install_compute() -> Any:
         return result
 
     def graceful_shutdown(self: Any, timeout: Any) -> Any:
+        # the goodbye first: nova runs this in a thread it may give up on (its manager
+        # timeout) and then exits, and until the goodbye every scheduler still takes the
+        # host for up; what the shutdown changes after it, the next start's snapshot says
+        if _reporter is not None:
+            _reporter.stop()  # the last changes, then every host's goodbye
         try:
             return original_shutdown(self, timeout)
         finally:
             if _endpoint is not None:
                 _endpoint.stop()
-            if _reporter is not None:
-                _reporter.stop()  # flushes the last changes
 
     cls.pre_start_hook = pre_start_hook
     cls.graceful_shutdown = graceful_shutdown

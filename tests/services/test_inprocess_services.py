@@ -259,3 +259,41 @@ def test_a_decisions_claims_leave_from_the_callers_thread_after_the_lock(bus):
     finally:
         reporter.stop()
         manager.stop()
+
+
+def test_a_reporter_says_goodbye_before_its_control_server_stops(bus):
+    """Stopping an oslo.messaging server takes seconds, and a process on its way out (nova's
+    graceful shutdown) may not wait: the goodbye must be on the stream by then."""
+    stopped_at: list[int] = []
+
+    class SlowToStop:
+        """The bus's control plane, noting how much was published when its server stopped."""
+
+        def control_client(self):
+            return bus.control_client()
+
+        def control_server(self, topic, server, handler):
+            inner = bus.control_server(topic, server, handler)
+
+            class Server:
+                def start(self) -> None:
+                    inner.start()
+
+                def stop(self) -> None:
+                    stopped_at.append(reporter.stats["published"])
+                    inner.stop()
+
+            return Server()
+
+    reporter = make_reporter(bus, SlowToStop(), "r0", 3, seed=1)
+    sched = make_scheduler(bus, bus, "s0")
+    sched.start()
+    reporter.start()
+    try:
+        wait_for(lambda: converged([reporter], [sched]), what="converged")
+        reporter.stop()
+        assert stopped_at == [reporter.stats["published"]]  # nothing published after it
+        wait_for(lambda: all(v.status.value == "down" for v in sched.receiver.sources.values()),
+                 5, "every host down at once, by its goodbye")
+    finally:
+        sched.stop()
