@@ -158,12 +158,11 @@ class CacheObserver(ReceiverObserver, Protocol):
 
 @dataclass(frozen=True)
 class RestoredState:
-    """What :meth:`HostStateCache.restore_state` restored: the offsets to resume after."""
+    """What :meth:`HostStateCache.restore_state` restored (each cell stream's offset is in
+    the cache's ``cell_offsets``)."""
 
     #: on the deployment's stream (None: nothing applied there; read it from its start)
     offset: int | None
-    #: on each cell's stream (design §4.6)
-    cells: dict[str, int]
 
 
 class HostStateCache:
@@ -610,7 +609,7 @@ class HostStateCache:
             self.cell_offsets = dict(cell_offsets)
         LOG.info("restored %d sources at stream offset %s%s from %s", len(snapshots), offset,
                  "".join(f", {c} at {o}" for c, o in sorted(cell_offsets.items())), where)
-        return RestoredState(offset, dict(cell_offsets))
+        return RestoredState(offset)
 
 
 def _checksum(body: bytes) -> bytes:

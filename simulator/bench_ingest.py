@@ -48,6 +48,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -166,47 +167,23 @@ def _staleness(service: Any) -> dict[str, list[int]]:
             if s is not None and s.staleness is not None}
 
 
-def _histogram_delta(service: Any, before: dict[str, list[int]]
-                     ) -> tuple[tuple[float, ...], list[int]]:
-    """The staleness every cell consumer observed since ``before`` (:func:`_staleness`), per
-    bucket, summed over the cells."""
-    from transport.metrics import LATENCY_BUCKETS
-
-    counts = [0] * (len(LATENCY_BUCKETS) + 1)
+def _staleness_since(service: Any, before: dict[str, list[int]]) -> list[int]:
+    """The staleness every cell consumer observed since ``before`` (:func:`_staleness`):
+    cumulative counts per bucket, summed over the cells."""
+    total: list[int] = []
     for cell, cumulative in _staleness(service).items():
         was = before.get(cell, [0] * len(cumulative))
-        prev = 0
-        for i, (c, w) in enumerate(zip(cumulative, was, strict=True)):
-            counts[i] += (c - w) - prev
-            prev = c - w
-    return LATENCY_BUCKETS, counts
-
-
-def _quantile(buckets: tuple[float, ...], counts: list[int], q: float) -> float | None:
-    total = sum(counts)
-    if not total:
-        return None
-    running = 0
-    for bound, c in zip((*buckets, float("inf")), counts, strict=True):
-        running += c
-        if running >= q * total:
-            return bound
-    return float("inf")
+        since = [c - w for c, w in zip(cumulative, was, strict=True)]
+        total = since if not total else [t + c for t, c in zip(total, since, strict=True)]
+    return total
 
 
 def _scheduler_proc(args: dict[str, Any], expected: Any, go_live: Any, live_info: Any,
                     out: Any) -> None:
-    from transport.inprocess import InProcessBus
-    from transport.kombu_stream import KombuStreamDataPlane
+    from transport.metrics import LATENCY_BUCKETS, bucket_quantile
 
     backlog = expected.get()
-    cells = _cell_names(args["cells"])
-    top = KombuStreamDataPlane(_settings(args["url"], args["stream"]))
-    planes = {cell: KombuStreamDataPlane(_settings(args["url"], f"{args['stream']}.{cell}",
-                                                   tail_probe_interval=args["tail_probe_interval"]))
-              for cell in cells}
-    control = InProcessBus(threaded=True)  # nobody to answer: every message is on the streams
-    service = _service(args, "bench-ingest", top, planes, control)
+    service, close = _service(args, "bench-ingest")
     cpu0, t0 = _cpu(), time.time()
     service.start()
 
@@ -236,14 +213,14 @@ def _scheduler_proc(args: dict[str, Any], expected: Any, go_live: Any, live_info
     live_done = wait_for(want, args["timeout"])
     t3, cpu3 = time.time(), _cpu()
     figures = service.figures()
-    buckets, counts = _histogram_delta(service, before)
+    staleness = _staleness_since(service, before)
     live_messages = sum(info["live"].values())
     result["live"] = {
         "messages": live_messages, "complete": live_done,
         "seconds": round(t3 - t2, 2), "cpu_seconds": round(cpu3 - cpu2, 2),
         "drain_after_last_publish_s": round(max(0.0, t3 - info["live_end"]), 2),
-        "staleness_p50_le_ms": _ms(_quantile(buckets, counts, 0.5)),
-        "staleness_p99_le_ms": _ms(_quantile(buckets, counts, 0.99)),
+        "staleness_p50_le_ms": _ms(bucket_quantile(LATENCY_BUCKETS, staleness, 0.5)),
+        "staleness_p99_le_ms": _ms(bucket_quantile(LATENCY_BUCKETS, staleness, 0.99)),
         "cloud": {k: v for k, v in info.items() if k not in ("live", "live_end")}}
     result["receiver"] = {k: figures["receiver"].get(k, 0) for k in
                           ("applied", "snapshots", "gaps", "resyncs_requested", "divergences",
@@ -255,32 +232,39 @@ def _scheduler_proc(args: dict[str, Any], expected: Any, go_live: Any, live_info
         result["checkpoints_published"] = service.checkpoints.published
     with service.cache.lock:
         result["final_offsets"] = dict(service.cache.cell_offsets)
-    service.stop()
-    for p in (top, *planes.values()):
-        p.close()
-    control.close()
+    close()
     out.put(result)
 
 
-def _service(args: dict[str, Any], name: str, top: Any, planes: dict[str, Any],
-             control: Any) -> Any:
+def _service(args: dict[str, Any], name: str) -> tuple[Any, Callable[[], None]]:
+    """A scheduler service reading the deployment's stream and every cell's, as deployed but
+    for the control plane (nobody to answer: every message is on the streams), and what
+    stops it and closes its planes."""
     from shared_host_manager.service import SchedulerService
-
-    return SchedulerService(name, top, control, reporter_topic="r", scheduler_topic="s",
-                            cell_planes=planes, down_interval=3 * args["heartbeat_interval"],
-                            checkpoint_interval=args["checkpoint_interval"])
-
-
-def _newcomer_proc(args: dict[str, Any], final: dict[str, int], hosts: int, out: Any) -> None:
-    """A fresh scheduler: restores the newest checkpoint, reads every cell stream to its end."""
     from transport.inprocess import InProcessBus
     from transport.kombu_stream import KombuStreamDataPlane
 
     top = KombuStreamDataPlane(_settings(args["url"], args["stream"]))
-    planes = {cell: KombuStreamDataPlane(_settings(args["url"], f"{args['stream']}.{cell}"))
+    planes = {cell: KombuStreamDataPlane(_settings(args["url"], f"{args['stream']}.{cell}",
+                                                   tail_probe_interval=args["tail_probe_interval"]))
               for cell in _cell_names(args["cells"])}
     control = InProcessBus(threaded=True)
-    service = _service(args, "bench-newcomer", top, planes, control)
+    service = SchedulerService(name, top, control, reporter_topic="r", scheduler_topic="s",
+                               cell_planes=planes, down_interval=3 * args["heartbeat_interval"],
+                               checkpoint_interval=args["checkpoint_interval"])
+
+    def close() -> None:
+        service.stop()
+        for plane in (top, *planes.values()):
+            plane.close()
+        control.close()
+
+    return service, close
+
+
+def _newcomer_proc(args: dict[str, Any], final: dict[str, int], hosts: int, out: Any) -> None:
+    """A fresh scheduler: restores the newest checkpoint, reads every cell stream to its end."""
+    service, close = _service(args, "bench-newcomer")
     cpu0, t0 = _cpu(), time.time()
     service.start()
     restored_s = time.time() - t0
@@ -301,10 +285,7 @@ def _newcomer_proc(args: dict[str, Any], final: dict[str, int], hosts: int, out:
              "restored_sources": restored.sources if restored is not None else 0,
              "resyncs_requested": figures["receiver"].get("resyncs_requested", 0),
              "rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)})
-    service.stop()
-    for p in (top, *planes.values()):
-        p.close()
-    control.close()
+    close()
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -50,6 +50,7 @@ __all__ = [
     "Histogram",
     "LATENCY_BUCKETS",
     "MetricsEndpoint",
+    "bucket_quantile",
     "histogram_family",
     "list_opts",
     "register_opts",
@@ -126,6 +127,20 @@ LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
                                       1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+def bucket_quantile(buckets: Sequence[float], cumulative: Sequence[int], q: float
+                    ) -> float | None:
+    """The upper bound of the bucket holding the q-quantile of cumulative counts per bucket
+    (+Inf last, as :meth:`Histogram.snapshot` gives them; a difference of two snapshots is
+    one too): None for no observation, inf beyond the last bucket."""
+    if not cumulative or cumulative[-1] == 0:
+        return None
+    rank = q * cumulative[-1]
+    for bound, c in zip((*buckets, float("inf")), cumulative, strict=True):
+        if c >= rank:
+            return bound
+    return float("inf")
+
+
 class Histogram:
     """Counts of observations per bucket, their sum and count; thread-safe, no allocation per
     observation. Read with :meth:`snapshot` (what a collector exports) or :meth:`quantile`."""
@@ -167,14 +182,7 @@ class Histogram:
     def quantile(self, q: float) -> float | None:
         """The upper bound of the bucket holding the q-quantile (None: no observation;
         inf: beyond the last bucket) -- what ``shm status`` shows."""
-        cumulative, _ = self.snapshot()
-        if not cumulative or cumulative[-1] == 0:
-            return None
-        rank = q * cumulative[-1]
-        for bound, c in zip((*self.buckets, float("inf")), cumulative, strict=True):
-            if c >= rank:
-                return bound
-        return float("inf")
+        return bucket_quantile(self.buckets, self.snapshot()[0], q)
 
     def as_dict(self) -> dict[str, Any]:
         cumulative, total = self.snapshot()
