@@ -287,6 +287,8 @@ class Checkpointer:
                 if self.publishes():
                     self.publish()
             except Exception:  # the next interval tries again; a newcomer falls back meanwhile
+                if self._stop.is_set():  # stop() closed the publisher under this publish
+                    return
                 self.publish_failures += 1
                 LOG.exception("scheduler %s could not publish a checkpoint", self.name)
 

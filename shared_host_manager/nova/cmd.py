@@ -36,8 +36,10 @@ nova-compute-shared::
     ComputeManager.pre_start_hook += after nova's first update_available_resource,
                                      start a ReporterService serving this host's nodes
                                      and its [metrics] endpoint (port 9467)
-    ComputeManager.graceful_shutdown: first stop it (last changes flushed, goodbye), then
-                                     nova's own
+    ComputeManager.set_shutdown_in_progress += stop it (last changes flushed, goodbye):
+                                     the first step of nova's Service.stop, before nova
+                                     stops taking builds
+    ComputeManager.graceful_shutdown += stop the [metrics] endpoint after nova's own
     nova.cmd.compute.main(), checked right after it parses nova.conf (see below)
 
 nova-api (uWSGI ``module = shared_host_manager.nova.wsgi.osapi_compute:application``)
@@ -513,6 +515,7 @@ def install_compute() -> Any:
     cls = compute_manager.ComputeManager
     original_pre_start = cls.pre_start_hook
     original_shutdown = cls.graceful_shutdown
+    original_in_progress = cls.set_shutdown_in_progress
 
     def pre_start_hook(self: Any, service_ref: Any) -> Any:
         global _reporter, _endpoint
@@ -536,12 +539,21 @@ def install_compute() -> Any:
         _endpoint = _serve_metrics(lambda: metrics.serve(_reporter, ours, role="nova-compute"))
         return result
 
-    def graceful_shutdown(self: Any, timeout: Any) -> Any:
-        # the goodbye first: nova runs this in a thread it may give up on (its manager
-        # timeout) and then exits, and until the goodbye every scheduler still takes the
-        # host for up; what the shutdown changes after it, the next start's snapshot says
+    def set_shutdown_in_progress(self: Any) -> Any:
+        # the goodbye here, the first step of nova's Service.stop, in its own thread and
+        # before nova stops taking builds: graceful_shutdown runs later, in a thread nova
+        # gives up on after manager_shutdown_timeout (0 s when graceful_shutdown_timeout is
+        # under 10 s) before the process exits, and until the goodbye every scheduler still
+        # takes the host for up; what the shutdown changes after it, the next start's
+        # snapshot says
+        result = original_in_progress(self)
         if _reporter is not None:
             _reporter.stop()  # the last changes, then every host's goodbye
+        return result
+
+    def graceful_shutdown(self: Any, timeout: Any) -> Any:
+        if _reporter is not None:
+            _reporter.stop()  # no-op after set_shutdown_in_progress; kept for direct callers
         try:
             return original_shutdown(self, timeout)
         finally:
@@ -549,6 +561,7 @@ def install_compute() -> Any:
                 _endpoint.stop()
 
     cls.pre_start_hook = pre_start_hook
+    cls.set_shutdown_in_progress = set_shutdown_in_progress
     cls.graceful_shutdown = graceful_shutdown
     return hook
 

@@ -116,11 +116,18 @@ def test_compute_entry_point_hooks_the_tracker_and_starts_a_reporter(tmp_path):
             assert doc["compute"]["cell_uuid"].startswith("98122654")
             assert doc["compute"]["reserved_memory_mb"] == 512
             assert list(doc["instances"]) == [fx.uuid_for("i", 1)]
+            import threading
+            mgr = Manager()
+            mgr._shutdown_in_progress = threading.Event()
+            # the first step of nova's Service.stop: the goodbye goes there, not in
+            # graceful_shutdown (a thread nova may give up on before the process exits)
+            compute_manager.ComputeManager.set_shutdown_in_progress(mgr)
+            assert mgr._shutdown_in_progress.is_set()
+            assert not reporter._running
             try:
-                compute_manager.ComputeManager.graceful_shutdown(Manager(), 0)
+                compute_manager.ComputeManager.graceful_shutdown(mgr, 0)
             except Exception:
                 pass  # nova's own shutdown needs a real manager; ours ran in `finally`
-            assert not reporter._running
             print("ok")
 
         nova_compute.main = fake_nova_main
