@@ -9,7 +9,9 @@ exits 1 when the staleness p99 is more than ``--factor`` times the reference's, 
 scheduled requests per second less than the reference's divided by
 ``--throughput-factor``.  ``--against DIR`` runs the code in DIR (a ``git worktree`` of
 the reference commit) interleaved with this code instead, and compares with its medians:
-the machine's load then weighs on both sides alike.
+the machine's load then weighs on both sides alike.  DIR gets its own package metadata
+first (``setup.py egg_info``): the filters and weighers are entry points, and a run in
+which one does not load stops the benchmark rather than measure another scheduler.
 
 The whole cloud shares one Python process here, so every extra cast per claim is CPU
 the stream consumer and the reporters wait for: staleness grows with it long before
@@ -83,6 +85,19 @@ def median_figures(results: list[dict[str, Any]]) -> dict[str, float]:
     return {k: statistics.median(float(r[k]) for r in results) for k in keys if k in results[0]}
 
 
+def prepare_checkout(code_dir: str) -> None:
+    """Give the checkout in ``code_dir`` its own package metadata (``setup.py egg_info``):
+    the scheduler's filters and weighers are entry points, and without it the reference
+    runs with this code's list, whose modules it may not have (its filters then do not
+    load and it measures another scheduler)."""
+    if not os.path.exists(os.path.join(code_dir, "setup.py")):
+        return
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "egg_info"], cwd=code_dir,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"setup.py egg_info in {code_dir} failed: {proc.stderr[-2000:]}")
+
+
 def _command_module(code_dir: str) -> str:
     """The ``shm`` command's module in a checkout (its older layouts had it elsewhere)."""
     if os.path.isdir(os.path.join(code_dir, "shm_cli")):
@@ -108,6 +123,10 @@ def _run_once(transport: str, sim_args: list[str], code_dir: str | None) -> dict
         if proc.returncode:
             raise RuntimeError(f"shm sim failed ({proc.returncode}): "
                                f"{err.decode(errors='replace')[-2000:]}")
+        missing = [line for line in err.decode(errors="replace").splitlines()
+                   if "cannot load" in line and "plugin" in line]
+        if missing:  # a filter or weigher left out: another scheduler than the one compared
+            raise RuntimeError(f"shm sim in {code_dir or 'this checkout'}: {missing[0]}")
         with open(out, encoding="utf-8") as f:
             data = json.load(f)
     results = data["results"]
@@ -156,6 +175,8 @@ def main(argv: list[str] | None = None, prog: str = "shm bench staleness") -> in
               f"{r['scheduled_per_s']:.1f} scheduled/s, CPU {r['cpu_s']:.1f} s, "
               f"wall {r['wall_s']:.1f} s", flush=True)
 
+    if args.against:
+        prepare_checkout(args.against)
     for i in range(args.runs):
         if args.against:
             against.append(_run_timed(args.transport, sim_args, args.against))

@@ -83,3 +83,24 @@ def test_the_reference_code_is_run_with_its_own_command(tmp_path) -> None:
     (tmp_path / "shm_cli").mkdir()
     assert _command_module(str(tmp_path)) == "shm_cli.main"
     assert _command_module(str(tmp_path / "older")) == "shared_host_manager.cmd.shm"
+
+
+def test_the_reference_code_gets_its_own_filters_and_weighers(tmp_path) -> None:
+    """The filters and weighers are entry points: a reference checkout run with this
+    checkout's package metadata would look for this code's modules (and leave out the
+    filters it does not have).  prepare_checkout gives it its own."""
+    import subprocess
+    import sys
+
+    from simulator.bench_staleness import prepare_checkout
+
+    (tmp_path / "setup.py").write_text(
+        "from setuptools import setup\n"
+        "setup(name='shared-host-manager', version='0.0.1', py_modules=[],\n"
+        "      entry_points={'shm.scheduler.filters': ['OnlyInTheReference = ref_mod:F']})\n")
+    prepare_checkout(str(tmp_path))
+    code = ("from importlib.metadata import entry_points\n"
+            "print(sorted(e.value for e in entry_points(group='shm.scheduler.filters')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, env={"PYTHONPATH": str(tmp_path)}, check=True).stdout
+    assert out.strip() == "['ref_mod:F']"
