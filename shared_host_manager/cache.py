@@ -134,8 +134,10 @@ class CacheObserver(ReceiverObserver, Protocol):
     def cache_attached(self, cache: HostStateCache) -> None:
         """The cache took this observer (before it ingests anything, or with what it holds)."""
 
-    def stream(self, body: bytes, offset: int | None, now: float, sends: Sequence[Send]) -> None:
-        """A stream message was applied; ``body`` as received."""
+    def stream(self, body: bytes, offset: int | None, now: float, sends: Sequence[Send],
+               cell: str | None = None) -> None:
+        """A stream message was applied; ``body`` as received, at ``offset`` of the deployment's
+        stream or, with ``cell``, of that cell's."""
 
     def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
         """A control message (resync answer, claim result) was applied."""
@@ -284,14 +286,14 @@ class HostStateCache:
                 now = self.clock()
                 if msg is None:
                     if recorder is not None:
+                        # RX_DROPPED's offset is the deployment stream's
                         recorder.dropped(body, "stream", offset if cell is None else None, now)
                 else:
                     out = receive(msg, now)
                     for listener in self._message_listeners:
                         listener.message_taken(msg)
                     if recorder is not None:
-                        # the update log's offsets are the deployment stream's
-                        recorder.stream(body, offset if cell is None else None, now, out)
+                        recorder.stream(body, offset, now, out, cell)
                     sends.extend(out)
                     self.messages += 1
                     if cell is not None and type(msg) is Snapshot \

@@ -47,7 +47,14 @@ from typing import Any
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.updatelog.diff import DiffResult, diff_logs
 from shared_host_manager.updatelog.reader import Damage, find_logs, resolve_log
-from shared_host_manager.updatelog.replay import ReplayResult, Tracer, history, replay, view_json
+from shared_host_manager.updatelog.replay import (
+    ReplayResult,
+    Tracer,
+    gap_text,
+    history,
+    replay,
+    view_json,
+)
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_DAMAGED = 0, 1, 2, 3
 
@@ -133,7 +140,7 @@ def result_json(r: ReplayResult) -> dict[str, Any]:
         "decisions_skipped": r.decisions_skipped, "decision_diffs": [_jsonable(d) for d in r.decision_diffs],
         "decisions_note": r.decisions_note, "dropped": r.dropped, "sent": r.sent,
         "divergence_alerts": r.divergences,
-        "stream_offsets_missing": [[a, b] for _, a, b in r.stream_gaps],
+        "stream_offsets_missing": [[a, b, cell] for _, a, b, cell in r.stream_gaps],
         "damage": _damage_json(r.damage),
         "damages": [_damage_json(d) for d in r.damages],
         "notes": [[i, t, text] for i, t, text in r.notes],
@@ -200,7 +207,7 @@ def summary_lines(r: ReplayResult, limit: int = 20) -> list[str]:
     if r.dropped:
         extras.append(f"{r.dropped} invalid message(s) dropped")
     if r.stream_gaps:
-        gaps = ", ".join(f"{a}" if a == b else f"{a}..{b}" for _, a, b in r.stream_gaps[:5])
+        gaps = ", ".join(gap_text(gap) for gap in r.stream_gaps[:5])
         extras.append(f"stream offsets never received: {gaps}{'...' if len(r.stream_gaps) > 5 else ''}")
     if r.divergences:
         extras.append(f"{r.divergences} digest divergence alert(s) replayed")

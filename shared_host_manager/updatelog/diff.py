@@ -26,6 +26,7 @@ from shared_host_manager.updatelog.replay import (
     ReplayResult,
     Tracer,
     Version,
+    gap_text,
     last_stream_offset,
     replay,
 )
@@ -49,7 +50,7 @@ def _how(v: Version) -> str:
 
 
 def explain(tracer: Tracer, source: str, entry: Version, resync_timeout: float,
-            stream_gaps: Sequence[tuple[int, int, int]] = ()) -> tuple[str, str]:
+            stream_gaps: Sequence[tuple[int, int, int, str | None]] = ()) -> tuple[str, str]:
     """(kind, text): why ``entry`` (a version not reached via the stream) came the way it did."""
     events = tracer.events.get(source, [])
     if entry.plane == "correction":
@@ -71,7 +72,7 @@ def explain(tracer: Tracer, source: str, entry: Version, resync_timeout: float,
         g = gaps[0]
         parts.append(f"missed delta: gap detected at record {g.record} (t={g.now:.3f}) when delta "
                      f"{g.data['arrived']} arrived while holding {g.data['held']}")
-        lost = [f"{a}..{b}" if a != b else str(a) for rec, a, b in stream_gaps if rec <= g.record]
+        lost = [gap_text(gap) for gap in stream_gaps if gap[0] <= g.record]
         if lost:
             parts.append(f"stream offsets never received: {', '.join(lost[-3:])}")
     elif requests and requests[0].data.get("reason", "").startswith("heartbeat"):

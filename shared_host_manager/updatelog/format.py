@@ -85,6 +85,7 @@ from transport.updatelog.format import (
     REPORTER,
     RESTORE,
     RESYNC,
+    RX_CELL_STREAM,
     RX_CONTROL,
     RX_DROPPED,
     RX_STREAM,
@@ -263,7 +264,8 @@ __all__ = [
     "FORGET", "FORMAT", "FRAME", "HEADER", "HINT", "HOST_MANAGER", "KIND_NAMES", "MAGIC",
     "MAX_RECORD_BYTES", "NOTE", "NO_DOCUMENT", "OPT_INT", "OPT_NUM", "OPT_STR",
     "PEER_CLAIMS_FORMAT", "PUBLISHED", "READABLE_FORMATS", "RECEIVER_PARAMS", "RECORD_SHAPES",
-    "REPORTER", "RESTORE", "RESYNC", "RX_CONTROL", "RX_DROPPED", "RX_STREAM", "SCHEDULER",
+    "REPORTER", "RESTORE", "RESYNC", "RX_CELL_STREAM", "RX_CONTROL", "RX_DROPPED", "RX_STREAM",
+    "SCHEDULER",
     "SUFFIX", "TICK", "TX", "ViewStates", "frame", "log_base", "part_paths", "peer_claims_state",
     "pending_claims", "rng_from_wire", "rng_to_wire", "same_base", "spec_from_wire",
     "spec_to_wire", "state_from_wire", "view_base", "view_state"

@@ -10,7 +10,8 @@ inputs, in the order they were applied, plus what each step produced and
 periodic digests of the resulting state, so a replay can prove it arrived at
 the same place::
 
-    stream bytes ---+                                  +--> RX_STREAM  (now, offset, bytes as received)
+    stream bytes ---+                                  +--> RX_STREAM  (now, offset, bytes as received;
+                    |                                  |    RX_CELL_STREAM: now, cell, offset, bytes)
     control bytes --+--> HostStateCache --> receiver --+--> RX_CONTROL (now, bytes as received)
     clock ----------+                                  +--> TICK       (now)
     decisions ---------> receiver.add_claim / ... -----+--> CLAIM, CANCEL, RESYNC, HINT, FORGET (now, args)
@@ -92,6 +93,7 @@ from shared_host_manager.updatelog.format import (
     RECEIVER_PARAMS,
     RESTORE,
     RESYNC,
+    RX_CELL_STREAM,
     RX_CONTROL,
     RX_STREAM,
     SCHEDULER,
@@ -287,9 +289,14 @@ class Recorder(ReporterRecorder, CacheObserver, DecisionObserver):
 
     # -- the cache's observer (under the cache lock) -----------------------------------------
 
-    def stream(self, body: bytes, offset: int | None, now: float, sends: Sequence[Send]) -> None:
-        """A stream message was applied (the bytes as received)."""
-        self._record_step([RX_STREAM, now, offset, body], sends, now)
+    def stream(self, body: bytes, offset: int | None, now: float, sends: Sequence[Send],
+               cell: str | None = None) -> None:
+        """A stream message was applied (the bytes as received); ``cell``: read from that
+        cell's stream, at its own offsets."""
+        if cell is None:
+            self._record_step([RX_STREAM, now, offset, body], sends, now)
+        else:
+            self._record_step([RX_CELL_STREAM, now, cell, offset, body], sends, now)
 
     def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
         """A control message was applied (scheduler) or handled (reporter)."""

@@ -93,6 +93,7 @@ from shared_host_manager.updatelog.format import (
     RECEIVER_PARAMS,
     RESTORE,
     RESYNC,
+    RX_CELL_STREAM,
     RX_CONTROL,
     RX_DROPPED,
     RX_STREAM,
@@ -341,7 +342,9 @@ class ReplayResult:
     dropped: int = 0
     sent: int = 0
     notes: list[tuple[int, float, str]] = field(default_factory=list)
-    stream_gaps: list[tuple[int, int, int]] = field(default_factory=list)
+    #: stream offsets never received: (record index, first, last, cell or None for the
+    #: deployment's stream), each stream at its own offsets
+    stream_gaps: list[tuple[int, int, int, str | None]] = field(default_factory=list)
     divergences: int = 0
     stopped_early: bool = False
     receiver: ReceiverMachine | None = None
@@ -395,7 +398,8 @@ class Replayer:
         self.expected_acc: bytes | None = None
         self.last_checkpoint: int | None = None
         self.window: list[Record] = []
-        self.last_offset: int | None = None
+        #: the last offset applied of each stream (None: the deployment's, or a cell's name)
+        self.last_offsets: dict[str | None, int] = {}
         self.engine: DecisionEngine | None = None
         #: builds the replayer of HOST_MANAGER records on the first one (--decisions)
         self._host_manager_factory = host_manager
@@ -454,7 +458,7 @@ class Replayer:
         self.states = ViewStates(self.peers)
         self.expected = {}
         self.expected_acc = None
-        self.last_offset = None
+        self.last_offsets = {}
         self.engine = None
         self.window = []
 
@@ -506,18 +510,21 @@ class Replayer:
         sends: list[Send] | None = None
         effects = None
         tracer = self.tracer
-        if kind == RX_STREAM:
+        if kind == RX_STREAM or kind == RX_CELL_STREAM:
+            cell, f = (None, f) if kind == RX_STREAM else (f[0], f[1:])
             offset = f[0]
             if offset is not None:
-                if self.last_offset is not None and offset > self.last_offset + 1:
-                    r.stream_gaps.append((rec.index, self.last_offset + 1, offset - 1))
-                self.last_offset = offset
+                last = self.last_offsets.get(cell)
+                if last is not None and offset > last + 1:
+                    r.stream_gaps.append((rec.index, last + 1, offset - 1, cell))
+                self.last_offsets[cell] = offset
             msg = self._decode(rec, f[1])
             if msg is None:
                 return
             effects = f[2] if len(f) > 2 else None
             if tracer is not None:
-                tracer.begin(_Step(rec.index, now, kind, "stream", msg, f"stream offset {offset}"))
+                where = f"stream offset {offset}" if cell is None else f"cell {cell} stream offset {offset}"
+                tracer.begin(_Step(rec.index, now, kind, "stream", msg, where))
             sends = receiver.receive(msg, now)
         elif kind == RX_CONTROL or kind == RESTORE:
             msg = self._decode(rec, f[0])
@@ -777,8 +784,8 @@ class Replayer:
     def _records_touching(self, source: str) -> list[int]:
         out = []
         for rec in self.window:
-            if rec.kind in (RX_STREAM, RX_CONTROL, RESTORE):
-                body = rec.fields[1] if rec.kind == RX_STREAM else rec.fields[0]
+            if rec.kind in (RX_STREAM, RX_CELL_STREAM, RX_CONTROL, RESTORE):
+                body = rec.fields[{RX_STREAM: 1, RX_CELL_STREAM: 2}.get(rec.kind, 0)]
                 try:
                     msg = self.decoder.decode(body)
                 except ProtocolError:
@@ -1031,7 +1038,8 @@ def replay(
     host_manager: Callable[[], HostManagerReplayer] | None = None,
 ) -> ReplayResult:
     """Replay the log made of ``paths`` (parts in order), up to record ``at`` / clock ``until``
-    / before the first stream message past offset ``until_offset`` / wall-clock time
+    / before the first message past offset ``until_offset`` of the deployment's stream (a cell
+    stream's offsets are its own and do not cut) / wall-clock time
     ``until_wall`` (seconds since the epoch, through each session header's clock and wall)."""
     reader = LogReader(paths)
     rp = Replayer(paths, tracer=tracer, decisions=decisions, decision_options=decision_options,
@@ -1067,8 +1075,17 @@ def replay(
     return r
 
 
+def gap_text(gap: tuple[int, int, int, str | None]) -> str:
+    """One entry of ``stream_gaps`` as shown: ``5`` or ``5..7``, after ``cell NAME `` for a
+    cell's stream."""
+    _, first, last, cell = gap
+    offsets = str(first) if first == last else f"{first}..{last}"
+    return offsets if cell is None else f"cell {cell} {offsets}"
+
+
 def last_stream_offset(paths: Sequence[str]) -> int | None:
-    """The offset of the last stream message a scheduler's log recorded (None: none)."""
+    """The offset of the last message of the deployment's stream a scheduler's log recorded
+    (None: none; a cell stream's offsets are its own)."""
     last = None
     for rec in LogReader(paths):
         if rec.kind == RX_STREAM and isinstance(rec.fields[0], int):
@@ -1146,5 +1163,5 @@ def history(tracer: Tracer, source: str) -> list[dict[str, Any]]:
     return rows
 
 
-__all__ = ["ReplayResult", "Replayer", "Tracer", "Version", "history", "last_stream_offset", "op_text",
-           "replay", "view_json"]
+__all__ = ["ReplayResult", "Replayer", "Tracer", "Version", "gap_text", "history",
+           "last_stream_offset", "op_text", "replay", "view_json"]

@@ -18,12 +18,14 @@ from shared_host_manager.updatelog.format import (
     FRAME,
     MAGIC,
     RESTORE,
+    RX_CELL_STREAM,
+    RX_STREAM,
     ViewStates,
     part_paths,
 )
 from shared_host_manager.updatelog.reader import LogReader, resolve_log
 from shared_host_manager.updatelog.recorder import Recorder
-from shared_host_manager.updatelog.replay import Replayer, replay
+from shared_host_manager.updatelog.replay import Replayer, gap_text, replay
 
 
 def _states(result):
@@ -94,6 +96,29 @@ def test_part_bases_are_skipped_when_the_session_is_replayed_whole(mini_run):
     assert len(parts) > 2 and restores, "no part base was written"
     result = replay(parts)
     assert result.ok and result.receiver.stats == live  # the bases changed nothing
+
+
+def test_a_cell_streams_messages_are_recorded_with_their_cell_and_offsets(mini_run):
+    """A scheduler reading a cell's stream records each message with the cell and the
+    offset on that stream; replay reports the offsets it never received, by cell."""
+    run = mini_run(checkpoint_interval=0.1)
+    run.cell["s1"] = "cell1"
+    run.drop["s1"] = {4}
+    run.run(10)
+    run.settle(10)
+    live = _live_states(run.caches["s1"])
+    run.close()
+    kinds = [(rec.kind, rec.fields[:2]) for rec in LogReader(resolve_log(run.log("s1")))
+             if rec.kind in (RX_STREAM, RX_CELL_STREAM)]
+    assert kinds and all(kind == RX_CELL_STREAM and f[0] == "cell1" for kind, f in kinds)
+    assert [f[1] for _, f in kinds][:5] == [0, 1, 2, 3, 5]
+    result = replay(resolve_log(run.log("s1")))
+    assert result.ok and _states(result) == live
+    assert [gap[1:] for gap in result.stream_gaps] == [(4, 4, "cell1")]
+    assert gap_text(result.stream_gaps[0]) == "cell cell1 4"
+    # the deployment's stream: offsets of its own, no cell
+    other = replay(resolve_log(run.log("s0")))
+    assert other.ok and other.stream_gaps == []
 
 
 def test_restarted_scheduler_appends_a_new_session(mini_run):

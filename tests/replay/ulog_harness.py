@@ -58,6 +58,8 @@ class MiniRun:
         self.dropped: dict[str, list[Delta]] = {}
         #: name -> f(offset, body) -> body: what that scheduler receives instead
         self.rewrite: dict = {}
+        #: name -> the cell whose stream that scheduler takes the stream for (design §4.6)
+        self.cell: dict[str, str] = {}
         self.inbox: dict[str, list[bytes]] = {}
         self.reporter_inbox: list[bytes] = []
         self.caches: dict[str, HostStateCache] = {}
@@ -142,7 +144,7 @@ class MiniRun:
                 if name in self.rewrite:
                     body = self.rewrite[name](offset, body)
                 if offset not in self.drop[name]:
-                    cache.ingest_stream(body, offset)
+                    cache.ingest_stream(body, offset, cell=self.cell.get(name))
             inbox, self.inbox[name] = self.inbox[name], []
             for body in inbox:
                 msg = cache.ingest_control(body)

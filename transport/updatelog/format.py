@@ -64,6 +64,8 @@ HOST_MANAGER   17  now, {step, id, ...}                 (a step of a decision ma
                    manager outside the engine: nova's handlers in the drop-in; see
                    shared_host_manager/nova/decision_log.py for the steps)
 PUBLISHED      20  now, message bytes                  (a reporter's batch, as published)
+RX_CELL_STREAM 21  now, cell, stream offset, message bytes[, effects]  (format 3: a message of
+                   that cell's stream, design §4.6; RX_STREAM is the deployment's stream)
 =============  ==  ====================================================================
 """
 
@@ -76,12 +78,13 @@ import struct
 
 from protocol import hashing
 
-#: the format this code writes: 2 lists the peer claims held in checkpoints
-FORMAT = 2
+#: the format this code writes: 2 lists the peer claims held in checkpoints, 3 records the
+#: cell streams' messages with their cell and offset (RX_CELL_STREAM)
+FORMAT = 3
 
 
 #: the formats this code reads (1: checkpoints without peer claims)
-READABLE_FORMATS = (1, 2)
+READABLE_FORMATS = (1, 2, 3)
 
 
 #: the first format whose checkpoints list the peer claims held
@@ -170,12 +173,15 @@ HOST_MANAGER = 17
 PUBLISHED = 20
 
 
+RX_CELL_STREAM = 21
+
+
 KIND_NAMES = {
     HEADER: "header", RX_STREAM: "rx_stream", RX_CONTROL: "rx_control", RX_DROPPED: "rx_dropped",
     TICK: "tick", CLAIM: "claim", RESYNC: "resync", HINT: "hint", FORGET: "forget",
     RESTORE: "restore", TX: "tx", CANCEL: "cancel", CHECKPOINT: "checkpoint", DECISION: "decision",
     DECISION_END: "decision_end", ENGINE: "engine", NOTE: "note", HOST_MANAGER: "host_manager",
-    PUBLISHED: "published",
+    PUBLISHED: "published", RX_CELL_STREAM: "rx_cell_stream",
 }
 
 
@@ -212,6 +218,7 @@ OPT_STR = (str, type(None))
 #: kind -> types of the fields after (kind, now); trailing extras (effects) are allowed
 RECORD_SHAPES: dict[int, tuple[tuple[type, ...], ...]] = {
     RX_STREAM: (OPT_INT, (bytes,)),
+    RX_CELL_STREAM: ((str,), OPT_INT, (bytes,)),
     RX_CONTROL: ((bytes,),),
     RX_DROPPED: ((str,), OPT_INT, (bytes,)),
     TICK: (),
