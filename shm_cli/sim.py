@@ -27,12 +27,17 @@ def build_parser(prog: str = "shm sim") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--scheduler", choices=["own", "nova"], default="own",
                    help="'own': the project's decision engine (default); 'nova': nova 34's real "
-                        "SchedulerManager with placement in-process and nova's database "
+                        "SchedulerManager with placement (in-process, or --placement-processes) "
+                        "and nova's database "
                         "(host managers shared and legacy; needs the [nova-sim] extra)")
     p.add_argument("--host-ownership", action="store_true",
                    help="--scheduler nova, shared: the drop-in's [shared_host_manager] "
                         "host_ownership (each scheduler puts its own best host first; "
                         "membership on the stream)")
+    p.add_argument("--placement-processes", type=int, default=0, metavar="N",
+                   help="--scheduler nova: serve placement from N processes of its own, as "
+                        "uWSGI runs it in a deployment (needs --db-url; default 0: in the "
+                        "run's process)")
     p.add_argument("--filters", help="--scheduler nova: comma-separated [filter_scheduler] "
                                      "enabled_filters (default: nova's defaults and "
                                      "AggregateInstanceExtraSpecsFilter, which the workload's "
@@ -128,8 +133,9 @@ def main(argv: list[str], prog: str = "shm sim") -> int:
     args = parser.parse_args(argv)
     if args.scheduler == "nova":
         return _main_nova(parser, args)
-    if args.filters or args.host_ownership:
-        parser.error("--filters and --host-ownership apply to --scheduler nova")
+    if args.filters or args.host_ownership or args.placement_processes:
+        parser.error("--filters, --host-ownership and --placement-processes apply to "
+                     "--scheduler nova")
     names = {f.name for f in fields(SimConfig)}
     cfg = SimConfig(**{k: v for k, v in vars(args).items() if k in names})
     if not nova_installed():
@@ -196,7 +202,7 @@ def _main_nova(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         hosts_per_reporter=args.hosts_per_reporter,
         filters=args.filters.split(",") if args.filters else None,
         host_ownership=args.host_ownership, announce_claims=args.announce_claims,
-        progress=not args.quiet)
+        placement_processes=args.placement_processes, progress=not args.quiet)
     try:
         nova_sim.check_config(cfg)
     except ValueError as exc:

@@ -41,6 +41,7 @@ from placement's (query + claims).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -79,6 +80,8 @@ class NovaSimConfig(RunShape):
     #: shared mode: each scheduler casts the claims placement accepted to its peers ([cache]
     #: announce_claims, with membership on the stream)
     announce_claims: bool = True
+    #: placement served from this many processes of its own (0: in the run's process)
+    placement_processes: int = 0
 
 
 def check_config(cfg: NovaSimConfig) -> None:
@@ -88,6 +91,11 @@ def check_config(cfg: NovaSimConfig) -> None:
                          f"(nova's CachingScheduler was removed), not {cfg.host_manager!r}")
     if cfg.schedulers < 1 or cfg.clients < 1 or cfg.nodes < 1:
         raise ValueError("--nodes, --schedulers and --clients must be at least 1")
+    if cfg.placement_processes < 0:
+        raise ValueError("--placement-processes must be 0 (in-process) or more")
+    if cfg.placement_processes and not cfg.db_url:
+        raise ValueError("--placement-processes needs a database server for placement's "
+                         "workers to share: --db-url mysql+pymysql://... or postgresql://...")
 
 
 @dataclass
@@ -183,7 +191,8 @@ class NovaRun:
                               extra_filters=None if cfg.filters else list(WORKLOAD_FILTERS),
                               hosts_per_reporter=cfg.hosts_per_reporter,
                               host_ownership=cfg.host_ownership,
-                              announce_claims=cfg.announce_claims)
+                              announce_claims=cfg.announce_claims,
+                              placement_processes=cfg.placement_processes)
         self.setup_s = time.perf_counter() - started
 
     def _request(self) -> tuple[Any, Any] | None:
@@ -266,12 +275,24 @@ class NovaRun:
         cfg = self.cfg
         progress = _Progress(f"nova {self.mode}", None if cfg.requests else cfg.duration,
                              cfg.requests, cfg.progress)
+        before, placement_before = os.times(), self._placement_cpu()
         elapsed = drive_clients(self._client, cfg.clients, None if cfg.requests else cfg.duration,
                                 progress, lambda: self.metrics.requests)
+        after, placement_after = os.times(), self._placement_cpu()
         if self.errors:
             raise RuntimeError("simulation clients failed:\n" + self.errors[0])
         checked = self.nova.check()
-        return self._figures(elapsed, checked)
+        out = self._figures(elapsed, checked)
+        # CPU beside wall: this process's (schedulers, computes, clients; placement too when
+        # in-process), and placement's workers' when it has processes of its own
+        out["cpu_s"] = round(after.user + after.system - before.user - before.system, 1)
+        out["placement_cpu_s"] = (None if placement_before is None or placement_after is None
+                                  else round(placement_after - placement_before, 1))
+        return out
+
+    def _placement_cpu(self) -> float | None:
+        cpu = getattr(self.nova.placement, "cpu_seconds", None)
+        return None if cpu is None else float(cpu())
 
     def _figures(self, elapsed: float, checked: dict[str, Any]) -> dict[str, Any]:
         m = self.metrics
@@ -415,11 +436,15 @@ def summary_table(report: dict[str, Any]) -> str:
         ("  of them outside zone / aggregate", "outside_aggregate_servers"),
         ("decisions on an owned host", "owned_choices"),
         ("claims announced to the peers", "claims_announced"),
+        ("CPU s while running (this process)", "cpu_s"),
+        ("CPU s while running (placement's)", "placement_cpu_s"),
         ("set-up s", "setup_s"),
     ]
     cfg = report["config"]
+    workers = cfg.get("placement_processes")
+    placement = f"{workers} processes" if workers else "in-process"
     lines = [f"nova 34 SchedulerManager, {cfg['nodes']} nodes, {cfg['schedulers']} schedulers, "
-             f"{cfg['clients']} clients, placement in-process, nova DB "
+             f"{cfg['clients']} clients, placement {placement}, nova DB "
              f"{'SQLite' if not cfg['db_url'] else cfg['db_url'].split(':')[0]}",
              f"filters: {', '.join(next(iter(results.values()))['filters'])}",
              f"{'':38}" + "".join(f"{m:>14}" for m in modes)]

@@ -57,11 +57,18 @@ SERVERS = {
 
 # -- in the spawned process ---------------------------------------------------------------
 
-def _placement(db_url: str | None, directory: str) -> tuple[Any, str]:
-    """The harness's placement on ``db_url`` (None: SQLite) with one provider of CAPACITY_MB."""
+def _placement(db_url: str | None, directory: str, processes: int = 0) -> tuple[Any, str]:
+    """The harness's placement on ``db_url`` (None: SQLite) with one provider of CAPACITY_MB;
+    ``processes``: served from that many processes of its own (``--placement-processes``)."""
     from shared_host_manager.nova.testing import simulation as sim
 
-    p = sim.InProcessPlacement(sim._placement_url(directory, db_url))
+    url = sim._placement_url(directory, db_url)
+    if processes:
+        from shared_host_manager.nova.testing.placement_processes import PlacementProcesses
+
+        p: Any = PlacementProcesses(url, processes)
+    else:
+        p = sim.InProcessPlacement(url)
     rp = str(uuid.uuid4())
     p.request("POST", "/resource_providers", {"uuid": rp, "name": "node-1"})
     p.request("PUT", f"/resource_providers/{rp}/inventories",
@@ -85,11 +92,11 @@ def _used(p: Any, rp: str) -> int:
     return p.request("GET", f"/resource_providers/{rp}/usages")["usages"].get("MEMORY_MB", 0)
 
 
-def concurrent_claims(db_url: str | None) -> dict[str, Any]:
+def concurrent_claims(db_url: str | None, processes: int = 0) -> dict[str, Any]:
     """THREADS claims at once; a generation conflict is retried (nova retries it, up to 4 times:
     here until it is something else, so that every claim ends accepted or refused)."""
     with tempfile.TemporaryDirectory() as directory:
-        p, rp = _placement(db_url, directory)
+        p, rp = _placement(db_url, directory, processes)
         outcomes: Counter[str] = Counter()
         counted = threading.Lock()
         start = threading.Barrier(THREADS)
@@ -113,9 +120,10 @@ def concurrent_claims(db_url: str | None) -> dict[str, Any]:
         for t in threads:
             t.join()
         used = _used(p, rp)
+        cpu = p.cpu_seconds() if processes else None
         p.close()
     retried = outcomes.pop("retried", 0)
-    return {"outcomes": dict(outcomes), "retried": retried, "used": used}
+    return {"outcomes": dict(outcomes), "retried": retried, "used": used, "cpu": cpu}
 
 
 def interleaved_claims(db_url: str, placement_default: bool) -> dict[str, Any]:
@@ -227,6 +235,32 @@ def test_concurrent_claims_on_sqlite_never_exceed_capacity():
 @pytest.mark.parametrize("server_url", list(SERVERS), indirect=True)
 def test_concurrent_claims_on_a_server_never_exceed_capacity(server_url):
     _assert_exactly_capacity(_in_process(concurrent_claims, server_url))
+
+
+@pytest.mark.databases
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("server_url", list(SERVERS), indirect=True)
+def test_placement_in_processes_of_its_own_never_exceeds_capacity(server_url):
+    """shm sim --placement-processes: the claims reach two worker processes over HTTP, each
+    with its own connections to the server, and still never exceed the capacity."""
+    result = _in_process(concurrent_claims, server_url, 2)
+    _assert_exactly_capacity(result)
+    assert result["cpu"] > 0  # the workers served them, not this process
+
+
+def test_placement_in_processes_needs_a_database_server(tmp_path):
+    from shared_host_manager.nova.testing.placement_processes import PlacementProcesses
+
+    with pytest.raises(ValueError, match="database server"):
+        PlacementProcesses(f"sqlite:///{tmp_path}/placement.sqlite", 2)
+
+
+def test_the_simulator_refuses_placement_processes_on_sqlite():
+    from simulator import nova_sim
+
+    with pytest.raises(ValueError, match="--placement-processes needs a database server"):
+        nova_sim.check_config(nova_sim.NovaSimConfig(placement_processes=2))
 
 
 @pytest.mark.databases

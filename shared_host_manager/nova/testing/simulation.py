@@ -277,60 +277,46 @@ class _SqlCounter:
 
 # -- placement in-process -------------------------------------------------------------------
 
-class InProcessPlacement:
-    """openstack-placement's WSGI app on its own database, reached through a keystoneauth Adapter.
+def placement_app(db_url: str, *, sync: bool = True) -> tuple[Any, Any]:
+    """(placement's configuration, its WSGI app) on ``db_url``, as the simulator runs it: no
+    auth, one claim attempt per request (below); ``sync``: create or upgrade the schema."""
+    from oslo_config import cfg
+    from placement import conf as placement_conf
+    from placement import db_api, deploy
 
-    wsgi-intercept routes requests for :attr:`url` to the app in this process
-    (no socket), as ``placement.direct.PlacementDirect`` does; the adapter
-    names the endpoint itself, so no keystone catalogue is consulted.
-    """
+    conf = cfg.ConfigOpts()
+    placement_conf.register_opts(conf)
+    conf.set_override("connection", db_url, group="placement_database")
+    conf.set_override("sync_on_startup", sync, group="placement_database")
+    if db_url.startswith("sqlite"):
+        # a simulation's database: no fsync per commit (placement commits every consumer
+        # of a POST /allocations apart: setting up a prefilled 1 000-node cloud took tens
+        # of minutes on a busy disk)
+        conf.set_override("sqlite_synchronous", False, group="placement_database")
+    conf.set_override("auth_strategy", "noauth2", group="api")
+    # placement retries a claim that lost a provider generation race inside the request's
+    # own transaction, where the retry still sees its failed attempt's allocation rows (its
+    # "no worse than before" exemption then passes any amount) and, on REPEATABLE READ, the
+    # transaction's first snapshot: concurrent claims overcommit (docs/limits.md;
+    # tests/nova/test_placement_claims.py).  One attempt per request: the conflict goes back
+    # to nova as 409 placement.concurrent_update, and nova's report client retries the whole
+    # claim in a new transaction.
+    conf.set_override("allocation_conflict_retry_count", 1, group="placement")
+    conf([], project="placement", default_config_files=[], default_config_dirs=[])
+    db_api.configure(conf)
+    return conf, deploy.loadapp(conf)
 
-    def __init__(self, db_url: str) -> None:
+
+class PlacementClient:
+    """keystoneauth Adapters on placement at :attr:`url` (the adapter names the endpoint
+    itself: no keystone catalogue is consulted)."""
+
+    url: str
+
+    def __init__(self) -> None:
         import requests
         from keystoneauth1 import session
-        from oslo_config import cfg
-        from placement import conf as placement_conf
-        from placement import db_api, deploy
-        from wsgi_intercept import interceptor
 
-        conf = cfg.ConfigOpts()
-        placement_conf.register_opts(conf)
-        conf.set_override("connection", db_url, group="placement_database")
-        conf.set_override("sync_on_startup", True, group="placement_database")
-        if db_url.startswith("sqlite"):
-            # a simulation's database: no fsync per commit (placement commits every consumer
-            # of a POST /allocations apart: setting up a prefilled 1 000-node cloud took tens
-            # of minutes on a busy disk)
-            conf.set_override("sqlite_synchronous", False, group="placement_database")
-        conf.set_override("auth_strategy", "noauth2", group="api")
-        # placement retries a claim that lost a provider generation race inside the request's
-        # own transaction, where the retry still sees its failed attempt's allocation rows (its
-        # "no worse than before" exemption then passes any amount) and, on REPEATABLE READ, the
-        # transaction's first snapshot: concurrent claims overcommit (docs/limits.md;
-        # tests/nova/test_placement_claims.py).  One attempt per request: the conflict goes back
-        # to nova as 409 placement.concurrent_update, and nova's report client retries the whole
-        # claim in a new transaction.
-        conf.set_override("allocation_conflict_retry_count", 1, group="placement")
-        conf([], project="placement", default_config_files=[], default_config_dirs=[])
-        db_api.configure(conf)
-        inner = deploy.loadapp(conf)
-        if db_url.startswith("sqlite"):
-            # SQLite has one writer: a transaction that read before writing fails at once
-            # ("database is locked") if another wrote meanwhile, where a server would wait
-            # for the row lock.  Writes wait for each other here instead.
-            write_lock = threading.Lock()
-
-            def app(environ: dict[str, Any], start_response: Any) -> Any:
-                if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
-                    return inner(environ, start_response)
-                with write_lock:
-                    return list(inner(environ, start_response))
-        else:
-            app = inner
-        self.conf = conf
-        self.url = f"http://placement-{uuid_mod.uuid4().hex}/placement"
-        self._intercept = interceptor.RequestsInterceptor(lambda: app, url=self.url)
-        self._intercept.__enter__()
         self._session = requests.Session()
         self._ksa_session = session.Session(auth=None, session=self._session,
                                             additional_headers={"x-auth-token": "admin"})
@@ -349,6 +335,42 @@ class InProcessPlacement:
         return resp.json() if resp.content else None
 
     def close(self) -> None:
+        self._session.close()
+
+
+class InProcessPlacement(PlacementClient):
+    """openstack-placement's WSGI app on its own database, in this process.
+
+    wsgi-intercept routes requests for :attr:`url` to the app in this process
+    (no socket), as ``placement.direct.PlacementDirect`` does.  Every party of the run
+    then shares placement's CPU and GIL (``shm sim --placement-processes`` serves it from
+    processes of its own instead: simulator.placement_processes).
+    """
+
+    def __init__(self, db_url: str) -> None:
+        from wsgi_intercept import interceptor
+
+        self.conf, inner = placement_app(db_url)
+        if db_url.startswith("sqlite"):
+            # SQLite has one writer: a transaction that read before writing fails at once
+            # ("database is locked") if another wrote meanwhile, where a server would wait
+            # for the row lock.  Writes wait for each other here instead.
+            write_lock = threading.Lock()
+
+            def app(environ: dict[str, Any], start_response: Any) -> Any:
+                if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+                    return inner(environ, start_response)
+                with write_lock:
+                    return list(inner(environ, start_response))
+        else:
+            app = inner
+        self.url = f"http://placement-{uuid_mod.uuid4().hex}/placement"
+        self._intercept = interceptor.RequestsInterceptor(lambda: app, url=self.url)
+        self._intercept.__enter__()
+        super().__init__()
+
+    def close(self) -> None:
+        super().close()
         self._intercept.__exit__(None, None, None)
 
 
@@ -431,9 +453,11 @@ class NovaCloud:
                  cell_uuid: str, filters: list[str] | None = None, db_url: str | None = None,
                  aggregates: list[SimAggregate] | None = None, extra_filters: list[str] | None = None,
                  hosts_per_reporter: int = 500, coalesce_window: float = 0.02,
-                 host_ownership: bool = False, announce_claims: bool = False) -> None:
+                 host_ownership: bool = False, announce_claims: bool = False,
+                 placement_processes: int = 0) -> None:
         """``filters``: nova's [filter_scheduler] enabled_filters (None: nova's defaults), with
-        ``extra_filters`` appended (those not in it already)."""
+        ``extra_filters`` appended (those not in it already); ``placement_processes``: serve
+        placement from that many processes of its own (0: in this process)."""
         if mode not in ("legacy", "shared"):
             raise ValueError(f"mode must be legacy or shared, not {mode!r}")
         from nova import context as nova_context
@@ -460,7 +484,13 @@ class NovaCloud:
 
         t = time.perf_counter()
         placement_url = self.placement_url = _placement_url(directory, db_url)
-        self.placement = InProcessPlacement(placement_url)
+        self.placement: PlacementClient
+        if placement_processes:
+            from shared_host_manager.nova.testing.placement_processes import PlacementProcesses
+
+            self.placement = PlacementProcesses(placement_url, placement_processes)
+        else:
+            self.placement = InProcessPlacement(placement_url)
         self._closers.append(self.placement.close)
         self._load_placement(hosts)
         self.setup_s["placement"] = time.perf_counter() - t
@@ -1023,5 +1053,5 @@ def _placement_url(directory: str, db_url: str | None) -> str:
     return url
 
 
-__all__ = ["EXTRA", "InProcessPlacement", "NovaCloud", "PHASES", "SimAggregate", "SimHost",
-           "SimOutcome", "SimRequest", "missing"]
+__all__ = ["EXTRA", "InProcessPlacement", "NovaCloud", "PHASES", "PlacementClient", "SimAggregate",
+           "SimHost", "SimOutcome", "SimRequest", "missing", "placement_app"]
