@@ -543,8 +543,8 @@ def install_compute() -> Any:
         # the goodbye here, the first step of nova's Service.stop, in its own thread and
         # before nova stops taking builds: graceful_shutdown runs later, in a thread nova
         # gives up on after manager_shutdown_timeout (0 s when graceful_shutdown_timeout is
-        # under 10 s) before the process exits, and until the goodbye every scheduler still
-        # takes the host for up; what the shutdown changes after it, the next start's
+        # 10 s or less) before the process exits, and until the goodbye every scheduler
+        # still takes the host for up; what the shutdown changes after it, the next start's
         # snapshot says
         result = original_in_progress(self)
         if _reporter is not None:

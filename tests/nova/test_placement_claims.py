@@ -1,6 +1,6 @@
 """Concurrent claims on one provider of the nova simulator's in-process placement never exceed it.
 
-The harness (:class:`shared_host_manager.nova.testing.simulation.InProcessPlacement`) on
+The harness (:class:`shared_host_manager.nova.testing.placement_server.InProcessPlacement`) on
 SQLite, MariaDB and PostgreSQL: 12 threads each claim 5 GB of a provider with
 10 GB free (``PUT /allocations/{consumer}``, retried on 409
 ``placement.concurrent_update`` as nova's report client retries), and exactly
@@ -61,14 +61,15 @@ def _placement(db_url: str | None, directory: str, processes: int = 0) -> tuple[
     """The harness's placement on ``db_url`` (None: SQLite) with one provider of CAPACITY_MB;
     ``processes``: served from that many processes of its own (``--placement-processes``)."""
     from shared_host_manager.nova.testing import simulation as sim
+    from shared_host_manager.nova.testing.placement_server import InProcessPlacement
 
     url = sim._placement_url(directory, db_url)
     if processes:
-        from shared_host_manager.nova.testing.placement_processes import PlacementProcesses
+        from shared_host_manager.nova.testing.placement_server import PlacementProcesses
 
         p: Any = PlacementProcesses(url, processes)
     else:
-        p = sim.InProcessPlacement(url)
+        p = InProcessPlacement(url)
     rp = str(uuid.uuid4())
     p.request("POST", "/resource_providers", {"uuid": rp, "name": "node-1"})
     p.request("PUT", f"/resource_providers/{rp}/inventories",
@@ -250,7 +251,7 @@ def test_placement_in_processes_of_its_own_never_exceeds_capacity(server_url):
 
 
 def test_placement_in_processes_needs_a_database_server(tmp_path):
-    from shared_host_manager.nova.testing.placement_processes import PlacementProcesses
+    from shared_host_manager.nova.testing.placement_server import PlacementProcesses
 
     with pytest.raises(ValueError, match="database server"):
         PlacementProcesses(f"sqlite:///{tmp_path}/placement.sqlite", 2)

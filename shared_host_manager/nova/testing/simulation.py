@@ -7,7 +7,8 @@ module plain host and request descriptions and gets plain outcomes back.  Here
 they meet nova 34's real code on its whole scheduling path:
 
 * **placement** -- ``openstack-placement`` in-process on its own database
-  (:class:`InProcessPlacement`: placement's WSGI app behind wsgi-intercept, as
+  (:class:`~shared_host_manager.nova.testing.placement_server.InProcessPlacement`:
+  placement's WSGI app behind wsgi-intercept, as
   ``placement.direct.PlacementDirect`` and nova's functional tests run it), one
   resource provider per compute node with the VCPU / MEMORY_MB / DISK_GB
   inventories nova-compute reports, and the allocations of the servers already
@@ -63,10 +64,15 @@ import importlib.util
 import os
 import threading
 import time
-import uuid as uuid_mod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from shared_host_manager.nova.testing.placement_server import (
+    InProcessPlacement,
+    PlacementClient,
+    PlacementProcesses,
+)
 
 #: the modules ``--scheduler nova`` needs beyond the project's own
 NEEDED = ("nova", "placement", "wsgi_intercept")
@@ -275,105 +281,6 @@ class _SqlCounter:
         self._event.remove(self._engine_cls, "before_cursor_execute", self._executed)
 
 
-# -- placement in-process -------------------------------------------------------------------
-
-def placement_app(db_url: str, *, sync: bool = True) -> tuple[Any, Any]:
-    """(placement's configuration, its WSGI app) on ``db_url``, as the simulator runs it: no
-    auth, one claim attempt per request (below); ``sync``: create or upgrade the schema."""
-    from oslo_config import cfg
-    from placement import conf as placement_conf
-    from placement import db_api, deploy
-
-    conf = cfg.ConfigOpts()
-    placement_conf.register_opts(conf)
-    conf.set_override("connection", db_url, group="placement_database")
-    conf.set_override("sync_on_startup", sync, group="placement_database")
-    if db_url.startswith("sqlite"):
-        # a simulation's database: no fsync per commit (placement commits every consumer
-        # of a POST /allocations apart: setting up a prefilled 1 000-node cloud took tens
-        # of minutes on a busy disk)
-        conf.set_override("sqlite_synchronous", False, group="placement_database")
-    conf.set_override("auth_strategy", "noauth2", group="api")
-    # placement retries a claim that lost a provider generation race inside the request's
-    # own transaction, where the retry still sees its failed attempt's allocation rows (its
-    # "no worse than before" exemption then passes any amount) and, on REPEATABLE READ, the
-    # transaction's first snapshot: concurrent claims overcommit (docs/limits.md;
-    # tests/nova/test_placement_claims.py).  One attempt per request: the conflict goes back
-    # to nova as 409 placement.concurrent_update, and nova's report client retries the whole
-    # claim in a new transaction.
-    conf.set_override("allocation_conflict_retry_count", 1, group="placement")
-    conf([], project="placement", default_config_files=[], default_config_dirs=[])
-    db_api.configure(conf)
-    return conf, deploy.loadapp(conf)
-
-
-class PlacementClient:
-    """keystoneauth Adapters on placement at :attr:`url` (the adapter names the endpoint
-    itself: no keystone catalogue is consulted)."""
-
-    url: str
-
-    def __init__(self) -> None:
-        import requests
-        from keystoneauth1 import session
-
-        self._session = requests.Session()
-        self._ksa_session = session.Session(auth=None, session=self._session,
-                                            additional_headers={"x-auth-token": "admin"})
-
-    def adapter(self) -> Any:
-        """A new Adapter (one per client: nova's report client keeps one)."""
-        from keystoneauth1 import adapter
-
-        return adapter.Adapter(self._ksa_session, service_type="placement",
-                               endpoint_override=self.url, raise_exc=False)
-
-    def request(self, method: str, path: str, body: Any = None, version: str = "1.36") -> Any:
-        resp = self.adapter().request(path, method, json=body, microversion=version)
-        if resp.status_code >= 400:
-            raise RuntimeError(f"placement {method} {path}: {resp.status_code} {resp.text[:300]}")
-        return resp.json() if resp.content else None
-
-    def close(self) -> None:
-        self._session.close()
-
-
-class InProcessPlacement(PlacementClient):
-    """openstack-placement's WSGI app on its own database, in this process.
-
-    wsgi-intercept routes requests for :attr:`url` to the app in this process
-    (no socket), as ``placement.direct.PlacementDirect`` does.  Every party of the run
-    then shares placement's CPU and GIL (``shm sim --placement-processes`` serves it from
-    processes of its own instead: simulator.placement_processes).
-    """
-
-    def __init__(self, db_url: str) -> None:
-        from wsgi_intercept import interceptor
-
-        self.conf, inner = placement_app(db_url)
-        if db_url.startswith("sqlite"):
-            # SQLite has one writer: a transaction that read before writing fails at once
-            # ("database is locked") if another wrote meanwhile, where a server would wait
-            # for the row lock.  Writes wait for each other here instead.
-            write_lock = threading.Lock()
-
-            def app(environ: dict[str, Any], start_response: Any) -> Any:
-                if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
-                    return inner(environ, start_response)
-                with write_lock:
-                    return list(inner(environ, start_response))
-        else:
-            app = inner
-        self.url = f"http://placement-{uuid_mod.uuid4().hex}/placement"
-        self._intercept = interceptor.RequestsInterceptor(lambda: app, url=self.url)
-        self._intercept.__enter__()
-        super().__init__()
-
-    def close(self) -> None:
-        super().close()
-        self._intercept.__exit__(None, None, None)
-
-
 # -- descriptions the simulator hands over ---------------------------------------------------
 
 @dataclass
@@ -486,8 +393,6 @@ class NovaCloud:
         placement_url = self.placement_url = _placement_url(directory, db_url)
         self.placement: PlacementClient
         if placement_processes:
-            from shared_host_manager.nova.testing.placement_processes import PlacementProcesses
-
             self.placement = PlacementProcesses(placement_url, placement_processes)
         else:
             self.placement = InProcessPlacement(placement_url)
@@ -514,7 +419,8 @@ class NovaCloud:
         #: the resource tracker's ComputeNode of every host (what it saves)
         self.nodes: dict[str, Any] = {cn.uuid: cn for cn in loaded}
         self._locks = {s: threading.Lock() for s in self.nodes}
-        # SQLite: one writer at a time (see InProcessPlacement); a server waits on row locks
+        # SQLite: one writer at a time (see placement_server.InProcessPlacement); a server waits
+        # on row locks
         self._db_write_lock: Any = threading.Lock() if db_url is None else contextlib.nullcontext()
         #: instance -> (source, resources): what each compute tracks
         self.tracked: dict[str, dict[str, dict[str, int]]] = {
@@ -1053,5 +959,5 @@ def _placement_url(directory: str, db_url: str | None) -> str:
     return url
 
 
-__all__ = ["EXTRA", "InProcessPlacement", "NovaCloud", "PHASES", "PlacementClient", "SimAggregate",
-           "SimHost", "SimOutcome", "SimRequest", "missing", "placement_app"]
+__all__ = ["EXTRA", "NovaCloud", "PHASES", "SimAggregate", "SimHost", "SimOutcome", "SimRequest",
+           "missing"]
