@@ -6,10 +6,12 @@ The simulator (:mod:`simulator.nova_sim`) never imports nova; it hands this
 module plain host and request descriptions and gets plain outcomes back.  Here
 they meet nova 34's real code on its whole scheduling path:
 
-* **placement** -- ``openstack-placement`` in-process on its own database
+* **placement** -- ``openstack-placement`` on its own database, in-process
   (:class:`~shared_host_manager.nova.testing.placement_server.InProcessPlacement`:
   placement's WSGI app behind wsgi-intercept, as
-  ``placement.direct.PlacementDirect`` and nova's functional tests run it), one
+  ``placement.direct.PlacementDirect`` and nova's functional tests run it) or, with
+  ``placement_processes``, served by worker processes of its own over HTTP
+  (:class:`~shared_host_manager.nova.testing.placement_server.PlacementProcesses`), one
   resource provider per compute node with the VCPU / MEMORY_MB / DISK_GB
   inventories nova-compute reports, and the allocations of the servers already
   running;
