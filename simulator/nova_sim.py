@@ -291,8 +291,7 @@ class NovaRun:
         return out
 
     def _placement_cpu(self) -> float | None:
-        cpu = getattr(self.nova.placement, "cpu_seconds", None)
-        return None if cpu is None else float(cpu())
+        return self.nova.placement.cpu_seconds()
 
     def _figures(self, elapsed: float, checked: dict[str, Any]) -> dict[str, Any]:
         m = self.metrics

@@ -552,8 +552,6 @@ def install_compute() -> Any:
         return result
 
     def graceful_shutdown(self: Any, timeout: Any) -> Any:
-        if _reporter is not None:
-            _reporter.stop()  # no-op after set_shutdown_in_progress; kept for direct callers
         try:
             return original_shutdown(self, timeout)
         finally:

@@ -121,7 +121,7 @@ def concurrent_claims(db_url: str | None, processes: int = 0) -> dict[str, Any]:
         for t in threads:
             t.join()
         used = _used(p, rp)
-        cpu = p.cpu_seconds() if processes else None
+        cpu = p.cpu_seconds()
         p.close()
     retried = outcomes.pop("retried", 0)
     return {"outcomes": dict(outcomes), "retried": retried, "used": used, "cpu": cpu}
