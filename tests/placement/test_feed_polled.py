@@ -5,10 +5,18 @@ feed reads placement's database through placement's own engine, has no thread of
 and its reporter and one scheduler share a synchronous in-process bus: after
 ``poll_once()``, the reporter's flush and the bus's pump -- all in the test's thread -- the
 scheduler's placement view answers as placement does.  No waiting anywhere.
+
+The scenario runs in a spawned process: placement's engine facade, its trait and
+resource-class sync flags and its policy enforcer are process-global, so placement's
+own answer (the reference here) must not depend on what earlier tests of the run
+left in the test process.  A mismatch reports what placement holds per provider.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import multiprocessing
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +39,7 @@ UUIDS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(1, 3)]
 QS = "resources=VCPU:2"
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def polled() -> Iterator[tuple[Any, ...]]:
     p = RealPlacement()
     for u in UUIDS:
@@ -77,23 +85,42 @@ def _view(sched: SchedulerService) -> dict[str, int]:
     return {rp: s["resources"]["VCPU"]["used"] for rp, s in body["provider_summaries"].items()}
 
 
-def test_a_polled_feed_has_no_thread_and_is_current_after_poll_and_pump(polled) -> None:
-    p, feed, reporter, sched, bus, confirms, started = polled
-    # the reporter's loop is its only thread: none polls placement's database
-    assert not [t for t in started if t.name.startswith("placement-feed")]
-    assert confirms == [True]  # the first document confirmed by start
-    bus.pump()
-    assert _view(sched) == _placement(p) == dict.fromkeys(UUIDS, 0)
+def _same(view: dict[str, int], p: RealPlacement, expected: dict[str, int] | None = None
+          ) -> None:
+    """The view answers as placement does (and as ``expected``, if given)."""
+    held = _placement(p)
+    if view == held and (expected is None or held == expected):
+        return
+    detail = {u: (p.ok("GET", f"/resource_providers/{u}/inventories")["inventories"],
+                  p.ok("GET", f"/resource_providers/{u}/usages")["usages"]) for u in UUIDS}
+    raise AssertionError(f"view {view} != placement {held} (expected {expected}); "
+                         f"placement's inventories and usages: {detail}")
 
-    p.ok("PUT", "/allocations/" + "c0000000-0000-4000-8000-000000000001",
-         {"allocations": {UUIDS[0]: {"resources": {"VCPU": 3}}}, "project_id": "p", "user_id": "u",
-          "consumer_generation": None}, version="1.28")
-    changes = feed.poll_once()
-    assert UUIDS[0] in changes
-    bus.pump()
-    assert _view(sched) == _placement(p) == {UUIDS[0]: 3, UUIDS[1]: 0}
 
-    # nothing changed: the poll publishes nothing, the view stays as placement is
-    published = reporter.stats["published"]
-    assert feed.poll_once() == {}
-    assert reporter.stats["published"] == published
+def _scenario() -> None:
+    """In the spawned process: the whole case (see the module docstring)."""
+    with polled() as (p, feed, reporter, sched, bus, confirms, started):
+        # the reporter's loop is its only thread: none polls placement's database
+        assert not [t for t in started if t.name.startswith("placement-feed")]
+        assert confirms == [True]  # the first document confirmed by start
+        bus.pump()
+        _same(_view(sched), p, dict.fromkeys(UUIDS, 0))
+
+        p.ok("PUT", "/allocations/" + "c0000000-0000-4000-8000-000000000001",
+             {"allocations": {UUIDS[0]: {"resources": {"VCPU": 3}}}, "project_id": "p",
+              "user_id": "u", "consumer_generation": None}, version="1.28")
+        changes = feed.poll_once()
+        assert UUIDS[0] in changes
+        bus.pump()
+        _same(_view(sched), p, {UUIDS[0]: 3, UUIDS[1]: 0})
+
+        # nothing changed: the poll publishes nothing, the view stays as placement is
+        published = reporter.stats["published"]
+        assert feed.poll_once() == {}
+        assert reporter.stats["published"] == published
+
+
+def test_a_polled_feed_has_no_thread_and_is_current_after_poll_and_pump() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        pool.submit(_scenario).result(timeout=240)
