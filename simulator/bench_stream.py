@@ -29,6 +29,12 @@ Measured:
   every source is active and it has applied the first change made after its
   start (caught up with the stream), the resync requests it sent, and the CPU
   seconds its process used meanwhile (user + system, every thread).
+
+With ``--cells C`` (design §4.6) the sources are spread over C reporter processes,
+one per cell, each publishing on its cell's stream (``<stream>.cell1`` ..
+``<stream>.cellC``, all on this broker, standing in for the cells' own brokers);
+every scheduler reads every cell's stream at its own offset, and its checkpoints
+carry each cell's offset.  The figures are the same, over all the cells.
 """
 
 from __future__ import annotations
@@ -49,28 +55,57 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_OSLO_URL = "rabbit://guest:guest@127.0.0.1:5672/"
 
 
-def _planes(args: dict[str, Any]):
+def _cell_names(args: dict[str, Any]) -> list[str]:
+    return [f"cell{c + 1}" for c in range(args["cells"])]
+
+
+def _reporter_name(cell: str | None) -> str:
+    return "bench-reporter" if cell is None else f"bench-reporter-{cell}"
+
+
+def _planes(args: dict[str, Any], cell: str | None = None):
+    """The data plane of the deployment's stream, or of ``cell``'s, and the control plane."""
     from oslo_config import cfg
 
     from transport import no_eventlet  # noqa: F401
+    from transport.cells import cell_stream_name
     from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
     from transport.oslo_rpc import OsloRpcControlPlane
 
     conf = cfg.ConfigOpts()
     conf([])
-    data = KombuStreamDataPlane(StreamSettings(url=args["url"], name=args["stream"]))
+    name = args["stream"] if cell is None else cell_stream_name(args["stream"], cell)
+    data = KombuStreamDataPlane(StreamSettings(url=args["url"], name=name))
     return data, OsloRpcControlPlane(conf, args["oslo_url"])
 
 
-def _reporter_proc(args: dict[str, Any], stop: Any, ready: Any, out: str) -> None:
+def _cell_planes(args: dict[str, Any]) -> dict[str, Any]:
+    """A scheduler's data plane of every cell's stream (none without cells)."""
+    from transport.cells import cell_stream_name
+    from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
+
+    return {c: KombuStreamDataPlane(StreamSettings(url=args["url"],
+                                                   name=cell_stream_name(args["stream"], c)))
+            for c in _cell_names(args)}
+
+
+def _share(total: int, parts: int, k: int) -> int:
+    """Part ``k`` of ``total`` split as evenly as can be into ``parts``."""
+    return total // parts + (1 if k < total % parts else 0)
+
+
+def _reporter_proc(args: dict[str, Any], stop: Any, ready: Any, out: str,
+                   cell: str | None = None, sources: int | None = None) -> None:
+    """The reporter of every source, or with ``cell`` of ``sources`` of them, on its stream."""
     from compute_reporter.service import ReporterService
     from compute_reporter.tracker import SimulatedTracker
     from protocol.messages import Batch, Send
 
-    data, control = _planes(args)
-    tracker = SimulatedTracker(args["sources"], seed=1, prefix="bench",
+    data, control = _planes(args, cell)
+    tracker = SimulatedTracker(args["sources"] if sources is None else sources, seed=1,
+                               prefix="bench" if cell is None else f"bench-{cell}",
                                change_interval=args["change_interval"], delete_probability=0)
-    service = ReporterService("bench-reporter", tracker, data, control,
+    service = ReporterService(_reporter_name(cell), tracker, data, control,
                               reporter_topic=args["topics"][0], scheduler_topic=args["topics"][1],
                               coalesce_window=args["coalesce_window"],
                               heartbeat_interval=args["heartbeat_interval"])
@@ -102,7 +137,7 @@ def _reporter_proc(args: dict[str, Any], stop: Any, ready: Any, out: str) -> Non
 
     service.start = start  # type: ignore[method-assign]  # wrapped in place, to count and time
     service.start()
-    ready.put(("reporter", tracker.hosts()))
+    ready.put(("reporter", {host: _reporter_name(cell) for host in tracker.hosts()}))
     t0 = time.time()
     stop.wait()
     service.stop()
@@ -131,10 +166,16 @@ def _retention_window(data: Any, name: str) -> str:
     plane = checkpoint.checkpoint_plane(data)
     assert plane is not None
     reader = checkpoint.Checkpointer(name, cache, plane, interval=0.0, peers=lambda: ())
-    offsets = [checkpoint.decode(body, None).offset for body, _ in reader.read_newest()]
-    cache.offset = max((o for o in offsets if o is not None), default=None)
-    if cache.offset is None:
+    newest = max((checkpoint.decode(body, None) for body, _ in reader.read_newest()),
+                 key=lambda cp: cp.taken_ns, default=None)
+    # its offsets on every stream (each cell's too), none of its views
+    if newest is None or cache.restore_state(newest.state, "the newest checkpoint",
+                                             keep=lambda source: False) is None:
         raise RuntimeError("no checkpoint on the stream to start the retention window at")
+    cache.origins.clear()
+    cache.source_cells.clear()
+    if cache.offset is None and not cache.cell_offsets:
+        raise RuntimeError("the newest checkpoint holds no stream offset")
     state_dir = tempfile.mkdtemp(prefix="shm-bench-window-")
     cache.save(f"{state_dir}/cache-{name}.msgpack")
     return state_dir
@@ -153,12 +194,13 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
     from shared_host_manager.service import SchedulerService
 
     data, control = _planes(args)
+    cell_planes = _cell_planes(args)
     if window:
         state_dir = _retention_window(data, name)
     service = SchedulerService(name, data, control, reporter_topic=args["topics"][0],
                                scheduler_topic=args["topics"][1], state_dir=state_dir,
                                known_sources=known, down_interval=3 * args["heartbeat_interval"],
-                               checkpoint_interval=checkpoint_interval)
+                               checkpoint_interval=checkpoint_interval, cell_planes=cell_planes)
     applied: list[tuple[str, int, int, float]] = []
     receiver = service.receiver
     orig_receive = receiver.receive
@@ -198,9 +240,11 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
         if signal_caught_up and all_active is not None and caught_up is None:
             # about caught up: the newest message applied was published less than 0.5 s ago
             # (the exact figure is taken afterwards, from the reporter's change times)
-            stats = service.stream_stats()
-            applied_at = stats.applied_published_at if stats is not None else None
-            if applied_at is not None and time.time() - applied_at < 0.5:
+            # (every stream the reporters publish on: the cells' with cells)
+            streams = (list(service.cell_stream_stats().values()) if cell_planes
+                       else [service.stream_stats()])
+            newest = [s.applied_published_at if s is not None else None for s in streams]
+            if all(a is not None and time.time() - a < 0.5 for a in newest):
                 caught_up = time.time()
                 ready.put((name, caught_up - started))
     checkpoints = service.checkpoints
@@ -222,6 +266,8 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
         }))
     control.close()
     data.close()
+    for plane in cell_planes.values():
+        plane.close()
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -249,12 +295,21 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         stop = stop_restart if i == n_sched - 1 else stop_all
         spawn(name, _scheduler_proc, args, name, stop, ready, f"{work}/{name}.1", work, None,
               args["sources"], args["checkpoint_interval"])
-    spawn("reporter", _reporter_proc, args, stop_all, ready, f"{work}/reporter")
-    hosts: list[str] = []
-    for _ in range(n_sched + 1):
+    cells = _cell_names(args)
+    reporters = [f"reporter-{c}" for c in cells] or ["reporter"]
+    if cells:
+        for k, cell in enumerate(cells):
+            spawn(reporters[k], _reporter_proc, args, stop_all, ready, f"{work}/{reporters[k]}",
+                  cell, _share(args["sources"], len(cells), k))
+    else:
+        spawn("reporter", _reporter_proc, args, stop_all, ready, f"{work}/reporter")
+    #: every source -> the reporter serving it
+    served: dict[str, str] = {}
+    for _ in range(n_sched + len(reporters)):
         key, value = ready.get(timeout=120)
         if key == "reporter":
-            hosts = value
+            served.update(value)
+    hosts = list(served)
     measure_start = time.time()
     time.sleep(args["duration"])
     measure_end = time.time()
@@ -287,7 +342,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         time.sleep(max(5.0, args["down"]))  # the reporter answers the last resyncs
     # Full resync: a fresh scheduler that asks every source.
     spawn("fresh", _scheduler_proc, args, "bench-fresh", stop_again, ready, f"{work}/fresh", None,
-          dict.fromkeys(hosts, "bench-reporter"), len(hosts))
+          served, len(hosts))
     _, full_resync_s = ready.get(timeout=180)
     stop_all.set()
     stop_again.set()
@@ -298,8 +353,11 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         with open(path, "rb") as f:
             return msgpack.unpackb(f.read(), strict_map_key=False)
 
-    rep = load(f"{work}/reporter")
-    first = {(s, e, q): t for s, e, q, t in rep["first_change"]}
+    outs = [load(f"{work}/{r}") for r in reporters]
+    rep = {key: sum(o[key] for o in outs)
+           for key in ("items", "batches", "published", "casts", "changes")}
+    rep["elapsed"] = max(o["elapsed"] for o in outs)
+    first = {(s, e, q): t for o in outs for s, e, q, t in o["first_change"]}
     live = [load(f"{work}/{n}.1") for n in sched_names]
     applied_at: dict[tuple, list[float]] = {}
     for sched in live:
@@ -323,7 +381,8 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         cold_figures.update(_cold_start_figures(mode, load(f"{work}/cold-{mode}"), first))
     published = [s.get("checkpoints_published", 0) for s in live]
     return {
-        "sources": args["sources"], "schedulers": n_sched, "duration_s": args["duration"],
+        "sources": args["sources"], "cells": len(cells), "schedulers": n_sched,
+        "duration_s": args["duration"],
         "change_interval_s": args["change_interval"], "coalesce_window_s": args["coalesce_window"],
         "changes_per_s": rep["changes"] / rep["elapsed"],
         "staleness_ms_p50": 1000 * _pct(staleness, 0.50),
@@ -376,6 +435,9 @@ def _cold_start_figures(mode: str, run: dict, first: dict) -> dict[str, Any]:
 def main(argv: list[str], prog: str = "shm bench stream") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--sources", type=int, default=1000)
+    parser.add_argument("--cells", type=int, default=0,
+                        help="spread the sources over this many cells, a reporter process and "
+                             "a stream each (0: one stream, one reporter)")
     parser.add_argument("--schedulers", type=int, default=2)
     parser.add_argument("--duration", type=float, default=30.0, help="measured seconds")
     parser.add_argument("--change-interval", type=float, default=1.0)
@@ -392,6 +454,8 @@ def main(argv: list[str], prog: str = "shm bench stream") -> int:
     parser.add_argument("--oslo-url", default=DEFAULT_OSLO_URL, help="oslo.messaging URL (control plane)")
     parser.add_argument("--json", help="write the figures to this file")
     ns = parser.parse_args(argv)
+    if ns.cells < 0 or (ns.cells and ns.cells > ns.sources):
+        parser.error(f"--cells {ns.cells}: from 0 to --sources ({ns.sources})")
     suffix = uuid.uuid4().hex[:8]
     args = dict(vars(ns), stream=f"shm-bench-{suffix}",
                 topics=(f"shm-bench-reporter-{suffix}", f"shm-bench-scheduler-{suffix}"))
@@ -411,8 +475,13 @@ def _cleanup(args: dict[str, Any]) -> None:
     """Delete the stream and the RPC queues this run created."""
     from kombu import Connection
 
+    from transport.cells import cell_stream_name
+
+    cells = _cell_names(args)
     names = [args["stream"], *args["topics"]]
-    names += [f"{args['topics'][0]}.bench-reporter"]
+    names += [cell_stream_name(args["stream"], c) for c in cells]
+    served_by: list[str | None] = [*cells] or [None]
+    names += [f"{args['topics'][0]}.{_reporter_name(c)}" for c in served_by]
     names += [f"{args['topics'][1]}.bench-s{i}" for i in range(args["schedulers"])]
     names += [f"{args['topics'][1]}.bench-fresh", f"{args['stream']}.checkpoint"]
     names += [f"{args['topics'][1]}.bench-cold-{mode}"

@@ -1,0 +1,49 @@
+"""shm bench stream with cells over the real RabbitMQ: the sources spread over a reporter
+process and a stream per cell, every scheduler reading every cell, and the three cold starts
+ready with every source (no timing checked)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from integration.conftest import KOMBU_URL, _probe, _unavailable
+
+from simulator.bench_stream import _share, main
+
+
+def test_the_sources_are_shared_out_evenly_over_the_cells() -> None:
+    assert [_share(10, 4, k) for k in range(4)] == [3, 3, 2, 2]
+    assert sum(_share(10_000, 7, k) for k in range(7)) == 10_000
+
+
+def test_more_cells_than_sources_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--sources", "2", "--cells", "3"])
+    assert exit_.value.code == 2
+    assert "--cells 3: from 0 to --sources (2)" in capsys.readouterr().err
+
+
+@pytest.mark.rabbit
+@pytest.mark.slow
+def test_cells_every_stream_read_and_every_cold_start_ready(tmp_path) -> None:
+    problem = _probe()
+    if problem:
+        _unavailable(problem)
+    out = tmp_path / "stream.json"
+    assert main(["--sources", "60", "--cells", "3", "--duration", "4", "--down", "1",
+                 "--checkpoint-interval", "1", "--cold-settle", "0.5", "--url", KOMBU_URL,
+                 "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["cells"] == 3
+    # changes of every cell reached both schedulers (those made 2 to 3 s into the run)
+    assert figures["deltas_measured"] > 0
+    assert figures["invalid"] == [{}, {}]
+    assert figures["restart_resyncs"] == 0
+    # the checkpoint carried every cell's offset: the newcomer asked no source
+    assert figures["cold_checkpoint_resync_requests"] == 0
+    assert figures["cold_checkpoint_checkpoint_age_s"] >= 0
+    for mode in ("checkpoint", "stream", "window"):
+        assert figures[f"cold_{mode}_ready_s"] == figures[f"cold_{mode}_ready_s"]  # not NaN
+    # retention from the checkpoint's offsets on, in every cell: each source resynced once
+    assert figures["cold_window_resync_requests"] >= 60
