@@ -238,9 +238,9 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
             if active >= expect:
                 all_active = time.time()
         if signal_caught_up and all_active is not None and caught_up is None:
-            # about caught up: the newest message applied was published less than 0.5 s ago
-            # (the exact figure is taken afterwards, from the reporter's change times)
-            # (every stream the reporters publish on: the cells' with cells)
+            # about caught up: on every stream the reporters publish on (each cell's), the
+            # newest message applied was published less than 0.5 s ago (the exact figure is
+            # taken afterwards, from the reporters' change times)
             streams = (list(service.cell_stream_stats().values()) if cell_planes
                        else [service.stream_stats()])
             newest = [s.applied_published_at if s is not None else None for s in streams]
