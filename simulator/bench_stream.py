@@ -63,30 +63,30 @@ def _reporter_name(cell: str | None) -> str:
     return "bench-reporter" if cell is None else f"bench-reporter-{cell}"
 
 
+def _stream_plane(args: dict[str, Any], cell: str | None = None) -> Any:
+    """The data plane of the deployment's stream, or of ``cell``'s."""
+    from transport.cells import cell_stream_name
+    from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
+
+    name = args["stream"] if cell is None else cell_stream_name(args["stream"], cell)
+    return KombuStreamDataPlane(StreamSettings(url=args["url"], name=name))
+
+
 def _planes(args: dict[str, Any], cell: str | None = None):
     """The data plane of the deployment's stream, or of ``cell``'s, and the control plane."""
     from oslo_config import cfg
 
     from transport import no_eventlet  # noqa: F401
-    from transport.cells import cell_stream_name
-    from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
     from transport.oslo_rpc import OsloRpcControlPlane
 
     conf = cfg.ConfigOpts()
     conf([])
-    name = args["stream"] if cell is None else cell_stream_name(args["stream"], cell)
-    data = KombuStreamDataPlane(StreamSettings(url=args["url"], name=name))
-    return data, OsloRpcControlPlane(conf, args["oslo_url"])
+    return _stream_plane(args, cell), OsloRpcControlPlane(conf, args["oslo_url"])
 
 
 def _cell_planes(args: dict[str, Any]) -> dict[str, Any]:
     """A scheduler's data plane of every cell's stream (none without cells)."""
-    from transport.cells import cell_stream_name
-    from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
-
-    return {c: KombuStreamDataPlane(StreamSettings(url=args["url"],
-                                                   name=cell_stream_name(args["stream"], c)))
-            for c in _cell_names(args)}
+    return {c: _stream_plane(args, c) for c in _cell_names(args)}
 
 
 def _share(total: int, parts: int, k: int) -> int:
