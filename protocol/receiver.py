@@ -97,7 +97,7 @@ from __future__ import annotations
 import enum
 import heapq
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
@@ -187,6 +187,25 @@ class PendingClaim:
     accepted: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ViewCut:
+    """What :meth:`ReceiverMachine.cut` took: the held views, column by column (four lists
+    rather than a tuple a view, so that taking it allocates nothing the garbage collector
+    tracks: at 100 000 views, a tuple each set off full collections of the whole heap)."""
+
+    sources: list[str]
+    epochs: list[int]
+    seqs: list[int]
+    docs: list[Document]
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def views(self) -> Iterator[tuple[str, int, int, Document]]:
+        """``(source, epoch, seq, document)`` a view at a time."""
+        return zip(self.sources, self.epochs, self.seqs, self.docs, strict=True)
+
+
 @dataclass(slots=True)
 class SourceView:
     """What one scheduler holds of one source."""
@@ -210,6 +229,9 @@ class SourceView:
     peer_usage: dict[str, int] = field(default_factory=dict)
     _digest: bytes | None = None
     _canonical: CanonicalCache = field(default_factory=CanonicalCache)
+    #: ``doc`` is also held by a cut (:meth:`ReceiverMachine.cut`): the next delta copies it
+    #: before changing it, so the cut stays as it was taken
+    _doc_in_cut: bool = False
 
     @property
     def status(self) -> Status:
@@ -418,6 +440,21 @@ class ReceiverMachine:
     def view(self, source: str) -> SourceView | None:
         return self.sources.get(source)
 
+    def cut(self) -> ViewCut:
+        """Every held view's source, epoch, seq and document as of now, in O(sources): the
+        documents are shared with the views, not copied, and a view's next delta copies its
+        document before changing it (copy on write), so the cut can be read, packed or
+        saved after this step, by another thread, while the machine goes on."""
+        cut = ViewCut([], [], [], [])
+        for v in self.sources.values():
+            if v.doc is not None:
+                v._doc_in_cut = True
+                cut.sources.append(v.source)
+                cut.epochs.append(v.epoch)
+                cut.seqs.append(v.seq)
+                cut.docs.append(v.doc)
+        return cut
+
     def drain_changed(self) -> set[str]:
         """Sources whose document, liveness or pending claims changed since last drained."""
         return self._default_feed.drain()
@@ -544,8 +581,7 @@ class ReceiverMachine:
             self._came_up(view)
 
     def _delta(self, view: SourceView, delta: Delta, now: float, out: list[Send]) -> None:
-        doc = view.doc
-        if doc is None or delta.epoch > view.epoch:
+        if view.doc is None or delta.epoch > view.epoch:
             # Only a snapshot can establish a source or a new epoch; the one we ask
             # for is cut after this delta was sent, so dropping it loses nothing.
             self._resync(view, now, out)
@@ -559,15 +595,15 @@ class ReceiverMachine:
                 if self.policy.drop_duplicate(view, delta):
                     self.stats["duplicates"] += 1
                     return
-                self._apply(view, doc, delta)
+                self._apply(view, delta)
                 return
             if self.policy.hold_past_gap(view, delta):
                 self._hold_past_gap(view, delta, now, out)
                 return
-        self._apply(view, doc, delta)
+        self._apply(view, delta)
         if view.state is not _ACTIVE:
             # an ACTIVE view has nothing buffered and nothing outstanding: nothing to settle
-            self._drain_buffer(view, doc)
+            self._drain_buffer(view)
             self._settle(view, now, out)
 
     def _hold_past_gap(self, view: SourceView, delta: Delta, now: float, out: list[Send]) -> None:
@@ -591,8 +627,13 @@ class ReceiverMachine:
         if self._observer is not None:
             self._observer.delta_buffered(view, delta, new_gap)
 
-    def _apply(self, view: SourceView, doc: Document, delta: Delta) -> None:
-        """Apply the next delta to ``doc``, the view's document (held: the caller checked)."""
+    def _apply(self, view: SourceView, delta: Delta) -> None:
+        """Apply the next delta to the view's document (held: the caller checked)."""
+        doc = view.doc
+        assert doc is not None
+        if view._doc_in_cut:
+            view.doc = doc = copy_document(doc)
+            view._doc_in_cut = False
         apply_ops(doc, delta.ops)
         view.seq = delta.seq
         view._digest = None
@@ -610,7 +651,7 @@ class ReceiverMachine:
                 if claim_id in view.peer:
                     self._drop_peer(view, claim_id, "peer_claims_included")
 
-    def _drain_buffer(self, view: SourceView, doc: Document) -> None:
+    def _drain_buffer(self, view: SourceView) -> None:
         buffer = view.buffer
         if not buffer:
             return
@@ -618,7 +659,7 @@ class ReceiverMachine:
             nxt = buffer.pop(view.seq + 1, None)
             if nxt is None:
                 break
-            self._apply(view, doc, nxt)
+            self._apply(view, nxt)
         for seq in [s for s in buffer if s <= view.seq]:
             del buffer[seq]
 
@@ -648,7 +689,8 @@ class ReceiverMachine:
                                 else "peer_claims_expired")
             view.buffer.clear()
         previous = view.doc
-        view.doc = doc = copy_document(snap.doc)
+        view.doc = copy_document(snap.doc)
+        view._doc_in_cut = False
         view.epoch = snap.epoch
         view.seq = snap.seq
         view._digest = None
@@ -666,7 +708,7 @@ class ReceiverMachine:
             for claim_id in snap.claims:
                 if claim_id in view.peer:
                     self._drop_peer(view, claim_id, "peer_claims_included")
-        self._drain_buffer(view, doc)
+        self._drain_buffer(view)
         self._settle(view, now, out)
 
     def _heartbeat(self, view: SourceView, hb: Heartbeat, now: float, out: list[Send]) -> None:

@@ -230,6 +230,8 @@ def _scheduler_proc(args: dict[str, Any], expected: Any, go_live: Any, live_info
     if service.checkpoints is not None:
         service.checkpoints.publish()  # the newest, at the streams' end
         result["checkpoints_published"] = service.checkpoints.published
+        result["checkpoint_lock_held_ms_max"] = round(service.checkpoints.held_s_max * 1e3, 1)
+        result["checkpoint_pack_s_max"] = round(service.checkpoints.pack_s_max, 3)
     with service.cache.lock:
         result["final_offsets"] = dict(service.cache.cell_offsets)
     close()
@@ -396,6 +398,10 @@ def main(argv: list[str] | None = None, prog: str = "shm bench ingest") -> int:
           f"{live['staleness_p99_le_ms']} ms; applied {live['drain_after_last_publish_s']} s "
           f"after the last publish; cloud behind its pace by up to "
           f"{live['cloud']['cloud_behind_max_s']} s")
+    if "checkpoint_pack_s_max" in result:
+        print(f"  checkpoints: {result['checkpoints_published']} published, each holding the "
+              f"cache lock <= {result['checkpoint_lock_held_ms_max']} ms, packed outside it in "
+              f"<= {result['checkpoint_pack_s_max']} s")
     newcomer = result.get("newcomer")
     if newcomer is not None:
         print(f"  newcomer from the newest checkpoint ({newcomer['restored_sources']} hosts): "

@@ -77,7 +77,7 @@ start is a cold start (stream from its retained start, then resyncs).
 """),
     cfg.FloatOpt("snapshot_interval", default=30.0, min=0.1,
                  help="Seconds between local snapshots written to state_dir."),
-    cfg.FloatOpt("checkpoint_interval", default=30.0, min=0.0,
+    cfg.FloatOpt("checkpoint_interval", default=10.0, min=0.0,
                  help="""
 Seconds between checkpoints of this scheduler's whole view (every source's
 version and document and the stream offset applied), published compressed on
@@ -88,6 +88,10 @@ in state_dir restores the newest checkpoint (waiting up to 2 s for one once
 attached to that stream) and reads the host-state stream from its offset:
 ready in seconds rather than rebuilding every view from the stream and
 resyncing the rest. No checkpoint, or a damaged one: a cold start as before.
+A newcomer replays what the stream carried since the checkpoint: the shorter
+the interval, the sooner it is ready (10 000 hosts changing every 10 s: about
+1.5 s at 10, 5.4 s from a checkpoint 18 s old at 30), the more the publisher
+spends (about 0.2 s of CPU a checkpoint at 10 000 hosts, 2 s at 100 000).
 With [signing] enabled checkpoints are signed with a key derived from
 master_key, which this scheduler then needs. Not the update log's checkpoints
 ([update_log] checkpoint_interval), which stay in its files.

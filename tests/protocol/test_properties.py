@@ -804,3 +804,35 @@ def test_digest_ignores_insertion_order(doc: dict, order: list) -> None:
     shuffled = {ns: dict(reversed(list(doc[ns].items()))) for ns in order if ns in doc}
     assert digest(shuffled) == digest(doc)
     assert digest({**doc, "empty": {}}) == digest(doc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(small_docs, st.lists(st.lists(raw_ops, max_size=4), min_size=1, max_size=6),
+       st.lists(st.integers(0, 6), max_size=4), st.randoms(use_true_random=False))
+def test_a_cut_keeps_the_documents_it_took_while_deltas_go_on(
+        start: dict, changes: list, cut_at: list, rng: Any) -> None:
+    """ReceiverMachine.cut shares documents copy on write: a cut taken between deltas (in
+    order, or past a gap whose buffered successors apply when it closes) still holds the
+    documents of its moment, and the views reach what the source holds."""
+    m = SourceMachine("s", 1, start)
+    m.poll(0.0)
+    r = ReceiverMachine("r")
+    r.receive(m.snapshot(), 0.0)
+    deltas = []
+    for ops in changes:
+        m.change(copy.deepcopy(ops), 0.0)
+        deltas += [send.message for send in m.flush() if isinstance(send.message, Delta)]
+    if len(deltas) > 1 and rng.random() < 0.5:  # one pair swapped: a gap, then its fill
+        i = rng.randrange(len(deltas) - 1)
+        deltas[i], deltas[i + 1] = deltas[i + 1], deltas[i]
+    cuts = []
+    for k, delta in enumerate(deltas + [None]):
+        for _ in range(cut_at.count(k)):
+            cut = r.cut()
+            cuts.append((cut, [canonical(doc) for doc in cut.docs]))
+        if delta is not None:
+            r.receive(delta, 0.0)
+    for cut, taken in cuts:
+        assert [canonical(doc) for doc in cut.docs] == taken
+    view = r.sources["s"]
+    assert view.doc is not None and digest(view.doc) == m.published_digest()

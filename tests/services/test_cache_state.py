@@ -63,3 +63,18 @@ def test_a_file_of_the_previous_format_still_loads(tmp_path):
     fresh = _cache()
     assert fresh.load(str(path)) == 3
     assert fresh.receiver.sources["cn-2"].version == (1, 2)
+
+
+def test_a_state_packed_a_view_at_a_time_is_the_bytes_of_one_pack():
+    """StateCut.pack packs view by view (other threads run between views); the state's bytes
+    are those one msgpack.packb of the whole map makes, so every reader keeps reading them."""
+    cache = _cache()
+    for i in range(3):
+        cache.receiver.receive(Snapshot(f"cn-{i}", 2, i, {"compute": {"vcpus": i}}), 0.0)
+    cache.offset, cache.cell_offsets = 9, {"cell1": 4}
+    cache.origins["cn-1"], cache.source_cells["cn-2"] = "rep-0", "cell1"
+    whole = msgpack.packb({
+        "offset": 9, "cells": {"cell1": 4},
+        "sources": [[f"cn-{i}", 2, i, {"compute": {"vcpus": i}}] for i in range(3)],
+        "origins": {"cn-1": "rep-0"}, "source_cells": {"cn-2": "cell1"}}, use_bin_type=True)
+    assert msgpack.unpackb(cache.dump_state())["state"] == whole
