@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import queue
 import resource
 import sys
 import tempfile
@@ -329,13 +330,20 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     # The resyncing one last: the reporter answers its requests for a while after it is ready.
     cold = {"checkpoint": (args["checkpoint_interval"] or 30.0, False),
             "stream": (0.0, False), "window": (0.0, True)}
+    timed_out: list[str] = []
     for mode, (interval, window) in cold.items() if args["cold_start"] else ():
         stop_cold = ctx.Event()
-        spawn(f"cold-{mode}", _scheduler_proc, args, f"bench-cold-{mode}", stop_cold, ready,
+        name = f"bench-cold-{mode}"
+        spawn(f"cold-{mode}", _scheduler_proc, args, name, stop_cold, ready,
               f"{work}/cold-{mode}", None, None, len(hosts), interval, window, True)
-        ready.get(timeout=300)  # every source held
-        ready.get(timeout=300)  # about caught up with the stream's tail
-        time.sleep(args["cold_settle"])  # it applies changes made after its start meanwhile
+        # every source held, then about caught up with the stream's tail
+        if (_ready(ready, name, args["cold_timeout"]) is None
+                or _ready(ready, name, args["cold_timeout"]) is None):
+            timed_out.append(mode)
+            print(f"cold start {mode!r}: not ready within {args['cold_timeout']:g} s "
+                  "(--cold-timeout); its figures are what it reached", file=sys.stderr)
+        else:
+            time.sleep(args["cold_settle"])  # it applies changes made after its start meanwhile
         stop_cold.set()
         procs[f"cold-{mode}"].join(60)
     if args["cold_start"]:
@@ -343,7 +351,12 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     # Full resync: a fresh scheduler that asks every source.
     spawn("fresh", _scheduler_proc, args, "bench-fresh", stop_again, ready, f"{work}/fresh", None,
           served, len(hosts))
-    _, full_resync_s = ready.get(timeout=180)
+    full_resync_s = _ready(ready, "bench-fresh", args["cold_timeout"])
+    if full_resync_s is None:
+        timed_out.append("full_resync")
+        print(f"full resync: not done within {args['cold_timeout']:g} s (--cold-timeout)",
+              file=sys.stderr)
+        full_resync_s = float("nan")
     stop_all.set()
     stop_again.set()
     for p in procs.values():
@@ -378,7 +391,11 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     fresh = load(f"{work}/fresh")
     cold_figures: dict[str, Any] = {}
     for mode in cold if args["cold_start"] else ():
-        cold_figures.update(_cold_start_figures(mode, load(f"{work}/cold-{mode}"), first))
+        try:
+            cold_run = load(f"{work}/cold-{mode}")
+        except FileNotFoundError:  # it did not stop within the join: nothing of it to report
+            continue
+        cold_figures.update(_cold_start_figures(mode, cold_run, first))
     published = [s.get("checkpoints_published", 0) for s in live]
     return {
         "sources": args["sources"], "cells": len(cells), "schedulers": n_sched,
@@ -403,7 +420,22 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         "checkpoints_published": sum(published),
         "checkpoint_bytes": max((s.get("checkpoint_bytes", 0) for s in live), default=0),
         **cold_figures,
+        "timed_out": timed_out,
     }
+
+
+def _ready(ready: Any, name: str, timeout: float) -> float | None:
+    """The next figure scheduler ``name`` reports on ``ready``, None once ``timeout`` seconds
+    passed; what another one reported meanwhile (one stopped after a timeout) is dropped."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            who, value = ready.get(timeout=left)
+        except queue.Empty:
+            return None
+        if who == name:
+            return float(value)
+    return None
 
 
 def _cold_start_figures(mode: str, run: dict, first: dict) -> dict[str, Any]:
@@ -447,7 +479,11 @@ def main(argv: list[str], prog: str = "shm bench stream") -> int:
     parser.add_argument("--checkpoint-interval", type=float, default=10.0,
                         help="seconds between the running schedulers' checkpoints (0: none)")
     parser.add_argument("--no-cold-start", dest="cold_start", action="store_false",
-                        help="skip the two cold starts (from a checkpoint, from the stream)")
+                        help="skip the three cold starts (from a checkpoint, from the stream, "
+                             "from a retention window)")
+    parser.add_argument("--cold-timeout", type=float, default=300.0,
+                        help="seconds a cold-started or fully resyncing scheduler may take to "
+                             "be ready; past it, its figures are what it reached")
     parser.add_argument("--cold-settle", type=float, default=2.0,
                         help="seconds a cold-started scheduler runs on once caught up")
     parser.add_argument("--url", default=DEFAULT_URL, help="kombu URL of RabbitMQ (data plane)")
@@ -456,6 +492,8 @@ def main(argv: list[str], prog: str = "shm bench stream") -> int:
     ns = parser.parse_args(argv)
     if ns.cells < 0 or (ns.cells and ns.cells > ns.sources):
         parser.error(f"--cells {ns.cells}: from 0 to --sources ({ns.sources})")
+    if ns.cold_timeout <= 0:
+        parser.error(f"--cold-timeout {ns.cold_timeout:g}: must be > 0")
     suffix = uuid.uuid4().hex[:8]
     args = dict(vars(ns), stream=f"shm-bench-{suffix}",
                 topics=(f"shm-bench-reporter-{suffix}", f"shm-bench-scheduler-{suffix}"))

@@ -5,11 +5,12 @@ ready with every source (no timing checked)."""
 from __future__ import annotations
 
 import json
+import queue
 
 import pytest
 from integration.conftest import KOMBU_URL, _probe, _unavailable
 
-from simulator.bench_stream import _share, main
+from simulator.bench_stream import _ready, _share, main
 
 
 def test_the_sources_are_shared_out_evenly_over_the_cells() -> None:
@@ -24,6 +25,22 @@ def test_more_cells_than_sources_is_refused(capsys) -> None:
     assert "--cells 3: from 0 to --sources (2)" in capsys.readouterr().err
 
 
+def test_a_non_positive_cold_timeout_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--cold-timeout", "0"])
+    assert exit_.value.code == 2
+    assert "--cold-timeout 0: must be > 0" in capsys.readouterr().err
+
+
+def test_a_scheduler_that_is_never_ready_times_out_and_a_late_report_is_not_taken() -> None:
+    ready: queue.Queue = queue.Queue()
+    assert _ready(ready, "bench-cold-window", 0.05) is None
+    # the one stopped after its timeout reports late; the next one's figure is its own
+    ready.put(("bench-cold-window", 99.0))
+    ready.put(("bench-fresh", 1.5))
+    assert _ready(ready, "bench-fresh", 1.0) == 1.5
+
+
 @pytest.mark.rabbit
 @pytest.mark.slow
 def test_cells_every_stream_read_and_every_cold_start_ready(tmp_path) -> None:
@@ -36,6 +53,7 @@ def test_cells_every_stream_read_and_every_cold_start_ready(tmp_path) -> None:
                  "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     assert figures["cells"] == 3
+    assert figures["timed_out"] == []
     # changes of every cell reached both schedulers (those made 2 to 3 s into the run)
     assert figures["deltas_measured"] > 0
     assert figures["invalid"] == [{}, {}]
