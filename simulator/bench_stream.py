@@ -52,6 +52,9 @@ from typing import Any
 
 import msgpack
 
+from protocol.messages import Delta
+from protocol.receiver import ReceiverObserver, SourceView
+
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_OSLO_URL = "rabbit://guest:guest@127.0.0.1:5672/"
 
@@ -187,11 +190,20 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+class _AppliedTimes(ReceiverObserver):
+    """When a scheduler's receiver applied each delta: ``(source, epoch, seq, wall time)``."""
+
+    def __init__(self) -> None:
+        self.times: list[tuple[str, int, int, float]] = []
+
+    def delta_applied(self, view: SourceView, delta: Delta) -> None:
+        self.times.append((delta.source, delta.epoch, delta.seq, time.time()))
+
+
 def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out: str,
                     state_dir: str | None, known: dict[str, str] | None, expect: int,
                     checkpoint_interval: float = 0.0, window: bool = False,
                     signal_caught_up: bool = False) -> None:
-    from protocol.messages import Batch, Delta
     from shared_host_manager.service import SchedulerService
 
     data, control = _planes(args)
@@ -202,23 +214,9 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
                                scheduler_topic=args["topics"][1], state_dir=state_dir,
                                known_sources=known, down_interval=3 * args["heartbeat_interval"],
                                checkpoint_interval=checkpoint_interval, cell_planes=cell_planes)
-    applied: list[tuple[str, int, int, float]] = []
+    applied = _AppliedTimes()
     receiver = service.receiver
-    orig_receive = receiver.receive
-
-    def receive(msg: Any, now: float) -> list:
-        sends = orig_receive(msg, now)
-        if type(msg) is Batch:
-            t = time.time()
-            sources = receiver.sources
-            for item in msg.items:
-                if type(item) is Delta:
-                    view = sources.get(item.source)
-                    if view is not None and view.epoch == item.epoch and view.seq >= item.seq:
-                        applied.append((item.source, item.epoch, item.seq, t))
-        return sends
-
-    receiver.receive = receive  # type: ignore[method-assign]  # wrapped in place, to count and time
+    receiver.set_observer(applied)
     cpu_started = _cpu()
     started = time.time()
     service.start()
@@ -253,7 +251,7 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
     service.stop()
     with open(out, "wb") as f:
         f.write(msgpack.packb({
-            "applied": applied, "started": started, "all_held": all_held,
+            "applied": applied.times, "started": started, "all_held": all_held,
             "all_active": all_active, "start_returned": start_returned, "cpu": cpu,
             "resyncs": receiver.stats["resyncs_requested"], "messages": service.cache.messages,
             "resumed_from": service.resumed_from, "invalid": dict(service.cache.invalid),
