@@ -32,6 +32,7 @@ from protocol.messages import (
     NO_EPOCH,
     PROTOCOL_VERSION,
     Batch,
+    CheckpointAsk,
     Claim,
     ClaimResult,
     Delta,
@@ -88,6 +89,8 @@ def _item_map(msg: Message) -> dict[str, Any]:
         return {"t": "scarce_answer", "i": msg.request_id, "r": msg.scheduler,
                 "a": msg.requester, "p": msg.placed, "f": msg.failed, "n": msg.claims,
                 "j": msg.rejected}
+    if isinstance(msg, CheckpointAsk):
+        return {"t": "checkpoint_ask", "r": msg.scheduler, "k": msg.token}
     raise errors.LocalProtocolError(f"cannot encode {type(msg).__name__} as a single item")
 
 
@@ -165,7 +168,7 @@ _PLAIN = Encoder()
 
 #: the message types whose speaker (the signer, messages.speaker) is field "r", not the
 #: source "s": what a decoder reads before the message is built
-_SPOKEN_BY_R_NAMES = ("claim", "resync_request", "scarce_request", "scarce_answer")
+_SPOKEN_BY_R_NAMES = ("claim", "resync_request", "scarce_request", "scarce_answer", "checkpoint_ask")
 
 
 def encode(msg: Message) -> bytes:
@@ -280,6 +283,7 @@ class Decoder:
             "scarce_request": self._scarce_request,
             "scarce_answer": self._scarce_answer,
             "fence": self._fence,
+            "checkpoint_ask": self._checkpoint_ask,
         }
 
     # -- entry point -------------------------------------------------------
@@ -374,6 +378,10 @@ class Decoder:
         source = self._source(m, "fence")
         epoch, seq = _version(m, "fence")
         return Fence(source, epoch, seq)
+
+    def _checkpoint_ask(self, m: dict) -> CheckpointAsk:
+        t = "checkpoint_ask"
+        return CheckpointAsk(_name(m, "r", "scheduler", t), _name(m, "k", "token", t))
 
     def _snapshot(self, m: dict) -> Snapshot:
         source = self._source(m, "snapshot")

@@ -15,6 +15,8 @@ Control plane (point to point):
 * :class:`Claim` – scheduler -> source, with the build request.
 * :class:`ClaimResult` – source -> scheduler: accepted, or rejected with a
   reason and a correction (what the scheduler had not seen).
+* :class:`CheckpointAsk` – a starting scheduler -> every scheduler: "publish a checkpoint
+  now, naming my token".
 * :class:`Fence` – source -> every scheduler: "my change at (epoch, seq) is on
   the stream; decide only once you hold it" (a service forced down by an API
   call that has returned must not receive the next build).
@@ -205,15 +207,32 @@ class Fence:
     TYPE = "fence"
 
 
+@final
+@dataclass(slots=True)
+class CheckpointAsk:
+    """A scheduler starting without a state file, fanned out to its peers on the peer topic:
+    "publish a checkpoint now" (design §4.5).  The scheduler that publishes checkpoints takes
+    one at once and names ``token`` in it, so that the newcomer restores a view seconds
+    younger than the newest periodic one and has that much less of the stream to replay.
+    Not host state: the receiver never sees it."""
+
+    #: the newcomer (the speaker)
+    scheduler: str
+    #: unique per start of the newcomer: the answer names it
+    token: str
+
+    TYPE = "checkpoint_ask"
+
+
 Message = (
     Snapshot | Delta | Heartbeat | Batch | ResyncRequest | ResyncAnswer | Claim | ClaimResult
-    | ScarceRequest | ScarceAnswer | Fence
+    | ScarceRequest | ScarceAnswer | Fence | CheckpointAsk
 )
 
 
 def speaker(msg: Message) -> str:
     """Who is allowed to have sent ``msg`` (whose key signs it)."""
-    if isinstance(msg, (Claim, ScarceRequest, ScarceAnswer)):
+    if isinstance(msg, (Claim, ScarceRequest, ScarceAnswer, CheckpointAsk)):
         return msg.scheduler
     if isinstance(msg, ResyncRequest):
         return msg.requester

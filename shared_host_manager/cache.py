@@ -73,6 +73,7 @@ from protocol.errors import ProtocolError
 from protocol.hostdoc import endpoint_of
 from protocol.messages import (
     Batch,
+    CheckpointAsk,
     Claim,
     ClaimResult,
     Delta,
@@ -94,13 +95,13 @@ LOG = logging.getLogger(__name__)
 STATE_FORMAT = 2
 _STREAM_TYPES = (Batch, Delta, Snapshot, Heartbeat)
 _CONTROL_TYPES = (ResyncAnswer, ClaimResult, Fence)
-#: scheduler to scheduler on the peer topic (control plane 1.4): a request handed to the
-#: coordinator or to the owner of its hosts, and its answer (design §5.4); not host state,
-#: so the receiver never sees them
-_SCARCE_TYPES = (ScarceRequest, ScarceAnswer)
+#: scheduler to scheduler on the peer topic, not host state, so the receiver never sees them:
+#: a request handed to the coordinator or to the owner of its hosts, and its answer (control
+#: plane 1.4, design §5.4); a starting scheduler's ask for a checkpoint (1.5, §4.5)
+_SERVICE_TYPES = (ScarceRequest, ScarceAnswer, CheckpointAsk)
 #: on the peer topic: a live peer's claim, announced, or the host's rejection of it, forwarded
-#: by that peer (design §5.2), and the scarce requests and answers
-_PEER_TYPES = (Claim, ClaimResult, *_SCARCE_TYPES)
+#: by that peer (design §5.2), and the messages for the scheduler service
+_PEER_TYPES = (Claim, ClaimResult, *_SERVICE_TYPES)
 
 
 @runtime_checkable
@@ -343,8 +344,9 @@ class HostStateCache:
     def ingest_peer_claim(self, body: bytes, hold: bool = True) -> Message | None:
         """A live peer's claim, announced to us, or the host's rejection of one, forwarded
         by that peer (the peer topic's server, design §5.2); returns it decoded (None:
-        dropped).  A scarce request or answer (design §5.4) is returned as decoded, for the
-        scheduler's manager; ``hold`` False drops claims and rejections (not announcing).
+        dropped).  A scarce request or answer (design §5.4) or a checkpoint ask (§4.5) is
+        returned as decoded, for the scheduler service; ``hold`` False drops claims and
+        rejections (not announcing).
 
         A claim counts only if it is in the view before our next decision: rather than wait
         for the lock behind a decision or a stream batch, it joins an inbox that whoever
@@ -355,7 +357,7 @@ class HostStateCache:
                 with self.lock:
                     self.recorder.dropped(body, "control", None, self.clock())
             return None
-        if isinstance(msg, _SCARCE_TYPES):
+        if isinstance(msg, _SERVICE_TYPES):
             self.control_received[msg.TYPE] += 1
             return msg
         if not hold:

@@ -18,8 +18,14 @@ Life cycle of a checkpoint::
                and the cut is packed outside it)
     published  compressed (zlib), signed when signing is on, appended to
                ``<stream>.checkpoint`` (retention: a few checkpoints, see RETENTION)
-    loaded     a scheduler starting without a state file attaches at "last" on that stream,
-               waits up to ``wait`` seconds once attached, and restores the newest one that
+    asked      a scheduler starting without a state file fans a ``checkpoint_ask`` out to its
+               peers (a token of its own); the publisher takes a checkpoint at once (at most
+               one each ANSWER_GAP seconds) and names the token in it, so the newcomer has
+               seconds of the stream to replay instead of up to ``checkpoint_interval``
+    loaded     the newcomer attaches at "last" on that stream, waits up to ``wait`` seconds
+               once attached for the newest and, when that one does not answer its ask, up
+               to ``answer_wait`` more for one that does (never longer than the newest is
+               old: replaying that much is quicker); it restores the newest that
                decodes, checks and verifies: each view fed to the receiver as a snapshot,
                the stream read from ``offset + 1``; none such: today's cold start
     superseded the next checkpoint; retention drops the old ones (by size and age)
@@ -27,7 +33,9 @@ Life cycle of a checkpoint::
 Who publishes: the coordinator, the first live peer by name (as for scarce requests, design
 §5.4), so one scheduler pays for it and the others only read; a scheduler that knows no
 peers (membership off, or alone) publishes itself, every interval with ±10 % jitter so that
-schedulers started together do not publish together.  A scheduler publishes only once it has
+schedulers started together do not publish together.  The same one answers asks; a
+publication in answer restarts the interval, so asks add at most one checkpoint a second
+and none while they keep within the interval.  A scheduler publishes only once it has
 applied something from the host-state stream or from a cell's (no offset: nothing to resume
 from); with a stream per cell the deployment's may hold nothing (membership off, no API-level
 source), and the cells' offsets are then the whole cut.
@@ -57,12 +65,14 @@ import logging
 import random
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
+from protocol.document import MAX_NAME_LEN
 from protocol.signing import Keyring
 from shared_host_manager.cache import HostStateCache
 from shared_host_manager.membership import SOURCE_PREFIX
@@ -89,6 +99,15 @@ _ATTACH_TIMEOUT = 10.0
 #: after the first checkpoint arrives, this long more for others of the same chunk (sent
 #: back to back)
 _QUIET = 0.1
+#: a newcomer that asked waits this long after the newest checkpoint arrived for one that
+#: answers its ask (the publisher's cut and pack take about 0.3 s at 10 000 hosts); none
+#: (no publisher running, or one that predates asks): the newest restores as before
+ANSWER_WAIT = 3.0
+#: least seconds between two publications of one scheduler in answer to asks: many
+#: newcomers at once share a checkpoint instead of costing one each
+ANSWER_GAP = 1.0
+#: most tokens a checkpoint names (more asks at once are answered by the next one)
+MAX_ANSWERS = 64
 #: largest decompressed state accepted: bounds what a damaged or hostile blob can take
 MAX_STATE_BYTES = 1024 ** 3
 
@@ -106,6 +125,8 @@ class Checkpoint:
     offset: int | None
     #: what HostStateCache.dump_state returned (checksummed)
     state: bytes
+    #: the tokens of the asks it answers (taken after each of them arrived)
+    answers: tuple[str, ...] = ()
 
 
 def _signed_part(scheduler: str, taken_ns: int, blob: bytes) -> bytes:
@@ -113,12 +134,16 @@ def _signed_part(scheduler: str, taken_ns: int, blob: bytes) -> bytes:
 
 
 def encode(state: bytes, *, scheduler: str, taken_ns: int, sources: int, offset: int | None,
-           keyring: Keyring | None, level: int = 1) -> bytes:
+           keyring: Keyring | None, level: int = 1, answers: tuple[str, ...] = ()) -> bytes:
     """A checkpoint message; ``state`` from :meth:`HostStateCache.dump_state`.  Level 1: the
-    documents compress about as well as at level 6 and several times faster (measured)."""
+    documents compress about as well as at level 6 and several times faster (measured).
+    ``answers``: tokens of the asks it answers, outside the MAC (a forged list can only make
+    a newcomer prefer one signed checkpoint to another)."""
     blob = zlib.compress(state, level)
     envelope: dict[str, Any] = {"format": FORMAT, "scheduler": scheduler, "taken_ns": taken_ns,
                                 "sources": sources, "offset": offset, "state": blob}
+    if answers:
+        envelope["answers"] = list(answers)
     if keyring is not None:
         envelope["mac"] = keyring.sign(SIGNER, _signed_part(scheduler, taken_ns, blob))
     return msgpack.packb(envelope, use_bin_type=True)
@@ -136,8 +161,10 @@ def decode(data: bytes, keyring: Keyring | None) -> Checkpoint:
     scheduler, taken_ns, blob = envelope.get("scheduler"), envelope.get("taken_ns"), \
         envelope.get("state")
     sources, offset = envelope.get("sources"), envelope.get("offset")
+    answers = envelope.get("answers", [])
     if (type(scheduler) is not str or type(taken_ns) is not int or type(blob) is not bytes
-            or type(sources) is not int or not (offset is None or type(offset) is int)):
+            or type(sources) is not int or not (offset is None or type(offset) is int)
+            or not _token_list(answers)):
         raise CheckpointError("malformed checkpoint envelope")
     if keyring is not None:
         mac = envelope.get("mac")
@@ -153,7 +180,27 @@ def decode(data: bytes, keyring: Keyring | None) -> Checkpoint:
     if inflate.unconsumed_tail or not inflate.eof:
         raise CheckpointError(f"checkpoint from {scheduler} truncated or over "
                               f"{MAX_STATE_BYTES} bytes")
-    return Checkpoint(scheduler, taken_ns, sources, offset, state)
+    return Checkpoint(scheduler, taken_ns, sources, offset, state, tuple(answers))
+
+
+def _token_list(value: Any) -> bool:
+    return (type(value) is list and len(value) <= MAX_ANSWERS
+            and all(type(t) is str and 0 < len(t) <= MAX_NAME_LEN for t in value))
+
+
+def head(data: bytes) -> tuple[int | None, tuple[str, ...]]:
+    """When a stored checkpoint says it was taken (ns) and the tokens it says it answers,
+    read from its envelope alone (not checked: :func:`decode` is what a restore trusts);
+    ``(None, ())`` if it is not a checkpoint."""
+    try:
+        envelope = msgpack.unpackb(data, raw=False)
+    except Exception:
+        return None, ()
+    if type(envelope) is not dict:
+        return None, ()
+    taken: Any = envelope.get("taken_ns")
+    value: Any = envelope.get("answers")
+    return (taken if type(taken) is int else None), (tuple(value) if _token_list(value) else ())
 
 
 def _not_membership(source: str) -> bool:
@@ -178,6 +225,11 @@ class Checkpointer:
         self._peers = peers
         self._keyring = keyring
         self._stop = threading.Event()
+        #: set by stop() and by an ask: the publishing thread looks again
+        self._wake = threading.Event()
+        #: tokens of the asks not answered yet
+        self._asks: set[str] = set()
+        self._asks_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._publisher: StreamPublisher | None = None
         self.published = 0
@@ -190,6 +242,13 @@ class Checkpointer:
         #: the checkpoint this scheduler started from (None: it did not)
         self.restored: Checkpoint | None = None
         self.rejected = 0
+        #: seconds a newcomer waits for the answer to its ask (ANSWER_WAIT)
+        self.answer_wait = ANSWER_WAIT
+        #: this newcomer's ask: its token, and whether the checkpoint restored answered it
+        self.asked_token: str | None = None
+        #: publications that answered asks, and asks received
+        self.answered = 0
+        self.asks = 0
         self._usable = self._key_ok()
 
     def _key_ok(self) -> bool:
@@ -205,14 +264,28 @@ class Checkpointer:
 
     # -- a newcomer --------------------------------------------------------------------
 
-    def restore(self) -> int | None:
+    def restore(self, ask: Callable[[str], None] | None = None) -> int | None:
         """Restore the newest usable checkpoint into the cache; the deployment stream's offset
         to resume after (each cell's is in the cache's ``cell_offsets``), None when nothing
-        was applied there or no checkpoint was restored (:attr:`restored` tells which)."""
+        was applied there or no checkpoint was restored (:attr:`restored` tells which).
+
+        ``ask``: sends this scheduler's ask with the token given (fanned out to the peers);
+        the newest checkpoint is then awaited until one answers it, at most
+        :attr:`answer_wait` seconds more."""
         if not self._usable:
             return None
         started = time.monotonic()
-        for body, offset in sorted(self.read_newest(), key=lambda m: m[1], reverse=True):
+        token = None
+        if ask is not None and getattr(self.plane, "threaded", True):
+            token = uuid.uuid4().hex
+            try:
+                ask(token)
+            except Exception as exc:  # the newest periodic checkpoint serves as before
+                LOG.info("could not ask the peers for a checkpoint: %s", exc)
+                token = None
+        self.asked_token = token
+        for body, offset in sorted(self.read_newest(token), key=lambda m: m[1],
+                                   reverse=True):
             try:
                 checkpoint = decode(body, self._keyring)
             except CheckpointError as exc:
@@ -220,7 +293,8 @@ class Checkpointer:
                 LOG.warning("ignoring checkpoint at offset %d: %s", offset, exc)
                 continue
             where = (f"the checkpoint of {checkpoint.scheduler} taken "
-                     f"{max(0.0, (time.time_ns() - checkpoint.taken_ns) / 1e9):.1f} s ago")
+                     f"{max(0.0, (time.time_ns() - checkpoint.taken_ns) / 1e9):.1f} s ago"
+                     + (" in answer to its ask" if token in checkpoint.answers else ""))
             restored = self.cache.restore_state(checkpoint.state, where, keep=_not_membership)
             if restored is None:
                 self.rejected += 1
@@ -232,9 +306,11 @@ class Checkpointer:
         LOG.info("no usable checkpoint within %.1f s: cold start", self.wait)
         return None
 
-    def read_newest(self) -> list[tuple[bytes, int]]:
+    def read_newest(self, answer: str | None = None) -> list[tuple[bytes, int]]:
         """``(body, offset)`` of the checkpoint stream's last chunk (and of any message
-        arriving meanwhile), as stored: not decoded nor checked."""
+        arriving meanwhile), as stored: not decoded nor checked.  ``answer``: once the last
+        chunk is in, keep reading until a checkpoint names that token, at most
+        :attr:`answer_wait` seconds."""
         got: list[tuple[bytes, int]] = []
         arrived = threading.Event()
 
@@ -253,13 +329,50 @@ class Checkpointer:
                 empty = not arrived.is_set() and getattr(consumer, "pending", None) == 0
                 if not empty and arrived.wait(self.wait):
                     time.sleep(_QUIET)
+                    if answer is not None:
+                        self._await_answer(got, arrived, answer)
             else:  # the synchronous in-process bus delivers only when polled
                 consumer.poll()  # type: ignore[attr-defined]
         finally:
             consumer.stop()
         return list(got)
 
+    def _await_answer(self, got: list[tuple[bytes, int]], arrived: threading.Event,
+                      token: str) -> bool:
+        """Wait until ``got`` holds a checkpoint answering ``token`` (True), at most
+        :attr:`answer_wait` seconds and no longer than the newest there is old: the stream
+        since a checkpoint that young replays in less than the wait (False)."""
+        heads = [head(body) for body, _ in got]
+        if any(token in tokens for _, tokens in heads):
+            return True
+        newest = max((taken for taken, _ in heads if taken is not None), default=None)
+        age = float("inf") if newest is None else max(0.0, (time.time_ns() - newest) / 1e9)
+        deadline = time.monotonic() + min(self.answer_wait, age)
+        checked = len(got)
+        while True:
+            arrived.clear()  # before the check: a message arriving after it sets it again
+            upto = len(got)
+            if any(token in head(body)[1] for body, _ in got[checked:upto]):
+                return True
+            checked = upto
+            left = deadline - time.monotonic()
+            if left <= 0:
+                LOG.info("no checkpoint answered this scheduler's ask within %.1f s: the "
+                         "newest serves", min(self.answer_wait, age))
+                return False
+            arrived.wait(left)
+
     # -- a running scheduler ------------------------------------------------------------
+
+    def asked(self, token: str) -> None:
+        """A starting peer's ask (the peer topic's handler): the publishing thread answers
+        it with a checkpoint taken now, if this scheduler is the one that publishes."""
+        if not self._usable or self.interval <= 0:
+            return
+        with self._asks_lock:
+            self.asks += 1
+            self._asks.add(token)
+        self._wake.set()
 
     def start(self) -> None:
         if not self._usable or self.interval <= 0:
@@ -271,6 +384,7 @@ class Checkpointer:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         # closed first: a publish retrying against a lost broker gives up at once instead of
         # holding stop() for its publish_timeout
         if self._publisher is not None:
@@ -288,18 +402,36 @@ class Checkpointer:
         return not peers or peers[0] == self.name
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval * random.uniform(0.9, 1.1)):
+        last = float("-inf")  # the last publication, by the monotonic clock
+        due = time.monotonic() + self._jittered()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            # an ask is answered now, or once ANSWER_GAP has passed since the last publication
+            wait = (min(due, last + ANSWER_GAP) if self._asks else due) - now
+            if wait > 0:
+                self._wake.wait(wait)
+                self._wake.clear()
+                continue
+            with self._asks_lock:
+                tokens = tuple(sorted(self._asks))[:MAX_ANSWERS]
+                self._asks.difference_update(tokens)
             try:
-                if self.publishes():
-                    self.publish()
+                if self.publishes() and self.publish(tokens) and tokens:
+                    self.answered += 1
             except Exception:  # the next interval tries again; a newcomer falls back meanwhile
                 if self._stop.is_set():  # stop() closed the publisher under this publish
                     return
                 self.publish_failures += 1
                 LOG.exception("scheduler %s could not publish a checkpoint", self.name)
+            last = time.monotonic()
+            due = last + self._jittered()
 
-    def publish(self) -> bool:
-        """Take and publish one checkpoint now; False when there is nothing to resume from."""
+    def _jittered(self) -> float:
+        return self.interval * random.uniform(0.9, 1.1)
+
+    def publish(self, answers: tuple[str, ...] = ()) -> bool:
+        """Take and publish one checkpoint now, naming the tokens of the asks it ``answers``;
+        False when there is nothing to resume from."""
         cut = self.cache.cut()  # under the lock, O(sources); packed below, outside it
         offset = cut.offset
         sources = len(cut.views)
@@ -308,7 +440,7 @@ class Checkpointer:
             return False
         start = time.perf_counter()
         body = encode(cut.pack(), scheduler=self.name, taken_ns=time.time_ns(), sources=sources,
-                      offset=offset, keyring=self._keyring)
+                      offset=offset, keyring=self._keyring, answers=answers)
         self.held_s_max = max(self.held_s_max, cut.held_s)
         self.pack_s_max = max(self.pack_s_max, time.perf_counter() - start)
         if self._publisher is None:
@@ -332,5 +464,5 @@ def checkpoint_plane(data_plane: object) -> DataPlane | None:
     return plane
 
 
-__all__ = ["FORMAT", "SIGNER", "SUFFIX", "Checkpoint", "CheckpointError", "Checkpointer",
-           "checkpoint_plane", "decode", "encode"]
+__all__ = ["ANSWER_GAP", "ANSWER_WAIT", "FORMAT", "SIGNER", "SUFFIX", "Checkpoint",
+           "CheckpointError", "Checkpointer", "checkpoint_plane", "decode", "encode", "head"]

@@ -119,6 +119,13 @@ class SchedulerCollector:
                                "destinations in nova-scheduler-shared).", {(): s.decision_seconds})
         yield _counter("shm_state_save_failures", "Failed writes of the local snapshot.",
                        f["save_failures"])
+        checkpoints = f["checkpoints"] or {}
+        yield _counter("shm_checkpoints_published", "Checkpoints of the whole view this "
+                       "scheduler published (design §4.5).", checkpoints.get("published", 0))
+        yield _counter("shm_checkpoint_answers", "Checkpoints published in answer to a starting "
+                       "scheduler's ask.", checkpoints.get("answered", 0))
+        yield _counter("shm_checkpoint_publish_failures", "Checkpoints that could not be "
+                       "published.", checkpoints.get("publish_failures", 0))
         yield from _stream_families(_streams(s))
         placement = s.placement_view.status()
         yield _gauge("shm_placement_view_providers", "Resource providers in this scheduler's copy "
@@ -282,6 +289,7 @@ def status(service: SchedulerService, sources: bool = False, role: str = "schedu
         "invalid": f["invalid"],
         "state": {"save_failures": f["save_failures"], "last_error": f["last_save_error"],
                   "last_saved_at": f["last_saved_at"]},
+        "checkpoints": f["checkpoints"],
         "placement": _placement_status(service),
     }
     if sources:

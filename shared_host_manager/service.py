@@ -3,8 +3,9 @@
 Life cycle::
 
     SchedulerService(...) --start()--> running --stop()--> stopped
-      start(): restore the local snapshot (if state_dir has one; else the newest
-               checkpoint, shared_host_manager.checkpoint), start the
+      start(): restore the local snapshot (if state_dir has one; else ask the
+               peers for a checkpoint and restore the one taken in answer, or
+               the newest, shared_host_manager.checkpoint), start the
                control server (resync answers and claim results come back here),
                start reading the stream after the restored offset — or from its
                retained start on a cold start — and start the timer thread.
@@ -14,7 +15,8 @@ Life cycle::
                peer thread    --> the peer topic: peers' claims and forwarded
                                   rejections --> cache.ingest_peer_claim;
                                   a peer's scarce request, or the answer to ours,
-                                  --> the decider's PeerRequestHandler (design §5.4)
+                                  --> the decider's PeerRequestHandler (design §5.4);
+                                  a starting peer's checkpoint ask --> checkpoints
                timer thread   --> cache.tick every tick_interval (gaps, resync
                                   retries, claim deadlines, down detection),
                                   cache.save every snapshot_interval, this
@@ -22,7 +24,8 @@ Life cycle::
                                   membership_interval and the live peers
                                   (shared_host_manager.membership)
                checkpoints    --> the whole view on the checkpoint stream every
-                                  checkpoint_interval, by the coordinator
+                                  checkpoint_interval and when asked, by the
+                                  coordinator
                decisions      --> under cache.lock, from any thread; catch_up()
                                   (before a NoValidHost, or an affinity group's
                                   member no view holds) puts this scheduler's
@@ -86,6 +89,7 @@ from oslo_config import cfg
 
 from protocol.codec import Decoder, Encoder
 from protocol.messages import (
+    CheckpointAsk,
     Claim,
     ClaimResult,
     Message,
@@ -159,6 +163,7 @@ class SchedulerService:
         fence_timeout: float = 1.0,
         placement_max_staleness: float = 5.0,
         checkpoint_interval: float = 0.0,
+        checkpoint_ask: bool = True,
         cell_planes: Mapping[str, DataPlane] | None = None,
         cell_control_planes: Mapping[str, ControlPlane] | None = None,
         **receiver_params: Unpack[ReceiverParams],
@@ -231,6 +236,9 @@ class SchedulerService:
         self._announcer: threading.Thread | None = None
         #: seconds between checkpoints of the whole view (0: none, and none used at start)
         self.checkpoint_interval = checkpoint_interval
+        #: ask the peers for a checkpoint at a start without a state file (False: restore the
+        #: newest periodic one, as a scheduler before control plane 1.5 does)
+        self.checkpoint_ask = checkpoint_ask
         self.checkpoints: Checkpointer | None = None
 
     @property
@@ -253,11 +261,22 @@ class SchedulerService:
         self._client = self._control_plane.control_client()
         self.reporter_api = ReporterAPI(self._client, self._encoder, self._reporter_topic)
         self.peer_api = SchedulerAPI(self._client, self._encoder, peer_topic(self._scheduler_topic))
+        # the peer topic: announced claims and forwarded rejections (design §5.2), requests
+        # handed over and their answers (§5.4; peers known from membership or given to the
+        # decider), a newcomer's checkpoint ask (§4.5).  The data plane's broker carries it
+        # where it can (RabbitMQ: kombu alone, transport.kombu_peers); each cast through
+        # oslo.messaging's listener cost a scheduler several times its handling
+        make_peer_plane = getattr(self._data_plane, "peer_plane", None)
+        self._peer_plane = make_peer_plane() if make_peer_plane is not None else None
+        if self._peer_plane is not None:
+            self.peer_api = SchedulerAPI(self._peer_plane.control_client(), self._encoder,
+                                         peer_topic(self._scheduler_topic))
         offset = self.cache.load(self._state_path) if self._state_path else None
         if self.checkpoint_interval > 0:
             self.checkpoints = self._checkpointer()
             if offset is None and self.checkpoints is not None:
-                offset = self.checkpoints.restore()
+                offset = self.checkpoints.restore(
+                    ask=self._ask_checkpoint if self.checkpoint_ask else None)
         self.resumed_from = offset
         self._server = self._control_plane.control_server(
             self._scheduler_topic, self.name, self._on_control)
@@ -269,17 +288,7 @@ class SchedulerService:
             server = cell_plane.control_server(self._scheduler_topic, self.name, self._on_control)
             server.start()
             self._cell_servers.append(server)
-        # the peer topic: announced claims and forwarded rejections (design §5.2), requests
-        # handed over and their answers (§5.4; peers known from membership or given to the
-        # decider).  The data plane's broker carries it where it can (RabbitMQ: kombu alone,
-        # transport.kombu_peers); each cast through oslo.messaging's listener cost a
-        # scheduler several times its handling
-        make_peer_plane = getattr(self._data_plane, "peer_plane", None)
-        self._peer_plane = make_peer_plane() if make_peer_plane is not None else None
         plane = self._peer_plane or self._control_plane
-        if self._peer_plane is not None:
-            self.peer_api = SchedulerAPI(self._peer_plane.control_client(), self._encoder,
-                                         peer_topic(self._scheduler_topic))
         # a server of its own: an announcement must not queue behind claim results
         self._peer_server = plane.control_server(
             peer_topic(self._scheduler_topic), self.name, self._on_peer)
@@ -449,6 +458,9 @@ class SchedulerService:
             handler = self._peer_handler
             if handler is not None:
                 handler.peer_request(msg)
+        elif type(msg) is CheckpointAsk and msg.scheduler != self.name:
+            if self.checkpoints is not None:
+                self.checkpoints.asked(msg.token)
 
     def _on_control(self, body: bytes) -> None:
         """The control server's handler: the cache ingests; the host's rejection of a claim
@@ -575,6 +587,10 @@ class SchedulerService:
         if self._catching_up:
             self._caught_up.notify_all()
 
+    def _ask_checkpoint(self, token: str) -> None:
+        """Fan this newcomer's checkpoint ask out to the peers (design §4.5)."""
+        self.peer_api.ask_checkpoint(CheckpointAsk(self.name, token))
+
     def _checkpointer(self) -> Checkpointer | None:
         plane = checkpoint_plane(self._data_plane)
         if plane is None:
@@ -641,7 +657,20 @@ class SchedulerService:
                 "save_failures": self.save_failures,
                 "last_save_error": self.last_save_error,
                 "last_saved_at": self.last_saved_at,
+                "checkpoints": self._checkpoint_figures(),
             }
+
+    def _checkpoint_figures(self) -> dict[str, Any] | None:
+        """What this scheduler's checkpoints did (None: checkpoints off)."""
+        cp = self.checkpoints
+        if cp is None:
+            return None
+        restored = cp.restored
+        return {"published": cp.published, "answered": cp.answered, "asks": cp.asks,
+                "publish_failures": cp.publish_failures,
+                "restored_from": None if restored is None else {
+                    "scheduler": restored.scheduler, "taken_ns": restored.taken_ns,
+                    "answered_ask": cp.asked_token in restored.answers}}
 
     def versions(self) -> dict[str, tuple[int, int, bytes | None, str]]:
         """Each held source's ``(epoch, seq, digest, status)`` (digests computed as needed)."""

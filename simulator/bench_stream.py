@@ -18,15 +18,18 @@ Measured:
   compared with a full resync: a fresh scheduler that skips the stream's
   history and asks every source for a snapshot, timed from its service start
   until it holds all of them.  Neither includes starting the Python process;
-* cold start, the new way and the old way side by side: a fresh scheduler with
-  no state file that restores the newest checkpoint the running schedulers
-  published (every ``--checkpoint-interval`` seconds) and reads the stream after
-  it, then fresh schedulers with checkpoints off (today's cold start): one on a
-  stream retained from that checkpoint's offset on (retention dropped the
-  announcements, as in any deployment older than the stream's max age: every
-  source shows up by its next delta or heartbeat and is resynced), and one on
-  the whole stream this run wrote; each: seconds from its service start until
-  every source is active and it has applied the first change made after its
+* cold start, the new way and the old way side by side (``--cold-starts``, in
+  this order): a fresh scheduler with no state file that asks the running
+  schedulers for a checkpoint, restores the one taken in answer (or, none within
+  its wait, the newest they published every ``--checkpoint-interval`` seconds)
+  and reads the stream after it (``checkpoint``); one that restores the newest
+  periodic checkpoint without asking (``newest``, as before asks); then fresh
+  schedulers with checkpoints off (today's cold start): one on the whole stream
+  this run wrote (``stream``), and one on a stream retained from the newest
+  checkpoint's offset on (``window``: retention dropped the announcements, as in
+  any deployment older than the stream's max age: every source shows up by its
+  next delta or heartbeat and is resynced); each: seconds from its service start
+  until every source is active and it has applied the first change made after its
   start (caught up with the stream), the resync requests it sent, and the CPU
   seconds its process used meanwhile (user + system, every thread).
 
@@ -55,6 +58,8 @@ import msgpack
 from protocol.messages import Delta
 from protocol.receiver import ReceiverObserver, SourceView
 
+#: the cold starts a run measures (--cold-starts), in this order
+COLD_STARTS = ("checkpoint", "newest", "stream", "window")
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_OSLO_URL = "rabbit://guest:guest@127.0.0.1:5672/"
 
@@ -203,7 +208,7 @@ class _AppliedTimes(ReceiverObserver):
 def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out: str,
                     state_dir: str | None, known: dict[str, str] | None, expect: int,
                     checkpoint_interval: float = 0.0, window: bool = False,
-                    signal_caught_up: bool = False) -> None:
+                    signal_caught_up: bool = False, ask: bool = True) -> None:
     from shared_host_manager.service import SchedulerService
 
     data, control = _planes(args)
@@ -213,7 +218,8 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
     service = SchedulerService(name, data, control, reporter_topic=args["topics"][0],
                                scheduler_topic=args["topics"][1], state_dir=state_dir,
                                known_sources=known, down_interval=3 * args["heartbeat_interval"],
-                               checkpoint_interval=checkpoint_interval, cell_planes=cell_planes)
+                               checkpoint_interval=checkpoint_interval, checkpoint_ask=ask,
+                               cell_planes=cell_planes)
     applied = _AppliedTimes()
     receiver = service.receiver
     receiver.set_observer(applied)
@@ -248,6 +254,7 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
                 ready.put((name, caught_up - started))
     checkpoints = service.checkpoints
     restored = checkpoints.restored if checkpoints is not None else None
+    token = checkpoints.asked_token if checkpoints is not None else None
     service.stop()
     with open(out, "wb") as f:
         f.write(msgpack.packb({
@@ -258,7 +265,8 @@ def _scheduler_proc(args: dict[str, Any], name: str, stop: Any, ready: Any, out:
             "retention_gaps": service.retention_gaps,
             "checkpoint": None if restored is None else {
                 "sources": restored.sources, "offset": restored.offset,
-                "age_s": started - restored.taken_ns / 1e9},  # at its start
+                "age_s": started - restored.taken_ns / 1e9,  # at its start (< 0: taken after)
+                "answered": token is not None and token in restored.answers},
             "checkpoints_published": checkpoints.published if checkpoints is not None else 0,
             "checkpoint_bytes": (checkpoints.last_published or (0,))[0]
             if checkpoints is not None else 0,
@@ -326,14 +334,16 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     # announcement is still retained); and with checkpoints off on a stream retained from that
     # checkpoint's offset on (today's once retention dropped the announcements).
     # The resyncing one last: the reporter answers its requests for a while after it is ready.
-    cold = {"checkpoint": (args["checkpoint_interval"] or 30.0, False),
-            "stream": (0.0, False), "window": (0.0, True)}
+    every = {"checkpoint": (args["checkpoint_interval"] or 30.0, False, True),
+             "newest": (args["checkpoint_interval"] or 30.0, False, False),
+             "stream": (0.0, False, True), "window": (0.0, True, True)}
+    cold = {mode: every[mode] for mode in args["cold_starts"]}
     timed_out: list[str] = []
-    for mode, (interval, window) in cold.items() if args["cold_start"] else ():
+    for mode, (interval, window, ask) in cold.items() if args["cold_start"] else ():
         stop_cold = ctx.Event()
         name = f"bench-cold-{mode}"
         spawn(f"cold-{mode}", _scheduler_proc, args, name, stop_cold, ready,
-              f"{work}/cold-{mode}", None, None, len(hosts), interval, window, True)
+              f"{work}/cold-{mode}", None, None, len(hosts), interval, window, True, ask)
         # every source held, then about caught up with the stream's tail
         if (_ready(ready, name, args["cold_timeout"]) is None
                 or _ready(ready, name, args["cold_timeout"]) is None):
@@ -457,6 +467,8 @@ def _cold_start_figures(mode: str, run: dict, first: dict) -> dict[str, Any]:
     }
     if run.get("checkpoint"):
         out[f"cold_{mode}_checkpoint_age_s"] = run["checkpoint"]["age_s"]
+        # taken in answer to this newcomer's ask, or the newest periodic one
+        out[f"cold_{mode}_checkpoint_answered"] = run["checkpoint"].get("answered", False)
     elif mode == "checkpoint":
         out["cold_checkpoint_restored"] = False
     return out
@@ -477,8 +489,11 @@ def main(argv: list[str], prog: str = "shm bench stream") -> int:
     parser.add_argument("--checkpoint-interval", type=float, default=10.0,
                         help="seconds between the running schedulers' checkpoints (0: none)")
     parser.add_argument("--no-cold-start", dest="cold_start", action="store_false",
-                        help="skip the three cold starts (from a checkpoint, from the stream, "
-                             "from a retention window)")
+                        help="skip the cold starts")
+    parser.add_argument("--cold-starts", default=",".join(COLD_STARTS),
+                        help="the cold starts to measure, in this order: checkpoint (asked "
+                             "for), newest (the newest periodic checkpoint), stream (the "
+                             "whole stream), window (a retention window)")
     parser.add_argument("--cold-timeout", type=float, default=300.0,
                         help="seconds a cold-started or fully resyncing scheduler may take to "
                              "be ready; past it, its figures are what it reached")
@@ -492,6 +507,11 @@ def main(argv: list[str], prog: str = "shm bench stream") -> int:
         parser.error(f"--cells {ns.cells}: from 0 to --sources ({ns.sources})")
     if ns.cold_timeout <= 0:
         parser.error(f"--cold-timeout {ns.cold_timeout:g}: must be > 0")
+    ns.cold_starts = [m.strip() for m in ns.cold_starts.split(",") if m.strip()]
+    unknown = sorted(set(ns.cold_starts) - set(COLD_STARTS))
+    if unknown or not ns.cold_starts:
+        parser.error(f"--cold-starts: choose from {', '.join(COLD_STARTS)} "
+                     f"(got {', '.join(unknown) or 'none'})")
     suffix = uuid.uuid4().hex[:8]
     args = dict(vars(ns), stream=f"shm-bench-{suffix}",
                 topics=(f"shm-bench-reporter-{suffix}", f"shm-bench-scheduler-{suffix}"))
@@ -521,7 +541,7 @@ def _cleanup(args: dict[str, Any]) -> None:
     names += [f"{args['topics'][1]}.bench-s{i}" for i in range(args["schedulers"])]
     names += [f"{args['topics'][1]}.bench-fresh", f"{args['stream']}.checkpoint"]
     names += [f"{args['topics'][1]}.bench-cold-{mode}"
-              for mode in ("checkpoint", "window", "stream")]
+              for mode in COLD_STARTS]
     try:
         with Connection(args["url"], connect_timeout=5) as conn:
             for name in names:

@@ -49,6 +49,11 @@ travels in every message, so a receiver can refuse what it does not speak):
   scarce message on the scheduler topic as on the wrong plane, and a 1.2/1.3 scheduler
   never hears one on the peer topic; while both run, a request handed between them times
   out (turn ``scarce_coordinator`` and ``hand_to_owner`` off for that window).
+* 1.5 – scheduler -> every scheduler, fanned out on the peer topic: checkpoint_ask (a
+  scheduler starting without a state file asks for a checkpoint now; the one that publishes
+  checkpoints answers on the checkpoint stream, design §4.5); a scheduler that predates it
+  drops it as unknown, and the newcomer restores the newest periodic checkpoint after its
+  wait.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ import dataclasses
 
 from protocol.codec import Encoder
 from protocol.messages import (
+    CheckpointAsk,
     Claim,
     ClaimResult,
     Fence,
@@ -125,6 +131,11 @@ class SchedulerAPI:
             self._client.fanout(self.topic, body)
         else:
             self._client.cast(self.topic, to, body)
+
+    def ask_checkpoint(self, ask: CheckpointAsk) -> None:
+        """Fan ``ask`` out to every scheduler on this topic (the peer topic): whichever
+        publishes checkpoints answers on the checkpoint stream."""
+        self._client.fanout(self.topic, self._encoder.encode(ask))
 
     def fence(self, fence: Fence) -> None:
         """Fan ``fence`` out to every scheduler on this topic (a source whose caller waits for

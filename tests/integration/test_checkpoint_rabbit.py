@@ -1,8 +1,10 @@
-"""Checkpoints over the real RabbitMQ (design §4.5): a newcomer starts from the newest one.
+"""Checkpoints over the real RabbitMQ (design §4.5): a newcomer starts from a fresh one.
 
 One scheduler publishes a checkpoint on ``<stream>.checkpoint``; a second, started with no
-state file, restores it, reads the host-state stream after its offset only, and holds every
-source active at the reporter's versions without asking the sources for snapshots.
+state file, asks for one on the peer topic (kombu), restores the checkpoint the first took
+in answer rather than the older one, reads the host-state stream after its offset only, and
+holds every source active at the reporter's versions without asking the sources for
+snapshots.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def test_a_newcomer_restores_the_checkpoint_and_is_active_for_every_source(plane
         try:
             restored = newcomer.checkpoints.restored if newcomer.checkpoints else None
             assert restored is not None and restored.scheduler == "s0"
-            assert newcomer.resumed_from == offset
+            assert newcomer.checkpoints.asked_token in restored.answers
+            assert newcomer.resumed_from == restored.offset and restored.offset > offset
             wait_for(lambda: newcomer.figures()["sources"]["active"] == HOSTS, 30, "all active")
             quiesce([reporter])
             wait_for(lambda: converged([reporter], [publisher, newcomer]), 60, "convergence")

@@ -17,6 +17,7 @@ from protocol.document import DEL, DROP, MAX_INT, MIN_INT, SET
 from protocol.messages import (
     NO_EPOCH,
     Batch,
+    CheckpointAsk,
     Claim,
     ClaimResult,
     Delta,
@@ -178,10 +179,11 @@ scarce_answers = st.builds(ScarceAnswer, claim_ids, names, names, instance_table
                            st.integers(0, 100), st.integers(0, 100))
 
 fences = st.builds(Fence, names, st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1))
+checkpoint_asks = st.builds(CheckpointAsk, names, names)
 
 messages = st.one_of(
     snapshots(), deltas(), heartbeats(), batches, resync_requests, resync_answers(), claims,
-    claim_results(), scarce_requests, scarce_answers, fences,
+    claim_results(), scarce_requests, scarce_answers, fences, checkpoint_asks,
 )
 
 
@@ -189,7 +191,7 @@ def speakers(msg: Any) -> set[str]:
     """Every name whose key signs some part of ``msg``."""
     if isinstance(msg, Batch):
         return set().union(*(speakers(i) for i in msg.items)) if msg.items else set()
-    if isinstance(msg, (Claim, ScarceRequest, ScarceAnswer)):
+    if isinstance(msg, (Claim, ScarceRequest, ScarceAnswer, CheckpointAsk)):
         return {msg.scheduler}
     if isinstance(msg, ResyncRequest):
         return {msg.requester}

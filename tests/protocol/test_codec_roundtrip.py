@@ -18,6 +18,7 @@ from protocol.messages import (
     NO_EPOCH,
     PROTOCOL_VERSION,
     Batch,
+    CheckpointAsk,
     Claim,
     ClaimResult,
     Delta,
@@ -83,6 +84,7 @@ def _examples() -> dict[str, object]:
         "scarce_answer": ScarceAnswer("scheduler-2:r-1", SCHED, "scheduler-2", {"inst-6": HOST_A},
                                       {"inst-7": "No valid host was found."}, 2, 1),
         "fence": Fence("nova-api-0", 1_700_000_000_000_000_000, 12),
+        "checkpoint_ask": CheckpointAsk("scheduler-3", "5f0c2a9e4b7d4e1f"),
     }
 
 
@@ -207,7 +209,8 @@ def _resign(m: object, ring: Keyring) -> object:
         if type(inner.get("m")) is list:
             inner["m"] = [_resign(i, ring) for i in inner["m"]]
         payload = pack(inner)
-        spoken_by_r = ("claim", "resync_request", "scarce_request", "scarce_answer")
+        spoken_by_r = ("claim", "resync_request", "scarce_request", "scarce_answer",
+                       "checkpoint_ask")
         who = inner["r"] if inner["t"] in spoken_by_r else inner["s"]
         out = dict(m)  # keeps "v" at the top level
         out.update(p=payload, h=ring.sign(who, payload), future=[1])

@@ -3,11 +3,15 @@
 A checkpoint carries the bytes of a local save (``HostStateCache.dump_state``); these tests
 check the round trip, that a damaged, forged or unsigned one is a cold start, and what the
 stream after the checkpoint does to restored views: a source restarted since brings its new
-epoch, and a checkpoint whose offset retention dropped asks its sources to resync.
+epoch, and a checkpoint whose offset retention dropped asks its sources to resync.  And a
+newcomer's ask: answered at once by the publisher alone, asks close together sharing one
+checkpoint, the answer restored rather than the older newest, and the newest when no
+answer comes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 
@@ -19,7 +23,7 @@ from protocol.document import SET
 from protocol.messages import Delta, ResyncRequest, Snapshot
 from protocol.receiver import ReceiverMachine
 from protocol.signing import Keyring, derive_key
-from shared_host_manager import checkpoint
+from shared_host_manager import checkpoint, metrics
 from shared_host_manager.cache import HostStateCache
 from shared_host_manager.checkpoint import Checkpointer, CheckpointError
 from transport.inprocess import InProcessBus
@@ -212,19 +216,99 @@ def test_publish_only_the_coordinator_or_alone():
     assert not empty.publish()  # nothing applied from the stream: nothing to resume from
 
 
+@contextlib.contextmanager
+def _coordinator_and_peer(plane, interval: float):
+    """Two running checkpointers of peers s0 and s1: s0, the coordinator, publishes."""
+    pair = [Checkpointer(name, _held(), plane, interval=interval, peers=lambda: ("s0", "s1"))
+            for name in ("s0", "s1")]
+    for cp in pair:
+        cp.start()
+    try:
+        yield pair
+    finally:
+        for cp in pair:
+            cp.stop()
+
+
 def test_the_thread_publishes_every_interval_and_only_as_coordinator(bus):
     plane = bus.sibling_stream(checkpoint.SUFFIX)
-    ours = Checkpointer("s0", _held(), plane, interval=0.02, peers=lambda: ("s0", "s1"))
-    theirs = Checkpointer("s1", _held(), plane, interval=0.02, peers=lambda: ("s0", "s1"))
-    ours.start()
-    theirs.start()
-    try:
+    with _coordinator_and_peer(plane, 0.02) as (ours, theirs):
         wait_for(lambda: ours.published >= 3, 5, "checkpoints")
-    finally:
-        ours.stop()
-        theirs.stop()
     assert theirs.published == 0 and ours.publish_failures == 0
     assert not ours.publish()  # stopped
+
+
+def _newest(plane) -> checkpoint.Checkpoint:
+    reader = Checkpointer("reader", _cache(), plane, interval=0.0, peers=lambda: ())
+    return checkpoint.decode(max(reader.read_newest(), key=lambda m: m[1])[0], None)
+
+
+def test_an_ask_is_answered_at_once_by_the_publisher_alone_and_close_asks_share_one(bus):
+    plane = bus.sibling_stream(checkpoint.SUFFIX)
+    with _coordinator_and_peer(plane, 60.0) as (ours, theirs):
+        for cp in (ours, theirs):
+            cp.asked("first")
+        wait_for(lambda: ours.published == 1, 5, "the answer")  # not the 60 s interval
+        assert _newest(plane).answers == ("first",)
+        asked = time.monotonic()
+        for token in ("second", "third"):
+            for cp in (ours, theirs):
+                cp.asked(token)
+        wait_for(lambda: ours.published == 2, 5, "the second answer")
+        # within ANSWER_GAP of the first: one checkpoint for both, not one each
+        assert time.monotonic() - asked >= checkpoint.ANSWER_GAP * 0.5
+        assert _newest(plane).answers == ("second", "third")
+        assert ours.answered == 2 and ours.asks == 3
+    assert theirs.published == 0 and bus.stream_bounds(plane.stream) == (0, 2)
+
+
+def test_without_an_answer_the_newest_serves_after_the_wait(monkeypatch):
+    cache = _held()
+    bus = InProcessBus(threaded=True)
+    try:
+        plane = bus.sibling_stream(checkpoint.SUFFIX)
+        plane.stream_publisher().publish(_message(cache))
+        monkeypatch.setattr(checkpoint, "ANSWER_WAIT", 0.3)
+        asked: list[str] = []
+        reader = Checkpointer("s1", _cache(), plane, interval=30.0, peers=lambda: ())
+        started = time.monotonic()
+        assert reader.restore(ask=asked.append) == 41
+        assert time.monotonic() - started >= 0.3  # it waited for an answer, then took the newest
+        assert asked == [reader.asked_token] and reader.restored is not None
+        assert reader.restored.answers == ()
+
+        def unreachable(token: str) -> None:
+            raise OSError("peer topic unreachable")
+        again = Checkpointer("s2", _cache(), plane, interval=30.0, peers=lambda: ())
+        started = time.monotonic()
+        assert again.restore(ask=unreachable) == 41 and again.asked_token is None
+        assert time.monotonic() - started < 0.3  # no ask sent: nothing to wait for
+
+        # a newest taken a moment ago: replaying since it is quicker than waiting for more
+        monkeypatch.setattr(checkpoint, "ANSWER_WAIT", 30.0)
+        plane.stream_publisher().publish(checkpoint.encode(
+            cache.dump_state(), scheduler="s0", taken_ns=time.time_ns(), sources=3, offset=41,
+            keyring=None))
+        young = Checkpointer("s3", _cache(), plane, interval=30.0, peers=lambda: ())
+        started = time.monotonic()
+        assert young.restore(ask=asked.append) == 41 and young.asked_token is not None
+        assert time.monotonic() - started < 5
+    finally:
+        bus.close()
+
+
+def test_answers_outside_the_mac_are_read_but_a_malformed_list_is_refused():
+    body = checkpoint.encode(_held().dump_state(), scheduler="s0", taken_ns=1, sources=3,
+                             offset=41, keyring=None, answers=("tok",))
+    assert checkpoint.head(body) == (1, ("tok",))
+    assert checkpoint.decode(body, None).answers == ("tok",)
+    envelope = msgpack.unpackb(body, raw=False)
+    envelope["answers"] = ["x" * 10_000]
+    bad = msgpack.packb(envelope, use_bin_type=True)
+    assert checkpoint.head(bad) == (1, ())
+    with pytest.raises(CheckpointError, match="malformed"):
+        checkpoint.decode(bad, None)
+    assert checkpoint.head(b"not msgpack \xc1") == (None, ())
 
 
 def test_checkpoints_compress():
@@ -253,11 +337,24 @@ def test_a_newcomer_starts_from_the_checkpoint_and_catches_up_without_resyncs(bu
         assert first.checkpoints is not None and first.checkpoints.publish()
         published = reporter.stats["published"]
         wait_for(lambda: reporter.stats["published"] > published + 5, what="changes after it")
+        older = first.checkpoints.last_published
         newcomer = make_scheduler(bus, bus, "s1", checkpoint_interval=30.0)
         newcomer.start()
         try:
             assert newcomer.checkpoints is not None and newcomer.checkpoints.restored is not None
-            assert newcomer.resumed_from == newcomer.checkpoints.restored.offset
+            restored = newcomer.checkpoints.restored
+            assert newcomer.resumed_from == restored.offset
+            # not the newest periodic one: the one first took in answer to the newcomer's ask
+            assert newcomer.checkpoints.asked_token in restored.answers
+            assert older is not None and restored.offset > older[1]
+            assert first.checkpoints.answered == 1
+            # what an operator sees: the metrics of the one, the status of the other
+            samples = {m.name: m.samples[0].value
+                       for m in metrics.SchedulerCollector(first).collect() if m.samples}
+            assert samples["shm_checkpoint_answers"] == 1
+            assert samples["shm_checkpoints_published"] == 2
+            started_from = metrics.status(newcomer)["checkpoints"]["restored_from"]
+            assert started_from["scheduler"] == "s0" and started_from["answered_ask"]
             quiesce([reporter])
             wait_for(lambda: converged([reporter], [first, newcomer]), what="convergence")
             assert newcomer.receiver.stats["resyncs_requested"] == 0
@@ -269,7 +366,7 @@ def test_a_newcomer_starts_from_the_checkpoint_and_catches_up_without_resyncs(bu
         first.stop()
 
 
-def test_a_checkpoint_older_than_the_stream_retention_asks_its_sources_to_resync():
+def test_a_checkpoint_older_than_the_stream_retention_asks_its_sources_to_resync(monkeypatch):
     bus = InProcessBus(threaded=True, max_messages=20)
     try:
         reporter = make_reporter(bus, bus, "r", hosts=10, seed=5, change_interval=0.05)
@@ -281,6 +378,9 @@ def test_a_checkpoint_older_than_the_stream_retention_asks_its_sources_to_resync
             assert first.checkpoints is not None and first.checkpoints.publish()
             offset = first.checkpoints.last_published[1]
             wait_for(lambda: bus.stream_bounds()[0] > offset + 1, what="retention past it")
+            # nobody answers the newcomer's ask: that old checkpoint is the newest it gets
+            first.checkpoints.stop()
+            monkeypatch.setattr(checkpoint, "ANSWER_WAIT", 0.2)
             newcomer = make_scheduler(bus, bus, "s1", checkpoint_interval=30.0)
             newcomer.start()
             try:

@@ -1,5 +1,5 @@
 """shm bench stream with cells over the real RabbitMQ: the sources spread over a reporter
-process and a stream per cell, every scheduler reading every cell, and the three cold starts
+process and a stream per cell, every scheduler reading every cell, and the four cold starts
 ready with every source (no timing checked)."""
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ def test_a_non_positive_cold_timeout_is_refused(capsys) -> None:
     assert "--cold-timeout 0: must be > 0" in capsys.readouterr().err
 
 
+def test_an_unknown_cold_start_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--cold-starts", "checkpoint,warm"])
+    assert exit_.value.code == 2
+    assert "--cold-starts: choose from checkpoint, newest, stream, window (got warm)" in \
+        capsys.readouterr().err
+
+
 def test_a_scheduler_that_is_never_ready_times_out_and_a_late_report_is_not_taken() -> None:
     ready: queue.Queue = queue.Queue()
     assert _ready(ready, "bench-cold-window", 0.05) is None
@@ -62,8 +70,12 @@ def test_cells_every_stream_read_and_every_cold_start_ready(tmp_path) -> None:
     # start, below 0 for one taken while it started), which carried every cell's offset: it
     # asked no source
     assert "cold_checkpoint_checkpoint_age_s" in figures, figures
+    assert figures["cold_checkpoint_checkpoint_answered"], figures  # taken for its ask
     assert figures["cold_checkpoint_resync_requests"] == 0
-    for mode in ("checkpoint", "stream", "window"):
+    # the newest periodic checkpoint, not asked for: the way before asks
+    assert not figures["cold_newest_checkpoint_answered"], figures
+    assert figures["cold_newest_resync_requests"] == 0
+    for mode in ("checkpoint", "newest", "stream", "window"):
         assert figures[f"cold_{mode}_ready_s"] == figures[f"cold_{mode}_ready_s"]  # not NaN
     # retention from the checkpoint's offsets on, in every cell: each source resynced once
     assert figures["cold_window_resync_requests"] >= 60
