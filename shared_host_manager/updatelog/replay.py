@@ -58,6 +58,7 @@ from protocol.document import DEL, DROP, SET, Document, Op, diff
 from protocol.errors import ProtocolError
 from protocol.messages import (
     Batch,
+    CheckpointAsk,
     Claim,
     ClaimResult,
     DataItem,
@@ -1018,7 +1019,8 @@ def _sends_text(sends: list[Any]) -> str:
         except Exception:  # noqa: BLE001
             out.append(str(to))
             continue
-        if isinstance(msg, (Batch, ResyncAnswer, ScarceRequest, ScarceAnswer)):  # no version
+        if isinstance(msg, (Batch, ResyncAnswer, ScarceRequest, ScarceAnswer,
+                            CheckpointAsk)):  # no version
             out.append(str(to))
         else:
             out.append(f"{to}@{msg.epoch}:{msg.seq}{'/full' if getattr(msg, 'full', False) else ''}")
