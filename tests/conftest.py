@@ -11,5 +11,22 @@ if not os.environ.get("SHM_FAULTS_SEED"):
     os.environ["SHM_FAULTS_SEED"] = str(int.from_bytes(os.urandom(4), "big"))
 
 
+#: the test whose worker processes run beside the rest of the suite
+_NOVA_FUNCTIONAL = "test_nova_functional.py::test_nova_functional_selection_passes_with_the_drop_in"
+
+
+def pytest_collection_finish(session):
+    """nova's functional selection takes about ten minutes of worker processes: once it is
+    among the tests to run, its workers start at the lowest CPU priority and run beside the
+    rest of the suite instead of after it (tests/nova_functional/test_nova_functional.py)."""
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        if item.nodeid.endswith(_NOVA_FUNCTIONAL):
+            item.module.start_in_background()
+            session.config.add_cleanup(item.module.stop_background)
+            return
+
+
 def pytest_report_header(config):
     return f"shm faults seed: {os.environ['SHM_FAULTS_SEED']} (set SHM_FAULTS_SEED to repeat it)"

@@ -15,7 +15,11 @@ decision recorded in the schedulers' update logs re-runs the same
 (``SHM_NOVA_FUNCTIONAL_REPLAY=0`` leaves the logs out).
 
 It runs in CI (``.ci/run``) and with the rest of the suite; it is marked ``nova_functional``
-and ``slow`` (it takes minutes): ``-m "not nova_functional"`` leaves it out.  Outcomes and
+and ``slow`` (it takes minutes): ``-m "not nova_functional"`` leaves it out.  Once collection
+has selected it, its worker processes start at once, at the lowest CPU priority (nice 19),
+and run beside the rest of the suite (tests/conftest.py, :func:`start_in_background`): the
+suite's own tests keep the CPU they need, the workers take what is left, and the test only
+waits for what is not done when its turn comes.  Outcomes and
 times of both sides are written to ``SHM_NOVA_FUNCTIONAL_OUT`` (default: a temporary
 directory) as JSON lines; ``SHM_NOVA_FUNCTIONAL_SELECTION`` names another selection file (a
 quick local check).
@@ -32,14 +36,17 @@ runs; ``SHM_NOVA_FUNCTIONAL_BASELINE=record`` runs it and writes the file.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,10 +107,26 @@ def _rows(result: Path) -> list[dict]:
     return [json.loads(line) for line in result.read_text().splitlines() if line.strip()]
 
 
-def _run_side(side: str, ids: list[str], workers: int, out: Path) -> tuple[dict[str, dict], float]:
+#: the worker processes running now, killed if the session ends before they do
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+#: set when the session ends: no worker starts any more
+_STOPPING = threading.Event()
+#: the first runs (the listing, the baseline unless recorded, the drop-in's side), started
+#: in the background once collection selected the test (None: the test starts them)
+_FIRST: concurrent.futures.Future | None = None
+
+
+def _lowest_priority() -> None:
+    os.nice(19)
+
+
+def _run_side(side: str, ids: list[str], workers: int, out: Path,
+              nice: bool = False) -> tuple[dict[str, dict], float]:
     """Each worker runs a shard of ``ids``; a worker that reports nothing for STALL seconds is
     killed, the test it was in is recorded as failed ("hung or crashed", as is the test a
-    worker crashed in), and a new worker runs the rest of its shard."""
+    worker crashed in), and a new worker runs the rest of its shard.  ``nice``: the workers
+    run at the lowest CPU priority (beside the rest of the suite)."""
     env = dict(os.environ, OS_NOVA_DISABLE_EVENTLET_PATCHING="1",
                PYTHONPATH=os.pathsep.join([str(TOP), os.environ.get("PYTHONPATH", "")]))
     started = time.monotonic()
@@ -116,10 +139,15 @@ def _run_side(side: str, ids: list[str], workers: int, out: Path) -> tuple[dict[
             ids_file.write_text("\n".join(shard) + "\n")
             result = out / f"{name}.jsonl"
             log = open(out / f"{name}.log", "w")
-            proc = subprocess.Popen(
-                [sys.executable, str(HERE / "worker.py"), "--side", side, "--ids",
-                 str(ids_file), "--out", str(result)],
-                cwd=str(out), env=env, stdout=log, stderr=subprocess.STDOUT)
+            with _LIVE_LOCK:
+                if _STOPPING.is_set():
+                    raise RuntimeError("the test session ended before nova's functional tests")
+                proc = subprocess.Popen(
+                    [sys.executable, str(HERE / "worker.py"), "--side", side, "--ids",
+                     str(ids_file), "--out", str(result)],
+                    cwd=str(out), env=env, stdout=log, stderr=subprocess.STDOUT,
+                    preexec_fn=_lowest_priority if nice else None)
+                _LIVE.add(proc)
             procs.append((name, shard, proc, result, log))
         pending = []
         for name, shard, proc, result, log in procs:
@@ -134,6 +162,8 @@ def _run_side(side: str, ids: list[str], workers: int, out: Path) -> tuple[dict[
                     proc.wait()
                     break
             log.close()
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
             got = _rows(result)
             rows.update((row["id"], row) for row in got)
             if proc.returncode != 0 and len(got) < len(shard):
@@ -145,8 +175,26 @@ def _run_side(side: str, ids: list[str], workers: int, out: Path) -> tuple[dict[
     return rows, time.monotonic() - started
 
 
-@pytest.mark.timeout(3600)  # both sides of the selection: minutes, not the suite's 300 s
-def test_nova_functional_selection_passes_with_the_drop_in():
+def start_in_background() -> None:
+    """Start the first runs now, in a thread, the workers at the lowest CPU priority; the
+    test waits for them (called by tests/conftest.py once collection selected the test)."""
+    global _FIRST
+    if _FIRST is None:
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nova-functional")
+        _FIRST = pool.submit(_first_runs, True)
+        pool.shutdown(wait=False)
+
+
+def stop_background() -> None:
+    """Kill the workers still running (the session ended before the test waited for them)."""
+    with _LIVE_LOCK:
+        _STOPPING.set()
+        for proc in list(_LIVE):
+            proc.kill()
+
+
+def _first_runs(nice: bool = False) -> dict[str, Any]:
+    """The selection listed, the baseline (recorded, or run), the drop-in's side run."""
     _paste_config()
     out = Path(os.environ.get("SHM_NOVA_FUNCTIONAL_OUT") or tempfile.mkdtemp(prefix="shm-nova-ft-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -164,10 +212,21 @@ def test_nova_functional_selection_passes_with_the_drop_in():
     if recorded is not None:
         baseline, base_s = recorded, 0.0
     else:
-        baseline, base_s = _run_side("nova", ids, workers, out)
+        baseline, base_s = _run_side("nova", ids, workers, out, nice)
         if os.environ.get("SHM_NOVA_FUNCTIONAL_BASELINE") == "record":
             _record_baseline(ids, baseline)
-    shared, shared_s = _run_side("shared", ids, workers, out)
+    shared, shared_s = _run_side("shared", ids, workers, out, nice)
+    return {"out": out, "ids": ids, "workers": workers, "recorded": recorded,
+            "baseline": baseline, "base_s": base_s, "shared": shared, "shared_s": shared_s,
+            "background": nice}
+
+
+@pytest.mark.timeout(3600)  # both sides of the selection: minutes, not the suite's 300 s
+def test_nova_functional_selection_passes_with_the_drop_in():
+    first = _FIRST.result() if _FIRST is not None else _first_runs()
+    out, ids, workers, recorded = first["out"], first["ids"], first["workers"], first["recorded"]
+    baseline, base_s, shared, shared_s = (first["baseline"], first["base_s"], first["shared"],
+                                          first["shared_s"])
     summary = {
         "selected": len(ids),
         "baseline": {o: sum(1 for r in baseline.values() if r["outcome"] == o)
@@ -176,7 +235,7 @@ def test_nova_functional_selection_passes_with_the_drop_in():
                    for o in ("pass", "fail", "skip", "xfail")},
         "baseline_seconds": round(base_s, 1), "shared_seconds": round(shared_s, 1),
         "baseline_recorded": recorded is not None,
-        "workers": workers,
+        "workers": workers, "beside_the_suite": first["background"],
         # every scheduler's update log, re-run as `shm replay --decisions` does
         "replay": {k: sum(r.get(k, 0) for r in shared.values())
                    for k in ("replayed_decisions", "replay_checked", "replay_skipped",
