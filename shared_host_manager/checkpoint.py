@@ -348,7 +348,7 @@ class Checkpointer:
         newest = max((taken for taken, _ in heads if taken is not None), default=None)
         age = float("inf") if newest is None else max(0.0, (time.time_ns() - newest) / 1e9)
         deadline = time.monotonic() + min(self.answer_wait, age)
-        checked = len(got)
+        checked = len(heads)  # one arriving since the heads were read is checked below
         while True:
             arrived.clear()  # before the check: a message arriving after it sets it again
             upto = len(got)
