@@ -25,19 +25,19 @@ directory) as JSON lines; ``SHM_NOVA_FUNCTIONAL_SELECTION`` names another select
 quick local check).
 
 The baseline side's outcomes are recorded in ``baseline.json`` for the nova and
-placement releases they were measured on and the selection's exact list of
-tests: when all three match what is installed and selected, the recorded
+placement releases they were measured on, one per test: when the releases match
+what is installed and every selected test has its outcome there, the recorded
 outcomes stand for the baseline run (nova's tests with nova's HostManager give
 the same outcomes on the same releases), and the baseline runs live only for
 the tests that fail with the drop-in (the "again" step above, unchanged).
 Otherwise, or with ``SHM_NOVA_FUNCTIONAL_BASELINE=run``, the whole baseline
-runs; ``SHM_NOVA_FUNCTIONAL_BASELINE=record`` runs it and writes the file.
+runs; ``SHM_NOVA_FUNCTIONAL_BASELINE=record`` runs it and writes its tests' outcomes into the
+file (the other tests' stay).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import os
 import subprocess
@@ -76,29 +76,30 @@ def _releases() -> dict[str, str]:
     return {"nova": version("nova"), "openstack-placement": version("openstack-placement")}
 
 
-def _digest(ids: list[str]) -> str:
-    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
-
-
 def _recorded_baseline(ids: list[str]) -> dict[str, dict] | None:
-    """The recorded baseline outcomes if they were measured on these releases and this exact
-    selection (None: run the baseline)."""
+    """The recorded baseline outcomes if they were measured on these releases and hold every
+    selected test (None: run the baseline)."""
     if os.environ.get("SHM_NOVA_FUNCTIONAL_BASELINE", "recorded") != "recorded":
         return None
     if not BASELINE.exists():
         return None
     recorded = json.loads(BASELINE.read_text())
-    if recorded["releases"] != _releases() or recorded["selection_sha256"] != _digest(ids):
+    if recorded["releases"] != _releases() or not set(ids) <= set(recorded["outcomes"]):
         return None
-    return {i: {"id": i, "outcome": o, "seconds": None, "detail": "recorded"}
-            for i, o in recorded["outcomes"].items()}
+    return {i: {"id": i, "outcome": recorded["outcomes"][i], "seconds": None, "detail": "recorded"}
+            for i in ids}
 
 
 def _record_baseline(ids: list[str], rows: dict[str, dict]) -> None:
-    BASELINE.write_text(json.dumps({
-        "releases": _releases(), "selection_sha256": _digest(ids),
-        "outcomes": {i: rows[i]["outcome"] for i in sorted(ids) if i in rows},
-    }, indent=1, sort_keys=True) + "\n")
+    """Write these tests' outcomes; those of other tests recorded on the same releases stay."""
+    kept: dict[str, str] = {}
+    if BASELINE.exists():
+        old = json.loads(BASELINE.read_text())
+        if old["releases"] == _releases():
+            kept = old["outcomes"]
+    kept.update((i, rows[i]["outcome"]) for i in ids if i in rows)
+    BASELINE.write_text(json.dumps({"releases": _releases(), "outcomes": dict(sorted(kept.items()))},
+                                   indent=1, sort_keys=True) + "\n")
 
 
 def _rows(result: Path) -> list[dict]:
@@ -306,9 +307,9 @@ def test_nova_functional_selection_passes_with_the_drop_in():
         0.8 * sum(shared[i]["decisions"] for i in scheduled)
 
 
-def test_the_recorded_baseline_stands_only_for_its_releases_and_selection(monkeypatch):
-    """baseline.json answers for exactly the tests it lists on the releases it names; any other
-    selection (one test more or less) runs the baseline."""
+def test_the_recorded_baseline_stands_only_for_its_releases_and_tests(monkeypatch):
+    """baseline.json answers for the tests it lists, on the releases it names: a selection of
+    some of them uses it, a selection with one test it does not list runs the baseline."""
     recorded = json.loads(BASELINE.read_text())
     ids = list(recorded["outcomes"])
     monkeypatch.delenv("SHM_NOVA_FUNCTIONAL_BASELINE", raising=False)
@@ -317,7 +318,44 @@ def test_the_recorded_baseline_stands_only_for_its_releases_and_selection(monkey
         assert got is None
         return
     assert got is not None and {i: r["outcome"] for i, r in got.items()} == recorded["outcomes"]
-    assert _recorded_baseline(ids[1:]) is None
+    some = _recorded_baseline(ids[1:])
+    assert some is not None and set(some) == set(ids[1:])
     assert _recorded_baseline([*ids, "nova.tests.functional.test_x.T.test_y"]) is None
     monkeypatch.setenv("SHM_NOVA_FUNCTIONAL_BASELINE", "run")
     assert _recorded_baseline(ids) is None
+
+
+def test_recording_a_share_keeps_the_other_tests_outcomes(monkeypatch, tmp_path):
+    """Recording the baseline of some tests rewrites theirs and keeps the others' (same
+    releases); on other releases only the new outcomes are written."""
+    path = tmp_path / "baseline.json"
+    monkeypatch.setitem(globals(), "BASELINE", path)
+    path.write_text(json.dumps({"releases": _releases(), "outcomes": {"a": "pass", "b": "fail"}}))
+    _record_baseline(["b", "c"], {"b": {"outcome": "pass"}, "c": {"outcome": "skip"}})
+    assert json.loads(path.read_text())["outcomes"] == {"a": "pass", "b": "pass", "c": "skip"}
+    path.write_text(json.dumps({"releases": {"nova": "0"}, "outcomes": {"a": "pass"}}))
+    _record_baseline(["c"], {"c": {"outcome": "pass"}})
+    assert json.loads(path.read_text()) == {"releases": _releases(), "outcomes": {"c": "pass"}}
+
+
+def test_a_selection_takes_another_selections_tests_less_its_own_excludes(tmp_path):
+    """``selection <file>`` names the tests of another selection file; the file's own
+    ``exclude`` lines drop some of them again (how selection.txt is selection-wide.txt less
+    the variants CI leaves out)."""
+    (tmp_path / "wide.txt").write_text("module nova.tests.functional.test_service\n"
+                                       "include TestOldComputeCheck\\.\n")
+    (tmp_path / "share.txt").write_text("selection wide.txt\n"
+                                        "exclude test_api_fails_to_start_with_old_compute$\n")
+    env = dict(os.environ, OS_NOVA_DISABLE_EVENTLET_PATCHING="1")
+
+    def listed(name: str) -> list[str]:
+        out = subprocess.run([sys.executable, str(HERE / "worker.py"), "--list",
+                              str(tmp_path / name)], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return [line for line in out.stdout.splitlines() if line.startswith("nova.tests.")]
+
+    wide, share = listed("wide.txt"), listed("share.txt")
+    assert len(wide) == 3 and all(".TestOldComputeCheck." in i for i in wide), wide
+    assert share == [i for i in wide if not i.endswith(".test_api_fails_to_start_with_old_compute")]
+    assert len(share) == 2

@@ -188,10 +188,13 @@ class _Probe:
 
 
 def select(path: str) -> list[str]:
-    """The test ids a selection file names (see selection.txt for its format)."""
+    """The test ids a selection file names (see selection.txt for its format): those of its
+    ``selection`` files and of its modules that its ``include`` lines match, less those its
+    ``exclude`` lines match."""
     modules: list[str] = []
     include: list[re.Pattern[str]] = []
     exclude: list[re.Pattern[str]] = []
+    named: set[str] = set()
     with open(path) as f:
         for raw in f:
             line = raw.split("#", 1)[0].strip()
@@ -199,14 +202,17 @@ def select(path: str) -> list[str]:
                 continue
             kind, _, value = line.partition(" ")
             value = value.strip()
-            if kind == "module":
+            if kind == "selection":
+                named.update(select(os.path.join(os.path.dirname(path), value)))
+            elif kind == "module":
                 modules.append(value)
             elif kind == "include":
                 include.append(re.compile(value))
             elif kind == "exclude":
                 exclude.append(re.compile(value))
             else:
-                raise SystemExit(f"{path}: unknown line {raw.strip()!r} (module/include/exclude)")
+                raise SystemExit(f"{path}: unknown line {raw.strip()!r} "
+                                 "(selection/module/include/exclude)")
     loader = unittest.TestLoader()
     ids: list[str] = []
     for module in modules:
@@ -219,6 +225,7 @@ def select(path: str) -> list[str]:
                 tid = item.id()
                 if any(p.search(tid) for p in include) and not any(p.search(tid) for p in exclude):
                     ids.append(tid)
+    ids += [tid for tid in named if not any(p.search(tid) for p in exclude)]
     return sorted(set(ids))
 
 
