@@ -37,6 +37,11 @@ Why each step is where it is:
   services and aggregates read from nova's databases are stamped with their
   records' ``updated_at``, so a newer change by another API process still wins
   the schedulers' merge (:class:`.api_source.ApiState`).
+* **Threads deaf to stop signals.** uWSGI's workers exit from inside the C
+  handler of SIGINT or SIGTERM, in whichever thread received it; the reporter's
+  threads (and the executors the preload starts) block those signals, so the
+  main thread receives them and a stopped nova-api worker exits at once after
+  its goodbye instead of waiting for uWSGI's ``worker-reload-mercy`` to kill it.
 * **Read your writes.** A change made by an API call goes to the stream at once
   (not after the coalesce window); once the broker has it, a fence of the
   source's new version is fanned out to every scheduler, and then the call
@@ -50,9 +55,11 @@ Why each step is where it is:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import logging
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -113,6 +120,26 @@ def load_from_nova() -> tuple[list[Any], list[Any]]:
     return services, aggregates
 
 
+#: the signals that stop a uWSGI worker: uWSGI's C handlers exit the process from whichever
+#: thread the kernel delivers them to, and a process exiting from a thread other than the
+#: main one waits for the main thread at interpreter shutdown until uWSGI kills it
+#: (``worker-reload-mercy``, 60 s by default) after the goodbye
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP})
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Any:
+    """Block :data:`STOP_SIGNALS` in this thread for the block: every thread started in it (the
+    reporter's, and the executors' the preload's reads start) inherits the mask and never
+    receives them; this thread's mask is restored after (a signal that arrived meanwhile is
+    delivered then)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class ApiPublisher:
     """This process's API-side source and its reporter (see the module docstring)."""
 
@@ -148,7 +175,8 @@ class ApiPublisher:
             return self.reporter
         with self._lock:
             if self._pid != pid:
-                self._start(pid)
+                with stop_signals_blocked():
+                    self._start(pid)
         return self.reporter
 
     def _start(self, pid: int) -> None:

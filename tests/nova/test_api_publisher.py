@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import threading
 
 import pytest
 
@@ -164,3 +166,39 @@ def test_slots_are_held_per_process_and_freed_with_it(tmp_path):
     assert again == 0
     os.close(fd2)
     os.close(fd3)
+
+
+def _blocked_signals(native_id: int) -> set[int]:
+    """The signals a thread of this process blocks (its ``SigBlk`` in /proc)."""
+    with open(f"/proc/self/task/{native_id}/status") as f:
+        mask = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def test_the_publishers_threads_never_receive_a_stop_signal(world):
+    """uWSGI exits a worker from the thread its SIGINT or SIGTERM lands in: the threads the
+    publisher starts (its reporter's, and those its preload's reads start) block them, so
+    they land in the main thread; the caller's mask is as it was."""
+    sched, publisher = world
+    stop = threading.Event()
+    loader_threads: list[threading.Thread] = []
+
+    def load() -> tuple[list, list]:  # as nova's scatter-gather starts its executor's threads
+        t = threading.Thread(target=stop.wait, daemon=True)
+        t.start()
+        loader_threads.append(t)
+        return [], []
+
+    before = set(threading.enumerate())
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    pub = publisher(load=load)
+    pub.ensure_started()
+    try:
+        started = [t for t in threading.enumerate() if t not in before and t.native_id]
+        assert loader_threads[0] in started and len(started) > 1
+        for t in started:
+            assert api_publisher.STOP_SIGNALS <= _blocked_signals(t.native_id), t.name
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+        assert not api_publisher.STOP_SIGNALS & _blocked_signals(threading.get_native_id())
+    finally:
+        stop.set()
