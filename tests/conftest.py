@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
-    """nova's functional selection takes about ten minutes of worker processes: once it is
+    """nova's functional selection takes minutes of worker processes: once it is
     among the tests to run, its workers start at the lowest CPU priority and run beside the
     rest of the suite instead of after it (tests/nova_functional/test_nova_functional.py); the
     test itself comes last."""
