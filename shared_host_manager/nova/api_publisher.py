@@ -63,7 +63,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 LOG = logging.getLogger(__name__)
@@ -128,11 +128,11 @@ STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.
 
 
 @contextlib.contextmanager
-def stop_signals_blocked() -> Any:
+def stop_signals_blocked() -> Iterator[None]:
     """Block :data:`STOP_SIGNALS` in this thread for the block: every thread started in it (the
-    reporter's, and the executors' the preload's reads start) inherits the mask and never
-    receives them; this thread's mask is restored after (a signal that arrived meanwhile is
-    delivered then)."""
+    reporter's, and those of the executors the preload's reads start) inherits the mask and
+    never receives them; this thread's mask is restored after (a signal that arrived meanwhile
+    is delivered then)."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
