@@ -42,6 +42,11 @@ Why each step is where it is:
   threads (and the executors the preload starts) block those signals, so the
   main thread receives them and a stopped nova-api worker exits at once after
   its goodbye instead of waiting for uWSGI's ``worker-reload-mercy`` to kill it.
+  Once the exit has begun, further stop signals are ignored, so that the
+  goodbye is not cut off by the next one; and uWSGI runs Python's after-fork
+  handlers in each worker (``py-call-osafterfork``), or the worker's exit waits
+  for threads it inherited from the master (nova's API starts an executor
+  there) that never run in it.
 * **Read your writes.** A change made by an API call goes to the stream at once
   (not after the coalesce window); once the broker has it, a fence of the
   source's new version is fanned out to every scheduler, and then the call
@@ -56,6 +61,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -138,6 +144,20 @@ def stop_signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def ignore_stop_signals() -> None:
+    """Ignore :data:`STOP_SIGNALS` in the whole process from now on: called once uWSGI's worker
+    has begun to exit.  A process group stopped at once (systemd's ``KillMode=control-group``)
+    gives each worker SIGTERM and then the master's SIGINT; the second, handled by uWSGI's C
+    handler, calls ``exit()`` again inside the first and ends the worker in the middle of its
+    goodbye.  Python's ``signal.signal`` works only in the main thread, and the exit may have
+    begun in another: the C library's ``signal`` sets the disposition from any thread."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    for sig in STOP_SIGNALS:
+        libc.signal(int(sig), ctypes.c_void_p(int(signal.SIG_IGN)))
 
 
 class ApiPublisher:
@@ -248,6 +268,7 @@ def install(role: str, stream_conf: Callable[[], Any], *, publish_timeout: float
             previous = getattr(uwsgi, "atexit", None)
 
             def at_exit() -> None:
+                ignore_stop_signals()
                 if _publisher is not None:
                     _publisher.stop()
                 if callable(previous):

@@ -574,6 +574,9 @@ class Deployment:
         argv = [str(BIN / "uwsgi"), "--master", "--die-on-term", "--need-app",
                 "--http-socket", f"127.0.0.1:{port}", "--processes", str(workers),
                 "--threads", "1", "--enable-threads", "--virtualenv", sys.prefix,
+                # as etc/uwsgi/nova-api-shared.ini: a worker's exit does not wait for the
+                # master's threads
+                "--py-call-osafterfork",
                 "--buffer-size", "65535", "--worker-reload-mercy", "10", "--module", module,
                 # uWSGI's http-socket closes every connection after its answer: say so, or
                 # clients that keep connections alive reuse a closed one

@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -202,3 +204,24 @@ def test_the_publishers_threads_never_receive_a_stop_signal(world):
         assert not api_publisher.STOP_SIGNALS & _blocked_signals(threading.get_native_id())
     finally:
         stop.set()
+
+
+def test_once_the_exit_has_begun_stop_signals_are_ignored_from_any_thread():
+    """uWSGI's worker exits inside its signal handler; the next stop signal (the master's,
+    after systemd's to the whole group) would end it mid-goodbye. Set from a thread other
+    than the main one, as the exit can begin there, the process ignores the four."""
+    code = (
+        "import os, threading\n"
+        "from shared_host_manager.nova import api_publisher\n"
+        "t = threading.Thread(target=api_publisher.ignore_stop_signals)\n"
+        "t.start(); t.join()\n"
+        "for sig in sorted(api_publisher.STOP_SIGNALS):\n"
+        "    os.kill(os.getpid(), sig)\n"
+        "ign = int(next(l for l in open('/proc/self/status') if l.startswith('SigIgn:'))"
+        ".split()[1], 16)\n"
+        "print('alive', sorted(ign >> (int(s) - 1) & 1 for s in api_publisher.STOP_SIGNALS))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__)))))
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert out.stdout.strip() == "alive [1, 1, 1, 1]", out.stdout
