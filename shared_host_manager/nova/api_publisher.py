@@ -42,8 +42,9 @@ Why each step is where it is:
   threads (and the executors the preload starts) block those signals, so the
   main thread receives them and a stopped nova-api worker exits at once after
   its goodbye instead of waiting for uWSGI's ``worker-reload-mercy`` to kill it.
-  Once the exit has begun, further stop signals are ignored, so that the
-  goodbye is not cut off by the next one; and uWSGI runs Python's after-fork
+  Once the exit has begun, further stop signals wait (each stop signal's handler
+  masks all four) and are then ignored, so that the goodbye is not cut off by the
+  next one; and uWSGI runs Python's after-fork
   handlers in each worker (``py-call-osafterfork``), or the worker's exit waits
   for threads it inherited from the master (nova's API starts an executor
   there) that never run in it.
@@ -66,6 +67,7 @@ import fcntl
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -158,6 +160,67 @@ def ignore_stop_signals() -> None:
     libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
     for sig in STOP_SIGNALS:
         libc.signal(int(sig), ctypes.c_void_p(int(signal.SIG_IGN)))
+
+
+class _SigAction(ctypes.Structure):
+    """The C library's ``struct sigaction`` (glibc on Linux, x86-64 and AArch64)."""
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+                ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+def _sigaction(libc: Any, sig: int) -> _SigAction | None:
+    act = _SigAction()
+    return act if libc.sigaction(sig, None, ctypes.byref(act)) == 0 else None
+
+
+def stop_handler() -> int | None:
+    """The address of the process's SIGTERM handler (None: the default; 1: ignored)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    act = _sigaction(ctypes.CDLL(None, use_errno=True), int(signal.SIGTERM))
+    return None if act is None else act.handler
+
+
+def mask_stop_signals_in_handlers() -> list[int]:
+    """Install each stop signal's handler again with every stop signal in its mask; the
+    signals whose handler was changed.  uWSGI installs its worker's with an empty mask, and
+    its handler exits the process from inside itself, so a second stop signal arriving before
+    the at-exit hook has run (the master's SIGINT, after systemd's SIGTERM to the whole group)
+    starts the exit again from inside it and ends the worker without its goodbye.  With the
+    mask, the second one waits while the first handler runs, that is until the process is
+    gone.  Handlers other than functions (the default, ignored) are left as they are."""
+    if not sys.platform.startswith("linux"):
+        return []
+    libc = ctypes.CDLL(None, use_errno=True)
+    changed = []
+    for sig in sorted(STOP_SIGNALS):
+        act = _sigaction(libc, int(sig))
+        if act is None or act.handler in (None, int(signal.SIG_IGN)):
+            continue
+        for other in STOP_SIGNALS:
+            libc.sigaddset(ctypes.byref(act, _SigAction.mask.offset), int(other))
+        if libc.sigaction(int(sig), ctypes.byref(act), None) == 0:
+            changed.append(int(sig))
+    return changed
+
+
+def mask_stop_signals_once_installed(initial: int | None, *, timeout: float = 5.0,
+                                     interval: float = 0.005) -> threading.Thread:
+    """A thread that applies :func:`mask_stop_signals_in_handlers` once the SIGTERM handler
+    is no longer ``initial`` (or after ``timeout`` seconds): uWSGI installs its worker's
+    handlers after running the post-fork hooks, the only place Python code runs in every
+    worker before its first request.  The thread blocks the stop signals itself."""
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while stop_handler() == initial and time.monotonic() < deadline:
+            time.sleep(interval)
+        changed = mask_stop_signals_in_handlers()
+        LOG.debug("stop signals %s masked in their own handlers", changed)
+
+    with stop_signals_blocked():
+        thread = threading.Thread(target=watch, name="shm-stop-signal-mask", daemon=True)
+        thread.start()
+    return thread
 
 
 class ApiPublisher:
@@ -280,6 +343,7 @@ def install(role: str, stream_conf: Callable[[], Any], *, publish_timeout: float
             publisher_ = _publisher
 
             def start_after_fork() -> None:
+                mask_stop_signals_once_installed(stop_handler())
                 # a broker down at fork time must not take the worker down: the WSGI
                 # wrapper tries again on the worker's requests
                 try:

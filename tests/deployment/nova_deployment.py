@@ -257,6 +257,7 @@ class Deployment:
         self.dir = Path(workdir or tempfile.mkdtemp(prefix=f"shm-deployment-{mode}-"))
         self.hosts = [f"compute-{i}" for i in range(1, computes + 1)]
         self.api_workers = api_workers
+        self.conductor_workers = 1
         self.debug = debug
         self.ports = {name: free_port() for name in ("api", "placement", "fakes")}
         publishers = ["scheduler", *self.hosts] + (["placement-feed"] if mode == "dropin" else [])
@@ -440,7 +441,7 @@ class Deployment:
             "quota": dict(instances=-1, cores=-1, ram=-1, server_groups=-1,
                           server_group_members=-1),
             "scheduler": dict(workers=1, discover_hosts_in_cells_interval=-1),
-            "conductor": dict(workers=1),
+            "conductor": dict(workers=self.conductor_workers),
             "oslo_concurrency": dict(lock_path=self.dir / "lock"),
             "oslo_messaging_notifications": dict(driver="noop"),
             "notifications": dict(notification_format="unversioned"),
@@ -834,12 +835,21 @@ class Deployment:
 
     def wait_servers(self, name: str, count: int, timeout: float = 180) -> list[Server]:
         """The ``count`` servers whose name starts with ``name`` once none is building."""
+        last: list[Server] = []
+
         def settled() -> list[Server] | None:
-            found = self.servers(name)
+            last[:] = found = self.servers(name)
             if len(found) == count and all(s.status in ("ACTIVE", "ERROR") for s in found):
                 return found
             return None
-        return wait_until(settled, timeout, f"{count} servers {name}* to settle")
+        try:
+            return wait_until(settled, timeout, f"{count} servers {name}* to settle")
+        except DeploymentError as exc:
+            # where each stands says which service held it: the scheduler (no host yet),
+            # the conductor or the compute (a host, still spawning)
+            where = "; ".join(f"{s.name} {s.status}/{s.task_state or '-'} on "
+                              f"{s.compute_host or 'no host'}" for s in last)
+            raise DeploymentError(f"{exc}; found {len(last)}: {where or 'none'}") from None
 
     def delete_servers(self, servers: list[Server], timeout: float = 180) -> None:
         ids = {s.id for s in servers}
@@ -869,6 +879,10 @@ class Deployment:
                 key, _, value = line.rpartition(" ")
                 out[key] = float(value)
         return out
+
+    def goodbyes(self) -> int:
+        """Goodbyes the scheduler has applied so far (drop-in mode)."""
+        return int(self.scheduler_metrics().get('shm_receiver_events_total{event="goodbyes"}', 0))
 
     def verify(self, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """``shm status --verify`` on the scheduler's and the computes' endpoints."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from nova_deployment import FIGURES, SERVICE_DOWN_TIME, wait_until
+from nova_deployment import FIGURES, SERVICE_DOWN_TIME, DeploymentError, wait_until
 from openstack.compute.v2.server import Server
 
 REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
@@ -109,10 +109,20 @@ def test_anti_affinity(deployment: Any) -> None:
         dep.delete_group(group)
 
 
+def _goodbyes_since(dep: Any, before: int, expected: int) -> dict[str, int]:
+    """The goodbyes the scheduler applied since it counted ``before``, once ``expected`` of
+    them arrived or 15 s passed."""
+    try:
+        wait_until(lambda: dep.goodbyes() - before >= expected, 15, f"{expected} goodbyes")
+    except DeploymentError:
+        pass  # the count below says how many came
+    return dict(said=dep.goodbyes() - before, expected=expected)
+
+
 def _excluded_host_check(dep: Any, what: str, exclude: Any, include: Any) -> None:
     """REPEATS times: exclude a compute (a different one each time), at once request
     SERVERS servers one by one, count those on it; nova-api and nova-conductor restart
-    between repetitions."""
+    between repetitions, and in drop-in mode each of their stopped workers says goodbye."""
     reps = []
     booted: list[Server] = []
     _clean(dep)
@@ -132,14 +142,18 @@ def _excluded_host_check(dep: Any, what: str, exclude: Any, include: Any) -> Non
             hosts = _hosts(servers)
             include(host)
             t4 = t5 = time.monotonic()
+            goodbyes = dict(said=0, expected=0)
             if rep + 1 < REPEATS:
+                said = dep.goodbyes() if dep.mode == "dropin" else 0
                 dep.restart("api", "conductor")
                 restarted = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
                 t5 = time.monotonic()
                 # each compute's report through the restarted conductor: one stuck on the old
                 # one would show the compute down (and an enable would not reach placement)
                 dep.wait_reported_since(restarted)
-            reps.append(dict(host=host, on_host=hosts.get(host, 0), servers=SERVERS,
+                if dep.mode == "dropin":
+                    goodbyes = _goodbyes_since(dep, said, dep.api_workers + dep.conductor_workers)
+            reps.append(dict(host=host, goodbyes=goodbyes, on_host=hosts.get(host, 0), servers=SERVERS,
                              errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
                              faults=_faults(servers)[:3],
                              seconds=dict(exclude=round(t1 - t0, 2), requests=round(t2 - t1, 2),
@@ -156,6 +170,8 @@ def _excluded_host_check(dep: Any, what: str, exclude: Any, include: Any) -> Non
     assert not bad, (f"{what}: {sum(r['on_host'] for r in reps)} of "
                      f"{sum(r['servers'] for r in reps)} servers on the {what} host, "
                      f"{sum(r['errors'] for r in reps)} in ERROR; repetitions: {bad}")
+    silent = [r["goodbyes"] for r in reps if r["goodbyes"]["said"] < r["goodbyes"]["expected"]]
+    assert not silent, f"{what}: API-side workers stopped without a goodbye: {silent}"
 
 
 def test_forced_down_host_gets_nothing(deployment: Any) -> None:

@@ -229,3 +229,33 @@ def test_once_the_exit_has_begun_stop_signals_are_ignored_from_any_thread():
                          timeout=60, cwd=TOP)
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])  # alive after the four
     assert api_publisher.STOP_SIGNALS <= _signal_set(out.stdout, "SigIgn"), out.stdout
+
+
+def test_each_stop_signals_handler_masks_the_four_once_installed():
+    """uWSGI's worker handlers exit from inside themselves; installed with an empty mask, a
+    second stop signal (the master's, after one to the whole group) starts the exit again
+    inside the first and ends the worker before its goodbye.  Once the handlers change
+    after the fork (uWSGI installs its worker's after the post-fork hooks), each stop
+    signal's handler is installed again masking all four; the handler itself is kept."""
+    code = (
+        "import ctypes, signal, time\n"
+        "from shared_host_manager.nova import api_publisher as ap\n"
+        "watcher = ap.mask_stop_signals_once_installed(ap.stop_handler(), timeout=60)\n"
+        "time.sleep(0.05)\n"
+        "handler = lambda *args: None\n"
+        "signal.signal(signal.SIGTERM, handler)\n"  # as uWSGI does after the post-fork hooks
+        "started = time.monotonic()\n"
+        "watcher.join(60)\n"
+        "print('waited', time.monotonic() - started)\n"
+        "libc = ctypes.CDLL(None)\n"
+        "for sig in (signal.SIGTERM, signal.SIGINT):\n"
+        "    print(int(sig), ap._sigaction(libc, int(sig)).mask[0])\n"
+        "assert signal.getsignal(signal.SIGTERM) is handler\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=TOP)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    lines = out.stdout.split("\n")
+    assert float(lines[0].split()[1]) < 30, out.stdout  # the change, not the time-out
+    four = sum(1 << (int(sig) - 1) for sig in api_publisher.STOP_SIGNALS)
+    masks = dict(map(int, line.split()) for line in lines[1:3])
+    assert masks == {int(signal.SIGTERM): four, int(signal.SIGINT): four}, out.stdout
