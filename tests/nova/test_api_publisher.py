@@ -178,6 +178,14 @@ def _signal_set(status: str, field: str) -> set[int]:
     return {n for n in range(1, 65) if mask >> (n - 1) & 1}
 
 
+def _run_python(code: str) -> str:
+    """``code`` run by a Python process of its own, which must exit 0; its output."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=TOP)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    return out.stdout
+
+
 def _blocked_signals(native_id: int) -> set[int]:
     """The signals a thread of this process blocks."""
     with open(f"/proc/self/task/{native_id}/status") as f:
@@ -225,10 +233,8 @@ def test_once_the_exit_has_begun_stop_signals_are_ignored_from_any_thread():
         "for sig in sorted(api_publisher.STOP_SIGNALS):\n"
         "    os.kill(os.getpid(), sig)\n"
         "print(open('/proc/self/status').read())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=TOP)
-    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])  # alive after the four
-    assert api_publisher.STOP_SIGNALS <= _signal_set(out.stdout, "SigIgn"), out.stdout
+    status = _run_python(code)  # exit 0: alive after the four
+    assert api_publisher.STOP_SIGNALS <= _signal_set(status, "SigIgn"), status
 
 
 def test_each_stop_signals_handler_masks_the_four_once_installed():
@@ -251,11 +257,9 @@ def test_each_stop_signals_handler_masks_the_four_once_installed():
         "for sig in (signal.SIGTERM, signal.SIGINT):\n"
         "    print(int(sig), ap._sigaction(libc, int(sig)).mask[0])\n"
         "assert signal.getsignal(signal.SIGTERM) is handler\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, cwd=TOP)
-    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
-    lines = out.stdout.split("\n")
-    assert float(lines[0].split()[1]) < 30, out.stdout  # the change, not the time-out
+    out = _run_python(code)
+    lines = out.split("\n")
+    assert float(lines[0].split()[1]) < 30, out  # the change, not the time-out
     four = sum(1 << (int(sig) - 1) for sig in api_publisher.STOP_SIGNALS)
     masks = dict(map(int, line.split()) for line in lines[1:3])
-    assert masks == {int(signal.SIGTERM): four, int(signal.SIGINT): four}, out.stdout
+    assert masks == {int(signal.SIGTERM): four, int(signal.SIGINT): four}, out
