@@ -374,7 +374,7 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
         dep.kill(down["killed"])
         t0 = time.monotonic()
         dep.processes[down["stopped"]].stop()
-        lag["at_kill"] = _stream_lag(dep)
+        lag["after_kill"] = _stream_lag(dep)
         for host in down.values():
             dep.wait_service_down(host)
         # nova's API says down SERVICE_DOWN_TIME after the compute's last report through
