@@ -87,6 +87,7 @@ ends with the process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -324,6 +325,26 @@ class SharedReportClient(report.SchedulerReportClient):
 
 # -- into nova's scheduler ----------------------------------------------------------------------
 
+#: locks serialising the decisions of one server group's requests, by a hash of its uuid
+#: (striped: bounded, and two groups rarely share one)
+_GROUP_LOCKS = tuple(threading.Lock() for _ in range(64))
+
+
+def group_lock(spec_obj: Any) -> Any:
+    """The lock the decision of a request of ``spec_obj``'s server group holds (a context
+    manager that holds nothing for a request outside any group).  nova's RPC threads decide
+    requests side by side, and a member's policy is checked against where the group's other
+    members went, which this scheduler records (a pending claim) only once placement has
+    accepted the member's claim: two members requested back to back were decided before
+    either was recorded, and an anti-affinity group's took the same host, for nova's late
+    check on the compute to refuse."""
+    group = spec_obj.instance_group if "instance_group" in spec_obj else None
+    uuid = group.uuid if group is not None and "uuid" in group else None
+    if not uuid:
+        return contextlib.nullcontext()
+    return _GROUP_LOCKS[hash(uuid) % len(_GROUP_LOCKS)]
+
+
 class AnnouncingSchedulerManager(nova_manager.SchedulerManager):
     """nova's SchedulerManager with the drop-in's claim announcement as a step of its decision.
 
@@ -332,8 +353,13 @@ class AnnouncingSchedulerManager(nova_manager.SchedulerManager):
     placement, the host manager announces that host to the peers
     (:meth:`.SharedHostManager.announce_intent`).  The drop-in's managers derive from it
     (:class:`SharedSchedulerManager`, the simulator's), so the step is written once.
-    Under nova's own HostManager it does nothing.
+    Under nova's own HostManager it does nothing.  The requests of one server group are
+    decided and claimed one at a time (:func:`group_lock`).
     """
+
+    def _schedule(self, context: Any, spec_obj: Any, *args: Any, **kwargs: Any) -> Any:
+        with group_lock(spec_obj):
+            return super()._schedule(context, spec_obj, *args, **kwargs)
 
     def _get_sorted_hosts(self, spec_obj: Any, host_states: Any, index: int) -> Any:
         hosts = super()._get_sorted_hosts(spec_obj, host_states, index)

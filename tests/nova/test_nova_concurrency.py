@@ -121,3 +121,60 @@ def test_the_probe_catches_shared_host_states(nova_conf):
     assert violations or any(
         jsonutils.loads(s.allocation_request)["shm_marker"] != marker
         for marker, sel in results for s in sel[0])
+
+
+class Yield(nova_filters.BaseHostFilter):
+    """Lets the other RPC threads run in the middle of a decision."""
+
+    def host_passes(self, host_state, spec_obj):
+        time.sleep(0.0005)
+        return True
+
+
+def test_the_members_of_an_anti_affinity_group_requested_at_once_go_to_different_hosts(nova_conf):
+    """nova-api makes each member of a group a request of its own; nova's RPC threads decide
+    them side by side, and a scheduler records where a member went only once placement took
+    its claim.  The drop-in's manager decides one group's requests one at a time, so each
+    member's anti-affinity check sees the members placed before it (no late-check failure
+    on the compute).  Without it, all eight took the same host."""
+    from nova import objects
+
+    from shared_host_manager.nova import report_client
+
+    nova_conf.set(**{"filter_scheduler.enabled_filters": [
+        "ComputeFilter", "ServerGroupAntiAffinityFilter"]})
+    nodes = [fx.compute_node(i, free_ram_mb=30000 + 997 * i) for i in range(HOSTS)]
+    cache = fx.cache_from_documents({cn.uuid: ndoc.document_from_compute_node(
+        cn, service=fx.service_dict(cn.host), cell_uuid=fx.CELL1) for cn in nodes})
+    placement = fx.FakePlacement([cn.uuid for cn in nodes])
+    members = [fx.uuid_for("member", i) for i in range(THREADS)]
+    chosen: list[str] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(THREADS)
+    with fx.patched_scheduler(placement):
+        shm.set_cache_provider(lambda: cache)
+        mgr = report_client.AnnouncingSchedulerManager()
+        mgr.host_manager.enabled_filters.append(Yield())
+
+        def member(i: int) -> None:
+            try:
+                group = objects.InstanceGroup(
+                    uuid="6f3b0c9e-1d7a-4b1e-9c55-0a1b2c3d4e5f", policy="anti-affinity",
+                    policies=["anti-affinity"], rules={}, members=list(members), hosts=[])
+                spec = fx.request_spec(instance_uuid=members[i], group=group)
+                start.wait()
+                sel = mgr.select_destinations(nova_context.get_admin_context(), spec_obj=spec,
+                                              instance_uuids=[members[i]], return_objects=True,
+                                              return_alternates=True)
+                chosen.append(sel[0][0].service_host)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=member, args=(i,)) for i in range(THREADS)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        shm.set_cache_provider(None)
+    assert not errors, errors[:3]
+    assert len(chosen) == THREADS and len(set(chosen)) == THREADS, sorted(chosen)
