@@ -62,17 +62,40 @@ class SharedStatesManager(shm.SharedHostManager):
         return iter(self._shared)
 
 
-def _run(manager_cls, nova_conf):
-    nova_conf.set(**{"filter_scheduler.enabled_filters": [
-        "ComputeFilter", "ImagePropertiesFilter", "NUMATopologyFilter"]})
+def _cloud() -> tuple:
+    """HOSTS computes in a cache, and a fake placement holding them."""
     nodes = [fx.compute_node(i, free_ram_mb=30000 + 997 * i) for i in range(HOSTS)]
     cache = fx.cache_from_documents({cn.uuid: ndoc.document_from_compute_node(
         cn, service=fx.service_dict(cn.host), cell_uuid=fx.CELL1) for cn in nodes})
-    placement = fx.FakePlacement([cn.uuid for cn in nodes])
-    violations: list[str] = []
+    return cache, fx.FakePlacement([cn.uuid for cn in nodes])
+
+
+def _at_once(work) -> list[BaseException]:
+    """``work(t)`` in THREADS threads started together; what they raised."""
     errors: list[BaseException] = []
-    results: list[tuple[str, list]] = []
     start = threading.Barrier(THREADS)
+
+    def run(t: int) -> None:
+        try:
+            start.wait()
+            work(t)
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(THREADS)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    return errors
+
+
+def _run(manager_cls, nova_conf):
+    nova_conf.set(**{"filter_scheduler.enabled_filters": [
+        "ComputeFilter", "ImagePropertiesFilter", "NUMATopologyFilter"]})
+    cache, placement = _cloud()
+    violations: list[str] = []
+    results: list[tuple[str, list]] = []
     with fx.patched_scheduler(placement):
         nova_hm.HostManager = manager_cls  # patched_scheduler restores nova's on exit
         shm.set_cache_provider(lambda: cache)
@@ -80,25 +103,17 @@ def _run(manager_cls, nova_conf):
         mgr.host_manager.enabled_filters.append(LeakProbe(violations))
 
         def worker(t: int) -> None:
-            try:
-                start.wait()
-                for r in range(REQUESTS):
-                    marker = f"req-{t}-{r}"
-                    ctx = nova_context.get_admin_context()
-                    ctx.shm_marker = marker
-                    spec = fx.request_spec(instance_uuid=fx.uuid_for(marker, 0),
-                                           hints={"marker": [marker]})
-                    sel = mgr.select_destinations(ctx, spec_obj=spec, instance_uuids=[spec.instance_uuid],
-                                                  return_objects=True, return_alternates=True)
-                    results.append((marker, sel))
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+            for r in range(REQUESTS):
+                marker = f"req-{t}-{r}"
+                ctx = nova_context.get_admin_context()
+                ctx.shm_marker = marker
+                spec = fx.request_spec(instance_uuid=fx.uuid_for(marker, 0),
+                                       hints={"marker": [marker]})
+                sel = mgr.select_destinations(ctx, spec_obj=spec, instance_uuids=[spec.instance_uuid],
+                                              return_objects=True, return_alternates=True)
+                results.append((marker, sel))
 
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(THREADS)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(60)
+        errors = _at_once(worker)
         shm.set_cache_provider(None)
     return violations, errors, results, mgr
 
@@ -143,38 +158,25 @@ def test_the_members_of_an_anti_affinity_group_requested_at_once_go_to_different
 
     nova_conf.set(**{"filter_scheduler.enabled_filters": [
         "ComputeFilter", "ServerGroupAntiAffinityFilter"]})
-    nodes = [fx.compute_node(i, free_ram_mb=30000 + 997 * i) for i in range(HOSTS)]
-    cache = fx.cache_from_documents({cn.uuid: ndoc.document_from_compute_node(
-        cn, service=fx.service_dict(cn.host), cell_uuid=fx.CELL1) for cn in nodes})
-    placement = fx.FakePlacement([cn.uuid for cn in nodes])
+    cache, placement = _cloud()
     members = [fx.uuid_for("member", i) for i in range(THREADS)]
     chosen: list[str] = []
-    errors: list[BaseException] = []
-    start = threading.Barrier(THREADS)
     with fx.patched_scheduler(placement):
         shm.set_cache_provider(lambda: cache)
         mgr = report_client.AnnouncingSchedulerManager()
         mgr.host_manager.enabled_filters.append(Yield())
 
         def member(i: int) -> None:
-            try:
-                group = objects.InstanceGroup(
-                    uuid="6f3b0c9e-1d7a-4b1e-9c55-0a1b2c3d4e5f", policy="anti-affinity",
-                    policies=["anti-affinity"], rules={}, members=list(members), hosts=[])
-                spec = fx.request_spec(instance_uuid=members[i], group=group)
-                start.wait()
-                sel = mgr.select_destinations(nova_context.get_admin_context(), spec_obj=spec,
-                                              instance_uuids=[members[i]], return_objects=True,
-                                              return_alternates=True)
-                chosen.append(sel[0][0].service_host)
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+            group = objects.InstanceGroup(
+                uuid="6f3b0c9e-1d7a-4b1e-9c55-0a1b2c3d4e5f", policy="anti-affinity",
+                policies=["anti-affinity"], rules={}, members=list(members), hosts=[])
+            spec = fx.request_spec(instance_uuid=members[i], group=group)
+            sel = mgr.select_destinations(nova_context.get_admin_context(), spec_obj=spec,
+                                          instance_uuids=[members[i]], return_objects=True,
+                                          return_alternates=True)
+            chosen.append(sel[0][0].service_host)
 
-        threads = [threading.Thread(target=member, args=(i,)) for i in range(THREADS)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(60)
+        errors = _at_once(member)
         shm.set_cache_provider(None)
     assert not errors, errors[:3]
     assert len(chosen) == THREADS and len(set(chosen)) == THREADS, sorted(chosen)
