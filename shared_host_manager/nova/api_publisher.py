@@ -44,10 +44,9 @@ Why each step is where it is:
   its goodbye instead of waiting for uWSGI's ``worker-reload-mercy`` to kill it.
   Once the exit has begun, further stop signals wait (each stop signal's handler
   masks all four) and are then ignored, so that the goodbye is not cut off by the
-  next one; and uWSGI runs Python's after-fork
-  handlers in each worker (``py-call-osafterfork``), or the worker's exit waits
-  for threads it inherited from the master (nova's API starts an executor
-  there) that never run in it.
+  next one; and uWSGI runs Python's after-fork handlers in each worker
+  (``py-call-osafterfork``), or the worker's exit waits for threads it inherited
+  from the master (nova's API starts an executor there) that never run in it.
 * **Read your writes.** A change made by an API call goes to the stream at once
   (not after the coalesce window); once the broker has it, a fence of the
   source's new version is fanned out to every scheduler, and then the call
@@ -64,6 +63,7 @@ import atexit
 import contextlib
 import ctypes
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -148,6 +148,12 @@ def stop_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+@functools.cache
+def _libc() -> Any:
+    """The C library, for the signal calls Python's ``signal`` module does not offer."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def ignore_stop_signals() -> None:
     """Ignore :data:`STOP_SIGNALS` in the whole process from now on: called once uWSGI's worker
     has begun to exit.  A process group stopped at once (systemd's ``KillMode=control-group``)
@@ -155,7 +161,7 @@ def ignore_stop_signals() -> None:
     handler, calls ``exit()`` again inside the first and ends the worker in the middle of its
     goodbye.  Python's ``signal.signal`` works only in the main thread, and the exit may have
     begun in another: the C library's ``signal`` sets the disposition from any thread."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     libc.signal.restype = ctypes.c_void_p
     libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
     for sig in STOP_SIGNALS:
@@ -168,16 +174,17 @@ class _SigAction(ctypes.Structure):
                 ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
 
 
-def _sigaction(libc: Any, sig: int) -> _SigAction | None:
+def _sigaction(sig: int) -> _SigAction | None:
+    """The process's current action for ``sig`` (None: not readable)."""
     act = _SigAction()
-    return act if libc.sigaction(sig, None, ctypes.byref(act)) == 0 else None
+    return act if _libc().sigaction(sig, None, ctypes.byref(act)) == 0 else None
 
 
 def stop_handler() -> int | None:
     """The address of the process's SIGTERM handler (None: the default; 1: ignored)."""
     if not sys.platform.startswith("linux"):
         return None
-    act = _sigaction(ctypes.CDLL(None, use_errno=True), int(signal.SIGTERM))
+    act = _sigaction(int(signal.SIGTERM))
     return None if act is None else act.handler
 
 
@@ -191,10 +198,10 @@ def mask_stop_signals_in_handlers() -> list[int]:
     gone.  Handlers other than functions (the default, ignored) are left as they are."""
     if not sys.platform.startswith("linux"):
         return []
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     changed = []
     for sig in sorted(STOP_SIGNALS):
-        act = _sigaction(libc, int(sig))
+        act = _sigaction(int(sig))
         if act is None or act.handler in (None, int(signal.SIG_IGN)):
             continue
         for other in STOP_SIGNALS:
