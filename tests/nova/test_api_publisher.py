@@ -242,10 +242,14 @@ def test_each_stop_signals_handler_masks_the_four_once_installed():
     second stop signal (the master's, after one to the whole group) starts the exit again
     inside the first and ends the worker before its goodbye.  Once the handlers change
     after the fork (uWSGI installs its worker's after the post-fork hooks), each stop
-    signal's handler is installed again masking all four; the handler itself is kept."""
+    signal's handler is installed again masking all four; the handler itself is kept.  An
+    ignored signal stays ignored, with no mask.  SIGINT and SIGQUIT are set first: a process
+    started in the background by a shell inherits both ignored."""
     code = (
         "import signal, time\n"
         "from shared_host_manager.nova import api_publisher as ap\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "signal.signal(signal.SIGQUIT, signal.SIG_IGN)\n"
         "watcher = ap.mask_stop_signals_once_installed(ap.stop_handler(), timeout=60)\n"
         "time.sleep(0.05)\n"
         "handler = lambda *args: None\n"
@@ -253,12 +257,14 @@ def test_each_stop_signals_handler_masks_the_four_once_installed():
         "started = time.monotonic()\n"
         "watcher.join(60)\n"
         "print('waited', time.monotonic() - started)\n"
-        "for sig in (signal.SIGTERM, signal.SIGINT):\n"
+        "for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):\n"
         "    print(int(sig), ap._sigaction(int(sig)).mask[0])\n"
-        "assert signal.getsignal(signal.SIGTERM) is handler\n")
+        "assert signal.getsignal(signal.SIGTERM) is handler\n"
+        "assert signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN\n")
     out = _run_python(code)
     lines = out.split("\n")
     assert float(lines[0].split()[1]) < 30, out  # the change, not the time-out
     four = sum(1 << (int(sig) - 1) for sig in api_publisher.STOP_SIGNALS)
-    masks = dict(map(int, line.split()) for line in lines[1:3])
-    assert masks == {int(signal.SIGTERM): four, int(signal.SIGINT): four}, out
+    masks = dict(map(int, line.split()) for line in lines[1:4])
+    assert masks == {int(signal.SIGTERM): four, int(signal.SIGINT): four,
+                     int(signal.SIGQUIT): 0}, out
