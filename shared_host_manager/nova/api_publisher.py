@@ -151,7 +151,10 @@ def stop_signals_blocked() -> Iterator[None]:
 @functools.cache
 def _libc() -> Any:
     """The C library, for the signal calls Python's ``signal`` module does not offer."""
-    return ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    return libc
 
 
 def ignore_stop_signals() -> None:
@@ -162,8 +165,6 @@ def ignore_stop_signals() -> None:
     goodbye.  Python's ``signal.signal`` works only in the main thread, and the exit may have
     begun in another: the C library's ``signal`` sets the disposition from any thread."""
     libc = _libc()
-    libc.signal.restype = ctypes.c_void_p
-    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
     for sig in STOP_SIGNALS:
         libc.signal(int(sig), ctypes.c_void_p(int(signal.SIG_IGN)))
 
