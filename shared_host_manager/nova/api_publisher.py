@@ -39,9 +39,11 @@ Why each step is where it is:
   the schedulers' merge (:class:`.api_source.ApiState`).
 * **Threads deaf to stop signals.** uWSGI's workers exit from inside the C
   handler of SIGINT or SIGTERM, in whichever thread received it; the reporter's
-  threads (and the executors the preload starts) block those signals, so the
-  main thread receives them and a stopped nova-api worker exits at once after
-  its goodbye instead of waiting for uWSGI's ``worker-reload-mercy`` to kill it.
+  threads (and the executors the preload starts) block those signals, and so do
+  the threads nova starts while it answers a request (each request runs with
+  them blocked: :func:`wsgi_application`), so the main thread receives them and
+  a stopped nova-api worker exits at once after its goodbye instead of waiting
+  for uWSGI's ``worker-reload-mercy`` to kill it.
   Once the exit has begun, further stop signals wait (each stop signal's handler
   masks all four) and are then ignored, so that the goodbye is not cut off by the
   next one; and uWSGI runs Python's after-fork handlers in each worker
@@ -212,12 +214,14 @@ def mask_stop_signals_in_handlers() -> list[int]:
     return changed
 
 
-def mask_stop_signals_once_installed(initial: int | None, *, timeout: float = 5.0,
+def mask_stop_signals_once_installed(initial: int | None, *, timeout: float = 120.0,
                                      interval: float = 0.005) -> threading.Thread:
     """A thread that applies :func:`mask_stop_signals_in_handlers` once the SIGTERM handler
     is no longer ``initial`` (or after ``timeout`` seconds): uWSGI installs its worker's
     handlers after running the post-fork hooks, the only place Python code runs in every
-    worker before its first request.  The thread blocks the stop signals itself."""
+    worker before its first request, and only once those hooks have returned (the
+    publisher's start among them: database reads and a broker connection, seconds on a
+    busy host).  The thread blocks the stop signals itself."""
     def watch() -> None:
         deadline = time.monotonic() + timeout
         while stop_handler() == initial and time.monotonic() < deadline:
@@ -370,15 +374,54 @@ def install(role: str, stream_conf: Callable[[], Any], *, publish_timeout: float
 RETRY_INTERVAL = 10.0
 
 
+class _ResponseBody:
+    """An application's response body, with ``done`` called once the server has closed it
+    (after sending it, as WSGI's ``close`` is called)."""
+
+    def __init__(self, body: Iterable[bytes], done: Callable[[], None]) -> None:
+        self._body = body
+        self._done: Callable[[], None] | None = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            done, self._done = self._done, None
+            if done is not None:
+                done()
+
+
 def wsgi_application(app: Callable[..., Any], publisher_: ApiPublisher, *,
                      clock: Callable[[], float] = time.monotonic) -> Callable[..., Any]:
     """``app``, with this process's publisher started before its first request.  A publisher
     that cannot start (the broker unreachable) is logged and tried again every
-    :data:`RETRY_INTERVAL` seconds; nova's API keeps answering meanwhile."""
+    :data:`RETRY_INTERVAL` seconds; nova's API keeps answering meanwhile.
+
+    Stop signals and nova's threads: a signal sent to the process lands in any thread that
+    does not block it, and uWSGI's handler exits from the thread it lands in.  nova's
+    executors start their threads on demand, from the thread that submits work, that is
+    inside a request; so a request runs with :data:`STOP_SIGNALS` blocked, every thread it
+    starts inherits the block, and the worker's main thread stays the only one that can
+    take a stop signal.  Without it the master's SIGINT, arriving while the main thread
+    handles the group's SIGTERM (its own handler masks the second), lands in one of nova's
+    threads and exits the worker a second time, concurrently, before its goodbye.  A stop
+    signal that arrives during a request is taken once its answer is sent.  The first
+    request in each worker also masks the stop signals in their handlers (uWSGI installed
+    its worker's by then), should the post-fork watcher not have."""
     next_try = [0.0]
+    handlers_masked_in = [0]
 
     def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        if publisher_.reporter is None or publisher_.started_in != os.getpid():
+        pid = os.getpid()
+        if handlers_masked_in[0] != pid:
+            handlers_masked_in[0] = pid
+            mask_stop_signals_in_handlers()
+        if publisher_.reporter is None or publisher_.started_in != pid:
             now = clock()
             if now >= next_try[0]:
                 try:
@@ -388,7 +431,17 @@ def wsgi_application(app: Callable[..., Any], publisher_: ApiPublisher, *,
                     LOG.error("API-side source not started (%s): service and aggregate changes "
                               "of this process do not reach the schedulers; trying again in "
                               "%.0f s", exc, RETRY_INTERVAL)
-        return app(environ, start_response)
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+        def unblock() -> None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+        try:
+            body = app(environ, start_response)
+        except BaseException:
+            unblock()
+            raise
+        return _ResponseBody(body, unblock)
     return application
 
 

@@ -268,3 +268,48 @@ def test_each_stop_signals_handler_masks_the_four_once_installed():
     masks = dict(map(int, line.split()) for line in lines[1:4])
     assert masks == {int(signal.SIGTERM): four, int(signal.SIGINT): four,
                      int(signal.SIGQUIT): 0}, out
+
+
+def test_threads_a_request_starts_never_receive_a_stop_signal_and_the_answer_is_sent_first(world):
+    """nova's executors start their threads on demand, inside a request: in the WSGI
+    wrapper they inherit the stop signals blocked, so the worker's main thread stays the
+    only one a stop signal can land in (one landing in nova's thread while the main thread
+    handles the first would exit the worker a second time, before its goodbye).  The
+    request's own thread takes them again once the server has closed the answer."""
+    sched, publisher = world
+    pub = publisher()
+    stop = threading.Event()
+    started: list[threading.Thread] = []
+    closed: list[bool] = []
+
+    class Body(list):
+        def close(self) -> None:
+            closed.append(True)
+
+    def nova_app(environ, start_response):  # as nova's scatter-gather grows its executor
+        t = threading.Thread(target=stop.wait, daemon=True)
+        t.start()
+        started.append(t)
+        start_response("200 OK", [])
+        return Body([b"answer"])
+
+    def failing_app(environ, start_response):
+        raise RuntimeError("nova failed")
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    app = api_publisher.wsgi_application(nova_app, pub)
+    try:
+        body = app({}, lambda status, headers: None)
+        assert api_publisher.STOP_SIGNALS <= _blocked_signals(started[0].native_id)
+        # the answer is not sent yet: a stop signal waits for it
+        assert api_publisher.STOP_SIGNALS <= _blocked_signals(threading.get_native_id())
+        assert list(body) == [b"answer"]
+        body.close()
+        assert closed == [True]
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+        with pytest.raises(RuntimeError, match="nova failed"):
+            api_publisher.wsgi_application(failing_app, pub)({}, lambda *args: None)
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+    finally:
+        stop.set()
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
