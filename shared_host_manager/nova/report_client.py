@@ -268,11 +268,12 @@ class SharedReportClient(report.SchedulerReportClient):
 
     # -- corrections -------------------------------------------------------------------------
     def correct_view(self, context: Any, view: Any, providers: Iterable[str]) -> int:
-        """Read each provider from placement and give it to the view; returns how many were."""
+        """Read each provider back from placement and give it to the view; returns how many
+        were.  A provider the view holds is read in part (:meth:`read_provider`)."""
         corrected = 0
         for rp in providers:
             try:
-                doc = self.read_provider(context, rp)
+                doc = self.read_provider(context, rp, view.provider(rp))
             except Exception:  # a correction is an optimisation: never fail nova's request for it
                 LOG.exception("placement view: reading provider %s back from placement failed", rp)
                 continue
@@ -281,22 +282,30 @@ class SharedReportClient(report.SchedulerReportClient):
                 corrected += 1
         return corrected
 
-    def read_provider(self, context: Any, rp: str) -> dict[str, Any] | None:
+    def read_provider(self, context: Any, rp: str, held: Mapping[str, Any] | None = None
+                      ) -> dict[str, Any] | None:
         """Provider ``rp`` from placement in the ProviderState dict form, or None (gone, or no
         consistent reading in CORRECTION_ATTEMPTS).
 
-        Five reads -- the provider (generation, name, parent and root), its inventories, usages,
-        traits and aggregates -- every one of which the state's dict needs (a provider is
-        replaced as a whole), taken as one reading only when all five name the same generation:
+        Without ``held``, five reads -- the provider (generation, name, parent and root), its
+        inventories, usages, traits and aggregates -- every one of which the state's dict needs
+        (a provider is replaced as a whole).  With ``held`` (the view's copy of it), two: the
+        inventories and usages, the only parts a claim is refused over; the name, the tree,
+        the traits and the aggregates are the held copy's.  Should one of those have changed
+        meanwhile, the feed publishes the provider at this generation or a later one, which
+        replaces it (newest generation wins; the same generation with other content
+        replaces).  A reading counts only when every read names the same generation:
         placement increments it on every change of any of them, allocations included."""
         base = f"/resource_providers/{rp}"
+        paths = [("inventories", base + "/inventories"), ("usages", base + "/usages")]
+        if held is None:
+            paths += [("provider", base), ("traits", base + "/traits"),
+                      ("aggregates", base + "/aggregates")]
         version = report.SAME_SUBTREE_VERSION
         gid = getattr(context, "global_id", None)
         for _ in range(CORRECTION_ATTEMPTS):
             parts: dict[str, Any] = {}
-            for key, path in (("provider", base), ("inventories", base + "/inventories"),
-                              ("usages", base + "/usages"), ("traits", base + "/traits"),
-                              ("aggregates", base + "/aggregates")):
+            for key, path in paths:
                 self._count("correction_read")
                 resp = self.get(path, version=version, global_request_id=gid)
                 if resp.status_code == 404:
@@ -305,19 +314,26 @@ class SharedReportClient(report.SchedulerReportClient):
                     LOG.warning("placement view: GET %s: %d %s", path, resp.status_code, resp.text)
                     return None
                 parts[key] = resp.json()
-            p = parts["provider"]
-            gens = {p["generation"], *(parts[k]["resource_provider_generation"]
-                                       for k in ("inventories", "usages", "traits", "aggregates"))}
-            if len(gens) == 1:
-                return {"uuid": p["uuid"], "name": p["name"], "generation": p["generation"],
-                        "parent_provider_uuid": p.get("parent_provider_uuid"),
-                        "root_provider_uuid": p.get("root_provider_uuid") or p["uuid"],
+            gens = {parts[k]["resource_provider_generation"]
+                    for k in ("inventories", "usages", "traits", "aggregates") if k in parts}
+            if "provider" in parts:
+                gens.add(parts["provider"]["generation"])
+            if len(gens) != 1:
+                continue
+            capacity = {"generation": gens.pop(),
                         "inventories": parts["inventories"]["inventories"],
                         # placement lists every class of an inventory, unused ones at 0; the
                         # dict form (the feed's) lists the classes with allocations
-                        "usages": {r: n for r, n in parts["usages"]["usages"].items() if n},
-                        "traits": list(parts["traits"]["traits"]),
-                        "aggregates": list(parts["aggregates"]["aggregates"])}
+                        "usages": {r: n for r, n in parts["usages"]["usages"].items() if n}}
+            if held is not None:
+                return {**held, **capacity}
+            p = parts["provider"]
+            return {"uuid": p["uuid"], "name": p["name"],
+                    "parent_provider_uuid": p.get("parent_provider_uuid"),
+                    "root_provider_uuid": p.get("root_provider_uuid") or p["uuid"],
+                    **capacity,
+                    "traits": list(parts["traits"]["traits"]),
+                    "aggregates": list(parts["aggregates"]["aggregates"])}
         LOG.info("placement view: provider %s changed during %d readings; not corrected", rp,
                  CORRECTION_ATTEMPTS)
         return None

@@ -107,6 +107,11 @@ class MemoryView:
                         d["usages"][r] = d["usages"].get(r, 0) + n
                     self._replace(d)
 
+    def provider(self, uuid: str) -> dict[str, Any] | None:
+        with self.lock:
+            p = self.state.get(uuid)
+            return None if p is None else p.to_dict()
+
     def correct(self, provider: Mapping[str, Any]) -> None:
         with self.lock:
             self.corrections.append(dict(provider))
@@ -333,6 +338,24 @@ def test_a_provider_read_back_is_placements_own(placement, world):
     assert {**got, "traits": sorted(got["traits"])} == {**want, "traits": sorted(want["traits"])}
     assert ours.requests["correction_read"] == 5
     assert ours.read_provider(nova_context.get_admin_context(), rp_uuid(99)) is None
+
+
+def test_a_held_provider_is_read_back_in_part_what_a_claim_is_refused_over(placement, world):
+    """A provider the view holds: its inventories and usages from placement (two reads, one
+    generation), the rest as held; placement's own reading otherwise."""
+    ctx = nova_context.get_admin_context()
+    ours = rc.SharedReportClient(placement.adapter(), view=MemoryView(world), from_memory=True)
+    want = next(p for p in world["providers"] if p["uuid"] == rp_uuid(2))
+    claim(placement, rp_uuid(2), {"VCPU": 3})
+    # the held copy is behind placement, and its traits say something placement does not
+    held = {**want, "usages": {}, "traits": ["CUSTOM_HELD_ONLY"]}
+    got = ours.read_provider(ctx, rp_uuid(2), held)
+    assert ours.requests["correction_read"] == 2
+    whole = ours.read_provider(ctx, rp_uuid(2))
+    assert whole is not None and whole["usages"]["VCPU"] == 3
+    assert got == {**held, "generation": whole["generation"],
+                   "inventories": whole["inventories"], "usages": whole["usages"]}
+    assert ours.read_provider(ctx, rp_uuid(99), held) is None
 
 
 @pytest.mark.parametrize("kind", sorted(VIEWS))

@@ -112,6 +112,22 @@ def test_a_correction_applies_when_newer() -> None:
     assert view.counters["older"] == 1
 
 
+def test_a_correction_of_capacity_alone_gives_way_to_the_feeds_copy_of_its_generation() -> None:
+    """A refused claim's correction reads inventories and usages only and keeps the rest as
+    held: should a trait have changed by that generation, the feed's copy of the same
+    generation (its other content) replaces the corrected provider."""
+    clock = Clock()
+    view = PlacementView(clock=clock)
+    view.apply_providers({uuid(1): prov(1, gen=2)}, clock.now)
+    held = view.provider(uuid(1))
+    assert held is not None
+    view.correct({**held, "generation": 4, "usages": {"VCPU": 8}})
+    assert uuids(view.answer(Q, MV)) == []
+    view.apply_providers({uuid(1): prov(1, gen=4, used=8, traits=["CUSTOM_NEW"])}, clock.now)
+    got = view.provider(uuid(1))
+    assert got is not None and got["traits"] == ["CUSTOM_NEW"] and got["usages"] == {"VCPU": 8}
+
+
 def test_the_same_generation_read_again_after_an_allocation_deleted_applies() -> None:
     """placement does not increment the generation when an allocation is deleted: the feed
     publishes the provider again at the same generation, with the usage down."""
