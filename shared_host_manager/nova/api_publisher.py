@@ -431,17 +431,14 @@ def wsgi_application(app: Callable[..., Any], publisher_: ApiPublisher, *,
                     LOG.error("API-side source not started (%s): service and aggregate changes "
                               "of this process do not reach the schedulers; trying again in "
                               "%.0f s", exc, RETRY_INTERVAL)
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-
-        def unblock() -> None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
+        blocked = contextlib.ExitStack()
+        blocked.enter_context(stop_signals_blocked())
         try:
             body = app(environ, start_response)
         except BaseException:
-            unblock()
+            blocked.close()
             raise
-        return _ResponseBody(body, unblock)
+        return _ResponseBody(body, blocked.close)
     return application
 
 
