@@ -119,6 +119,16 @@ class ResyncAnswer:
     TYPE = "resync_answer"
 
 
+#: the keys of a claim's ``request`` its announcement to the peers carries (the rest, the
+#: build request, goes to the arbiter alone), set by the nova drop-in, whose arbiter is
+#: placement (design §11): the allocation request placement is asked for,
+#: ``{rp_uuid: {resource_class: amount}}``, which the peers' placement views deduct, and
+#: True on the announcement of a claim placement accepted (absent on an intent)
+ANNOUNCED_ALLOCATIONS = "placement_allocations"
+ANNOUNCED_ACCEPTED = "placement_accepted"
+ANNOUNCED_KEYS = (ANNOUNCED_ALLOCATIONS, ANNOUNCED_ACCEPTED)
+
+
 @final
 @dataclass(slots=True)
 class Claim:

@@ -136,6 +136,9 @@ class SchedulerCollector:
                      "stale or no feed was ever heard.", 1 if placement["fresh"] else 0)
         yield _gauge("shm_placement_view_silent_seconds", "Seconds since the placement feed's "
                      "source was last heard (NaN: never).", placement["last_heard"])
+        yield _gauge("shm_placement_view_peer_claims", "The peers' announced claims in placement "
+                     "this scheduler's placement view deducts until the feed's copy can hold them "
+                     "(design §11).", placement["peer_claims_held"])
         yield _gauge("shm_healthy", "1 when /healthz answers 200.",
                      1 if health(s, self.max_lag_seconds)[0] else 0)
 

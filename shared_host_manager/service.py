@@ -190,7 +190,8 @@ class SchedulerService:
         #: placement's providers from the placement feed's source (design §11), applied per
         #: changed provider as the cache ingests; the nova drop-in answers allocation
         #: candidates from it
-        self.placement_view = PlacementView(clock=clock, max_staleness=placement_max_staleness)
+        self.placement_view = PlacementView(clock=clock, max_staleness=placement_max_staleness,
+                                            peer_claim_ttl=self.receiver.peer_claim_ttl)
         PlacementTap(self.placement_view, self.receiver).attach(self.cache)
         #: optional update log (shared_host_manager.updatelog.recorder.Recorder), closed by stop()
         self.recorder = recorder

@@ -107,6 +107,7 @@ class _Metrics:
     compute_rejected: int = 0
     claims: int = 0
     claims_refused: int = 0
+    claims_skipped: int = 0
     claim_conflicts: int = 0
     #: GET /allocation_candidates placement served; requests answered from memory; SQL
     #: statements the schedulers ran on nova's databases while deciding
@@ -244,6 +245,7 @@ class NovaRun:
             m.e2e_s.append(e2e)
             m.claims += outcome.claims
             m.claims_refused += outcome.claims_refused
+            m.claims_skipped += outcome.claims_skipped
             m.claim_conflicts += outcome.claim_conflicts
             m.candidate_queries += outcome.candidate_queries
             m.candidates_from_memory += "memory_candidates" in outcome.phases
@@ -313,6 +315,8 @@ class NovaRun:
             "scheduler_own_ms_p99": ms(m.own_s, 0.99),
             # placement's two calls (candidates, claims with nova's retries)
             "placement_ms_p50": ms(m.placement_s, 0.50),
+            # claims the drop-in did not send: its view knew placement would refuse them
+            "claims_skipped": m.claims_skipped,
             # claims placement answered 409 placement.concurrent_update, retried by nova
             "claim_conflicts": m.claim_conflicts,
             # placement's GET /allocation_candidates served; requests answered from memory
@@ -423,6 +427,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("request filters from the catalogue", "request_filters_from_catalogue"),
         ("request filters read nova's DB", "request_filter_db_fallbacks"),
         ("placement claims refused", "claims_rejected"),
+        ("claims not sent (view: no room)", "claims_skipped"),
         ("claims retried (generation conflict)", "claim_conflicts"),
         ("NoValidHost (instances)", "no_valid_host"),
         ("builds refused at the compute", "compute_rejected"),

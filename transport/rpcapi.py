@@ -62,6 +62,7 @@ import dataclasses
 
 from protocol.codec import Encoder
 from protocol.messages import (
+    ANNOUNCED_KEYS,
     CheckpointAsk,
     Claim,
     ClaimResult,
@@ -116,10 +117,11 @@ class SchedulerAPI:
         self._client.cast(self.topic, scheduler, self._encoder.encode(message))
 
     def announce(self, claim: Claim, to: str | None = None) -> None:
-        """Fan ``claim`` (a scheduler's own, its build request left out) out to every
-        scheduler listening on this topic: one publish, whatever their number; or, ``to``
-        named, cast it to that scheduler alone."""
-        self._peer_cast(self._encoder.encode(dataclasses.replace(claim, request={})), to)
+        """Fan ``claim`` (a scheduler's own, its build request left out but for its
+        ``ANNOUNCED_KEYS``) out to every scheduler listening on this topic: one publish,
+        whatever their number; or, ``to`` named, cast it to that scheduler alone."""
+        request = {k: claim.request[k] for k in ANNOUNCED_KEYS if k in claim.request}
+        self._peer_cast(self._encoder.encode(dataclasses.replace(claim, request=request)), to)
 
     def forward(self, body: bytes, to: str | None = None) -> None:
         """Fan a message out as received (a host's signed rejection of one of our claims);

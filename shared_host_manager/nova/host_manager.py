@@ -117,7 +117,7 @@ from nova.scheduler import host_manager as nova_host_manager
 
 from protocol import hostdoc
 from protocol.errors import LocalProtocolError
-from protocol.messages import Claim
+from protocol.messages import ANNOUNCED_ACCEPTED, ANNOUNCED_ALLOCATIONS, Claim
 from shared_host_manager.decision.subset import PeerOwnership
 from shared_host_manager.nova import decision_log, request_filters
 from shared_host_manager.nova.api_source import ApiState, is_api_source
@@ -126,6 +126,7 @@ from shared_host_manager.nova.core import vector
 from shared_host_manager.nova.core.host_state import SharedHostState
 from shared_host_manager.nova.core.template import USAGE_KEY, _Template, build_template, pending_effect
 from shared_host_manager.nova.row_entries import SKIP, RowEntries
+from shared_host_manager.placement.view import claimed_resources
 
 LOG = logging.getLogger(__name__)
 
@@ -173,6 +174,18 @@ def service_agrees(service: dict[str, Any], api_service: dict[str, Any]) -> bool
     return (service["disabled"] is bool(api_service.get("disabled", False))
             and service["forced_down"] is bool(api_service.get("forced_down", False))
             and service["disabled_reason"] == api_service.get("disabled_reason"))
+
+
+def _announce_allocations(claim: Claim, host: Any, accepted: bool) -> None:
+    """Put in ``claim``'s request what its announcement tells the peers' placement views
+    (design §11): the allocation request nova claims on ``host`` (the first of its
+    ``allocation_candidates``; reading them fills a lazy host, as nova's claim is about to)
+    and whether placement accepted it."""
+    candidates = getattr(host, "allocation_candidates", None)
+    if candidates:
+        claim.request[ANNOUNCED_ALLOCATIONS] = claimed_resources(candidates[0])
+        if accepted:
+            claim.request[ANNOUNCED_ACCEPTED] = True
 
 
 class LazyHostState(SharedHostState):
@@ -453,9 +466,12 @@ class SharedHostManager(nova_host_manager.HostManager):
 
         The drop-in's manager calls it once nova's ``_get_sorted_hosts`` put ``host`` first
         (``report_client.AnnouncingSchedulerManager``), so the peers deduct it from now, not
-        from when placement answered, hundreds of milliseconds later (design §5.2).  The claim
-        recorded after placement accepted has the same id, so a peer holds it once; an intent
-        placement refused is held until peer_claim_ttl."""
+        from when placement answered, hundreds of milliseconds later (design §5.2), in their
+        host states and, through the allocation request it carries, in their placement views
+        (design §11).  The claim recorded after placement accepted has the same id, so a peer
+        holds it once; an intent placement refused is held until peer_claim_ttl (in a
+        placement view at most placement_max_staleness, or until nova's next host accepted
+        it)."""
         announce = self.cache.claim_announcer
         instance = spec_obj.instance_uuid if "instance_uuid" in spec_obj else None
         # only with nova's host_subset_size = 1, the setting the intent was measured with
@@ -471,7 +487,9 @@ class SharedHostManager(nova_host_manager.HostManager):
         tpl = d["_rows"].tpls[d["_row"]] if "_rows" in d and "_tpl" not in d else d.get("_tpl")
         if tpl is None:
             return False  # not one of our hosts (nova's own HostState): no version to claim on
-        announce(self._claim(vector.node_uuid(host), tpl.version, spec_obj, instance))
+        claim = self._claim(vector.node_uuid(host), tpl.version, spec_obj, instance)
+        _announce_allocations(claim, host, accepted=False)
+        announce(claim)
         self.counters["intents_announced"] += 1
         return True
 
@@ -769,6 +787,7 @@ class SharedHostManager(nova_host_manager.HostManager):
         if announce is not None:
             # placement accepted it: the peer schedulers deduct it until the host lists the
             # instance (design §5.2), instead of choosing the same host until then
+            _announce_allocations(claim, host_state, accepted=True)
             announce(claim)
             self.counters["claims_announced"] += 1
 

@@ -29,7 +29,11 @@ scheduler's placement client, nova's shape) with two methods extended:
   have been behind: the providers of that allocation request are read back
   from placement and given to the view (``correct``), so the same provider is
   not offered again for what it cannot hold.  nova itself goes on to the next
-  host, as with any refused claim.
+  host, as with any refused claim.  A claim the view already knows placement
+  refuses (``over_capacity``: the feed's copy and this scheduler's own claims
+  leave no room; the host filled while nova worked down its sorted list) is
+  not sent: it returns False as placement's refusal would, and is counted
+  (``claims_skipped``).
 
 The answers' bodies are the view's cached objects, shared by every answer:
 read-only for nova (its manager only reads them; its ``claim_resources``
@@ -101,6 +105,7 @@ from nova.scheduler.client import report
 
 from shared_host_manager.nova.host_manager import SharedHostManager
 from shared_host_manager.placement import PlacementConfig, Unanswered
+from shared_host_manager.placement.view import claimed_resources
 
 LOG = logging.getLogger(__name__)
 
@@ -142,12 +147,6 @@ def placement_config_from_conf(conf: Any = None) -> PlacementConfig:
         optimize_for_wide_provider_trees=bool(conf.placement_optimize_for_wide_provider_trees))
 
 
-def claimed_resources(alloc_request: Mapping[str, Any]) -> dict[str, dict[str, int]]:
-    """``{rp: {rc: amount}}`` of an allocation request (placement's PUT /allocations body)."""
-    return {rp: {rc: int(n) for rc, n in (alloc.get("resources") or {}).items()}
-            for rp, alloc in (alloc_request.get("allocations") or {}).items()}
-
-
 class SharedReportClient(report.SchedulerReportClient):
     """nova's scheduler placement client, answering allocation candidates from memory; see the module
     docstring.
@@ -183,6 +182,8 @@ class SharedReportClient(report.SchedulerReportClient):
         self.by_reason: Counter[str] = Counter()
         #: requests to placement by kind (REQUEST_KINDS)
         self.requests: Counter[str] = Counter()
+        #: claims not sent: the view knew placement would refuse them
+        self.claims_skipped = 0
         _clients.add(self)
 
     # -- the view ----------------------------------------------------------------------------
@@ -218,6 +219,7 @@ class SharedReportClient(report.SchedulerReportClient):
         with self._count_lock:
             return {"from_memory": self.from_memory, "from_placement": self.from_placement,
                     "by_reason": dict(self.by_reason), "requests": dict(self.requests),
+                    "claims_skipped": self.claims_skipped,
                     "placement_queries": self.requests["allocation_candidates"]
                     + self.requests["correction_read"]}
 
@@ -251,12 +253,23 @@ class SharedReportClient(report.SchedulerReportClient):
     def claim_resources(self, context: Any, consumer_uuid: str, alloc_request: Any, project_id: str,
                         user_id: str, allocation_request_version: Any = None,
                         consumer_generation: Any = None) -> Any:
-        """nova's claim; accepted: told to the view; refused: the view corrected from placement."""
+        """nova's claim; accepted: told to the view; refused: the view corrected from placement.
+        One the view knows placement refuses (:meth:`.PlacementView.over_capacity`: a host
+        filled since nova sorted its hosts) is not sent: False, as placement's refusal, and nova
+        claims its next host."""
+        view = self.view if self.from_memory_enabled else None
+        if view is not None:
+            full = view.over_capacity(claimed_resources(alloc_request))
+            if full is not None:
+                LOG.debug("placement view: not claiming %s for %s: no room left", full,
+                          consumer_uuid)
+                with self._count_lock:
+                    self.claims_skipped += 1
+                return False
         self._count("claim")
         ok = super().claim_resources(context, consumer_uuid, alloc_request, project_id, user_id,
                                      allocation_request_version,
                                      consumer_generation=consumer_generation)
-        view = self.view if self.from_memory_enabled else None
         if ok is True:
             if view is not None:
                 view.note_claim(claimed_resources(alloc_request))
@@ -498,5 +511,5 @@ class ReportClientCollector:
 
 
 __all__ = ["MANAGER_PATH", "AnnouncingSchedulerManager", "ReportClientCollector", "SharedReportClient",
-           "SharedSchedulerManager", "claimed_resources", "clients", "install",
+           "SharedSchedulerManager", "clients", "install",
            "placement_config_from_conf", "set_view_provider", "uninstall"]

@@ -11,6 +11,11 @@ thousand:
   ``MessageListener``, under the cache's lock) and remembers, per
   ``(epoch, seq)`` of the feed's deltas, the provider keys they set or
   delete;
+* :meth:`note` also hands a peer's announced claim that carries its
+  allocation request (``ANNOUNCED_ALLOCATIONS``; an intent, or placement's
+  acceptance with ``ANNOUNCED_ACCEPTED``) to the view, and a host's rejection
+  of a claim, so the view deducts what a peer is claiming in placement
+  (design §11);
 * :meth:`sync` (the cache's ``IngestListener``, after each ingest step)
   finds the feed's source (the one whose document has ``placement_meta``),
   then: when the source's document is another object than last time (a
@@ -30,7 +35,15 @@ from typing import Any
 
 from protocol.document import DEL, SET
 from protocol.hostdoc import PLACEMENT, PLACEMENT_META
-from protocol.messages import Batch, Delta, ResyncAnswer
+from protocol.messages import (
+    ANNOUNCED_ACCEPTED,
+    ANNOUNCED_ALLOCATIONS,
+    Batch,
+    Claim,
+    ClaimResult,
+    Delta,
+    ResyncAnswer,
+)
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.placement.view import PlacementView
 
@@ -74,10 +87,20 @@ class PlacementTap:
     # -- under the cache's lock ----------------------------------------------------------
 
     def note(self, msg: Any) -> None:
+        t = type(msg)
+        if t is Claim:
+            allocations = msg.request.get(ANNOUNCED_ALLOCATIONS)
+            if allocations:
+                self.view.note_peer_claim(msg.claim_id, allocations,
+                                          accepted=msg.request.get(ANNOUNCED_ACCEPTED) is True)
+            return
+        if t is ClaimResult:
+            if not msg.accepted:
+                self.view.drop_peer_claim(msg.claim_id)
+            return
         source = self.source
         if source is None:
             return
-        t = type(msg)
         if t is Delta:
             items: Any = (msg,)
         elif t is Batch or t is ResyncAnswer:

@@ -8,7 +8,7 @@ scheduler's cache hands every provider that changed in that document to
 asks :meth:`PlacementView.answer` for the body of placement's
 ``GET /allocation_candidates`` instead of asking placement.
 
-Three inputs change a provider here, each newest-generation-wins:
+Four inputs change a provider here, each newest-generation-wins:
 
 * the feed (``apply_providers``): the provider as placement's database held it
   when the feed read it.  A provider the feed publishes with another
@@ -25,7 +25,24 @@ Three inputs change a provider here, each newest-generation-wins:
   provider is up to a poll interval away.  They are added to the provider's
   usages until a newer generation of it arrives (read-your-writes);
 * a correction (``correct``): the provider as placement returned it after
-  refusing a claim, applied at once when its generation is newer.
+  refusing a claim, applied at once when its generation is newer;
+* the peers' claims (``note_peer_claim``): a peer scheduler announces the
+  host it is about to claim in placement (an intent, design §5.2) and the
+  claim placement accepted, each with its allocation request
+  (``protocol.messages.ANNOUNCED_ALLOCATIONS``).  The claim is added to the
+  providers' usages from its first announcement.  While placement has not
+  answered it stays, whatever the feed brings (other claims move a provider's
+  generation too); once its acceptance came, the first generation newer than
+  the one held then retires it (the feed's copy can hold it from there); an
+  acceptance on other providers than the intent named (placement refused the
+  intended host, nova claimed its next) moves it there; the host's rejection
+  (``drop_peer_claim``) drops it; and ``peer_claim_ttl`` after its last
+  announcement, at most ``max_staleness``, it goes (a claim placement refused
+  leaves no trace the feed could show; an accepted one is in the feed by then,
+  or the view is stale).  A retired claim announced again is not held until
+  that deadline.  Without this the view learns of the peers' claims only from
+  the feed, a poll interval after placement's answer, and every scheduler
+  keeps offering the host a peer is filling.
 
 Freshness: nothing is answered before the feed's first providers arrived
 (reason ``no_feed``), nor while the feed's source is marked down or has not
@@ -43,6 +60,13 @@ Life cycle::
     created --apply_providers / heard--> fed (answers while fresh)
     fed --source_down, or silent > max_staleness--> stale (answers 'stale')
     stale --heard / apply_providers--> fed
+
+A peer's claim, per claim id::
+
+    (none) --intent--> intended --acceptance--> accepted --newer generation--> retired
+    (none) --acceptance--> accepted          intended --acceptance elsewhere--> accepted
+    intended / accepted --drop_peer_claim / deadline--> (none)
+    retired --deadline--> (none)
 """
 
 from __future__ import annotations
@@ -50,7 +74,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -63,13 +87,20 @@ from shared_host_manager.placement.state import ProviderState
 DEFAULT_CONFIG = PlacementConfig()
 
 
+def claimed_resources(alloc_request: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    """``{rp: {rc: amount}}`` of an allocation request (placement's PUT /allocations body)."""
+    return {rp: {rc: int(n) for rc, n in (alloc.get("resources") or {}).items()}
+            for rp, alloc in (alloc_request.get("allocations") or {}).items()}
+
+
 class PlacementView:
     """The placement feed's providers in one scheduler's memory (see the module docstring)."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_staleness: float = 5.0,
-                 config: PlacementConfig = DEFAULT_CONFIG) -> None:
+                 config: PlacementConfig = DEFAULT_CONFIG, peer_claim_ttl: float = 1.0) -> None:
         self.clock = clock
         self.max_staleness = max_staleness
+        self.peer_claim_ttl = peer_claim_ttl
         self.config = config
         self.lock = threading.Lock()
         self.state = ProviderState()
@@ -77,13 +108,28 @@ class PlacementView:
         self._base: dict[str, Mapping[str, Any]] = {}
         #: uuid -> this scheduler's claims added to the base's usages, per resource class
         self._claims: dict[str, dict[str, int]] = {}
+        #: uuid -> claim id -> a peer's claim held on it, per resource class
+        self._peer: dict[str, dict[str, dict[str, int]]] = {}
+        #: claim id -> the providers it is held on (empty: retired), until its deadline
+        self._peer_ids: dict[str, tuple[str, ...]] = {}
+        #: claim id -> its providers' generations when placement's acceptance of it came
+        self._peer_accepted: dict[str, dict[str, int]] = {}
+        #: claim id -> its deadline, held or retired
+        self._peer_until: dict[str, float] = {}
+        #: (deadline, claim id) in the order set (one ttl for all: deadlines never decrease)
+        self._peer_deadlines: deque[tuple[float, str]] = deque()
         self._last_applied: float | None = None
         self._last_heard: float | None = None
         self._down = False
         #: the random source of randomize_allocation_candidates when the caller gives none
         self.rng = random.Random()
         #: "applied", "deleted", "older", "same" (the held copy again), "recreated", "claims",
-        #: "claims_unknown", "corrections", "corrections_older"
+        #: "claims_unknown", "corrections", "corrections_older", and of the peers' claims
+        #: "peer_claims" (held), "peer_claims_included" (a newer generation after the acceptance),
+        #: "peer_claims_rejected", "peer_claims_expired", "peer_claims_again" (held or
+        #: retired already), "peer_claims_unknown" (no provider of it held),
+        #: "peer_claims_malformed", "peer_claims_accepted" (placement's acceptance came),
+        #: "peer_claims_moved" (accepted on other providers than the intent named)
         self.counters: Counter[str] = Counter()
 
     # -- input ---------------------------------------------------------------------
@@ -159,6 +205,63 @@ class PlacementView:
                 self.state.apply(self._effective(uuid), replace=True)
                 self.counters["claims"] += 1
 
+    def note_peer_claim(self, claim_id: str, allocations: Mapping[str, Mapping[str, int]],
+                        accepted: bool = False) -> None:
+        """A peer's claim of {rp_uuid: {rc: amount}} in placement, announced before it asks
+        placement (an intent) or once placement ``accepted`` it: added to the providers' usages
+        until the feed's copy can hold it, its rejection or its deadline (see the module
+        docstring).  Anything but that shape, with non-negative amounts, is counted and
+        ignored."""
+        try:
+            wanted = {str(u): {str(rc): int(n) for rc, n in res.items()}
+                      for u, res in allocations.items()}
+        except (AttributeError, TypeError, ValueError):
+            wanted = {}
+        with self.lock:
+            if not wanted or any(n < 0 for res in wanted.values() for n in res.values()):
+                self.counters["peer_claims_malformed"] += 1
+                return
+            now = self.clock()
+            self._expire(now)
+            held = self._peer_ids.get(claim_id)
+            if held == () or (held is not None and not accepted):
+                self.counters["peer_claims_again"] += 1
+                return
+            if held is not None:
+                if any(self._peer[u][claim_id] != wanted.get(u) for u in held) \
+                        or len(held) != len(wanted):
+                    # placement refused the intended host and accepted another (nova's next)
+                    self._drop_peer(claim_id)
+                    self.counters["peer_claims_moved"] += 1
+                    held = None
+            if held is None:
+                held = tuple(u for u in wanted if u in self._base)
+                if not held:
+                    self.counters["peer_claims_unknown"] += 1
+                    return
+                self._peer_ids[claim_id] = held
+                for uuid in held:
+                    self._peer.setdefault(uuid, {})[claim_id] = wanted[uuid]
+                    self.state.apply(self._effective(uuid), replace=True)
+                self.counters["peer_claims"] += 1
+            if accepted:
+                # from here a newer generation than the one held can include it
+                self._peer_accepted[claim_id] = {u: int(self._base[u]["generation"]) for u in held}
+                self.counters["peer_claims_accepted"] += 1
+            # placement's answer reaches the feed within max_staleness or the view is stale: no
+            # need to hold a claim for the whole peer_claim_ttl a deployment raises to cover a
+            # build's start
+            until = now + min(self.peer_claim_ttl, self.max_staleness)
+            self._peer_until[claim_id] = until
+            self._peer_deadlines.append((until, claim_id))
+
+    def drop_peer_claim(self, claim_id: str) -> None:
+        """The host rejected a peer's claim: it is no longer held."""
+        with self.lock:
+            if self._peer_ids.get(claim_id):
+                self._drop_peer(claim_id)
+                self.counters["peer_claims_rejected"] += 1
+
     def correct(self, provider: Mapping[str, Any]) -> None:
         """A provider as placement returned it after refusing a claim (the scheduler read it): applied at
         once if its generation is newer."""
@@ -176,15 +279,44 @@ class PlacementView:
 
     # -- output --------------------------------------------------------------------
 
+    def over_capacity(self, allocations: Mapping[str, Mapping[str, int]]) -> str | None:
+        """The first provider of {rp_uuid: {rc: amount}} that placement is known to refuse it on
+        (as ``rp_uuid/rc``), or None: the feed's copy and this scheduler's own claims leave no
+        room for the amount under either of placement's capacity computations.  The peers'
+        claims do not count (an intent may be refused, an acceptance may be in the feed's copy
+        already), nor does a provider or an inventory the view does not hold: placement
+        decides those.  Not while the view is stale."""
+        with self.lock:
+            if self._unfresh(self.clock()) is not None:
+                return None
+            state = self.state
+            for uuid, resources in allocations.items():
+                base = self._base.get(uuid)
+                slot = state.slot_of(uuid)
+                if base is None or slot is None:
+                    continue
+                usages = base.get("usages") or {}
+                own = self._claims.get(uuid) or {}
+                for rc, amount in resources.items():
+                    cols = state.columns(rc)
+                    if cols is None or not cols.has[slot]:
+                        continue
+                    used = int(usages.get(rc, 0)) + own.get(rc, 0)
+                    if used + int(amount) > max(float(cols.avail[slot]), int(cols.cap[slot])):
+                        return f"{uuid}/{rc}"
+            return None
+
     def answer(self, querystring: str, microversion: str,
                rng: random.Random | None = None) -> dict[str, Any] | Unanswered:
         """placement's GET /allocation_candidates body from memory, or why not: the query/candidates
         reasons, plus 'no_feed' (nothing received yet) and 'stale' (the feed's source silent or down
         longer than max_staleness)."""
         with self.lock:
-            why = self._unfresh(self.clock())
+            now = self.clock()
+            why = self._unfresh(now)
             if why is not None:
                 return why
+            self._expire(now)
             return candidates_answer(self.state, querystring, microversion, self.config,
                                      rng if rng is not None else self.rng)
 
@@ -204,12 +336,15 @@ class PlacementView:
                 "down": self._down,
                 "max_staleness": self.max_staleness,
                 "claims_held": len(self._claims),
+                "peer_claims_held": sum(1 for held in self._peer_ids.values() if held),
                 "counters": dict(self.counters),
             }
 
     def provider(self, uuid: str) -> dict[str, Any] | None:
-        """The provider as held (the feed's, with this scheduler's claims added), or None."""
+        """The provider as held (the feed's, with this scheduler's claims and the peers'
+        added), or None."""
         with self.lock:
+            self._expire(self.clock())
             return self._effective(uuid) if uuid in self._base else None
 
     # -- internals (under the lock) ----------------------------------------------------
@@ -232,29 +367,68 @@ class PlacementView:
 
     def _set(self, uuid: str, doc: Mapping[str, Any], keep_claims: bool = False) -> None:
         self._base[uuid] = doc
-        if keep_claims and uuid in self._claims:
+        if keep_claims:
             self.state.apply(self._effective(uuid), replace=True)
             return
-        # a newer generation includes every claim placement accepted before it was read
+        # a newer generation includes every claim placement accepted before it was read: this
+        # scheduler's, and a peer's whose acceptance came when an older one was held (one
+        # still in placement's hands is not in it: other claims move the generation too)
         self._claims.pop(uuid, None)
-        self.state.apply(doc, replace=True)
+        gen = int(doc["generation"])
+        for claim_id in list(self._peer.get(uuid, ())):
+            accepted = self._peer_accepted.get(claim_id)
+            if accepted is not None and gen > accepted.get(uuid, gen):
+                self._drop_peer(claim_id, retire=True)
+                self.counters["peer_claims_included"] += 1
+        self.state.apply(self._effective(uuid), replace=True)
 
     def _forget(self, uuid: str) -> None:
         if self._base.pop(uuid, None) is not None:
             self.counters["deleted"] += 1
         self._claims.pop(uuid, None)
+        for claim_id in list(self._peer.get(uuid, ())):
+            self._drop_peer(claim_id, retire=True)
         self.state.delete(uuid)
+
+    def _drop_peer(self, claim_id: str, retire: bool = False) -> None:
+        """Stop holding a peer's claim on every provider it is held on; ``retire`` remembers
+        its id until its deadline, so that the same claim announced again is not held."""
+        for uuid in self._peer_ids.get(claim_id, ()):
+            on = self._peer.get(uuid)
+            if on is not None and on.pop(claim_id, None) is not None:
+                if not on:
+                    del self._peer[uuid]
+                if uuid in self._base:
+                    self.state.apply(self._effective(uuid), replace=True)
+        self._peer_accepted.pop(claim_id, None)
+        if retire:
+            self._peer_ids[claim_id] = ()
+        else:
+            self._peer_ids.pop(claim_id, None)
+            self._peer_until.pop(claim_id, None)
+
+    def _expire(self, now: float) -> None:
+        deadlines = self._peer_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, claim_id = deadlines.popleft()
+            if self._peer_until.get(claim_id, now) > now:
+                continue  # held again since, with a later deadline
+            if self._peer_ids.get(claim_id):
+                self.counters["peer_claims_expired"] += 1
+            self._drop_peer(claim_id)
 
     def _effective(self, uuid: str) -> dict[str, Any]:
         base = self._base[uuid]
         claims = self._claims.get(uuid)
+        peer = self._peer.get(uuid)
         doc = dict(base)
-        if claims:
+        if claims or peer:
             usages = dict(base.get("usages") or {})
-            for rc, amount in claims.items():
-                usages[rc] = usages.get(rc, 0) + amount
+            for held in (claims or {}, *(peer or {}).values()):
+                for rc, amount in held.items():
+                    usages[rc] = usages.get(rc, 0) + amount
             doc["usages"] = usages
         return doc
 
 
-__all__ = ["PlacementView"]
+__all__ = ["PlacementView", "claimed_resources"]

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("nova.scheduler")  # not just "nova": tests/nova itself is a namespace "nova"
 
+from protocol.messages import ANNOUNCED_ACCEPTED, ANNOUNCED_ALLOCATIONS  # noqa: E402
 from shared_host_manager.decision.subset import PeerOwnership  # noqa: E402
 from shared_host_manager.nova import host_manager as shm  # noqa: E402
 from shared_host_manager.nova.core import document as ndoc  # noqa: E402
@@ -166,9 +167,9 @@ def test_weighing_alone_announces_nothing(schedulers):
 def test_select_destinations_announces_each_host_nova_claims_first(nova_conf):
     """A multi-create with alternates through nova's select_destinations and the drop-in's
     manager: each instance's host is announced after nova's sort and before its claim in
-    placement, then its accepted claim; the alternates' re-sort announces nothing (its
-    instance is claimed already: an intent would hold the first alternate at every peer for
-    peer_claim_ttl, for nothing)."""
+    placement, then its accepted claim, both with the allocation request nova claims; the
+    alternates' re-sort announces nothing (its instance is claimed already: an intent would
+    hold the first alternate at every peer for peer_claim_ttl, for nothing)."""
     from nova import context as nova_context
     from nova import objects
 
@@ -178,8 +179,10 @@ def test_select_destinations_announces_each_host_nova_claims_first(nova_conf):
     cache = fx.cache_from_documents(docs, name="s1")
     placement = fx.FakePlacement(list(docs))
     sent = []
-    cache.claim_announcer = lambda c: sent.append(
-        (c.source, c.claim_id, [u for u, _ in placement.claims]))
+    carried = []
+    cache.claim_announcer = lambda c: (
+        sent.append((c.source, c.claim_id, [u for u, _ in placement.claims])),
+        carried.append((c.request.get(ANNOUNCED_ALLOCATIONS), c.request.get(ANNOUNCED_ACCEPTED))))
     uuids = [fx.uuid_for("step", 1), fx.uuid_for("step", 2)]
     group = objects.InstanceGroup(policy="anti-affinity", policies=["anti-affinity"], rules={},
                                   members=list(uuids), hosts=[])
@@ -201,6 +204,12 @@ def test_select_destinations_announces_each_host_nova_claims_first(nova_conf):
     assert len({first, second, alternate}) == 3
     assert sent == [(first, uuids[0], []), (first, uuids[0], uuids[:1]),
                     (second, uuids[1], uuids[:1]), (second, uuids[1], uuids)]
+    # both carry the allocation request nova claims, for the peers' placement views (design
+    # §11); the second says placement accepted it
+    flavor = {"VCPU": spec.vcpus, "MEMORY_MB": spec.memory_mb,
+              "DISK_GB": spec.root_gb + spec.ephemeral_gb}
+    assert carried == [({first: flavor}, None), ({first: flavor}, True),
+                       ({second: flavor}, None), ({second: flavor}, True)]
     assert mgr.host_manager.counters["intents_announced"] == 2
     # nova's own manager over the drop-in weighs without announcing: only accepted claims
     del sent[:]

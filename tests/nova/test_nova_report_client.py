@@ -120,6 +120,9 @@ class MemoryView:
     def status(self) -> dict[str, Any]:
         return {"providers": len(self.state), "fed": self.fed}
 
+    def over_capacity(self, allocations: Mapping[str, Mapping[str, int]]) -> str | None:
+        return None  # the stand-in never knows: every claim goes to placement
+
 
 class Placement:
     """RealPlacement with a keystoneauth adapter onto its WSGI app (wsgi-intercept)."""
@@ -404,6 +407,42 @@ def test_a_refused_claim_goes_to_the_next_host_and_corrects_the_view(placement, 
                                                    resources_of(spec(vcpus=4)))
     assert rp_uuid(0) not in {u for a in areqs for u in a["allocations"]}
     assert client.from_memory == 2
+
+
+def test_a_claim_the_view_knows_placement_refuses_is_not_sent(placement, world):
+    """A host filled while nova worked down its sorted list: the feed's copy (placement's own
+    reading here) and this scheduler's own claims leave no room, so the claim returns False
+    as placement's refusal would, without a request; one that fits, or any while the view is
+    stale, goes to placement."""
+    from shared_host_manager.placement.view import PlacementView
+
+    clock = [0.0]
+    view = PlacementView(clock=lambda: clock[0])
+    view.set_known_names(traits=world["traits"], resource_classes=world["resource_classes"],
+                         allocation_ratio_storage=world["allocation_ratio_storage"])
+    view.apply_providers({p["uuid"]: p for p in world["providers"]}, 0.0)
+    ctx = nova_context.get_admin_context()
+    ours = rc.SharedReportClient(placement.adapter(), view=view, from_memory=True)
+    claim(placement, rp_uuid(0), {"VCPU": 13})
+    view.apply_providers({rp_uuid(0): ours.read_provider(ctx, rp_uuid(0))}, 0.0)
+
+    def areq(vcpus: int) -> dict[str, Any]:
+        return {"allocations": {rp_uuid(0): {"resources": {"VCPU": vcpus, "MEMORY_MB": 512}}}}
+
+    consumer = str(uuid.uuid4())
+    assert ours.claim_resources(ctx, consumer, areq(4), "p", "u", "1.36") is False
+    assert ours.claims_skipped == 1 and ours.requests["claim"] == 0
+    assert ours.figures()["claims_skipped"] == 1
+    assert placement.real.ok("GET", f"/allocations/{consumer}")["allocations"] == {}
+    assert ours.claim_resources(ctx, str(uuid.uuid4()), areq(2), "p", "u", "1.36") is True
+    assert ours.requests["claim"] == 1
+    # 13 + 2 of 16 VCPU: this scheduler's own claim counts before the feed shows it
+    assert ours.claim_resources(ctx, str(uuid.uuid4()), areq(2), "p", "u", "1.36") is False
+    assert ours.claims_skipped == 2
+    # a stale view knows nothing for certain: placement refuses it, as ever
+    clock[0] = view.max_staleness + 1
+    assert ours.claim_resources(ctx, str(uuid.uuid4()), areq(2), "p", "u", "1.36") is False
+    assert (ours.claims_skipped, ours.requests["claim"], ours.requests["claim_refused"]) == (2, 2, 1)
 
 
 def test_nova_builds_the_shared_manager_whose_client_reaches_its_view(placement, world, monkeypatch):

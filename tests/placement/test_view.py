@@ -157,3 +157,132 @@ def test_known_names_and_single_precision_storage() -> None:
     got = view.answer("resources=VCPU:1&required=CUSTOM_B", MV)
     assert isinstance(got, Unanswered) and got.reason == "unknown_trait"
     assert uuids(view.answer("resources=VCPU:1&required=!CUSTOM_A", MV)) == [uuid(1)]
+
+
+def test_a_peers_claim_counts_from_its_intent_until_the_feed_can_hold_it() -> None:
+    """The peers' claims (design §11): what a peer is about to claim in placement is deducted
+    from the moment its intent arrives, not a feed poll after placement's answer; through
+    generations other claims make; until, once its acceptance came, a newer generation (the
+    feed's copy can hold it from there). Announced again, it is held once."""
+    clock = Clock()
+    view = PlacementView(clock=clock, peer_claim_ttl=1.0)
+    view.apply_providers({uuid(1): prov(1, gen=1), uuid(2): prov(2, gen=1)}, clock.now)
+    view.note_peer_claim("a", {uuid(1): {"VCPU": 6}})
+    assert uuids(view.answer(Q, MV)) == [uuid(2)]
+    held = view.provider(uuid(1))
+    assert held is not None and held["usages"] == {"VCPU": 6}
+    assert view.status()["peer_claims_held"] == 1
+    # the same generation read again (an allocation deleted meanwhile) keeps it
+    view.apply_providers({uuid(1): prov(1, gen=1, name="cn1'")}, clock.now)
+    # another claim moved the generation while placement has not answered this one: kept
+    view.apply_providers({uuid(1): prov(1, gen=2, used=1)}, clock.now)
+    held = view.provider(uuid(1))
+    assert held is not None and held["usages"] == {"VCPU": 7}
+    # placement accepted it: the next generation can hold it, and does
+    view.note_peer_claim("a", {uuid(1): {"VCPU": 6}}, accepted=True)
+    view.apply_providers({uuid(1): prov(1, gen=2, used=1, name="cn1''")}, clock.now)
+    held = view.provider(uuid(1))
+    assert held is not None and held["usages"] == {"VCPU": 7}
+    view.apply_providers({uuid(1): prov(1, gen=3, used=7)}, clock.now)
+    held = view.provider(uuid(1))
+    assert held is not None and held["usages"] == {"VCPU": 7}
+    assert (view.counters["peer_claims_accepted"], view.counters["peer_claims_included"]) == (1, 1)
+    # announced again after that: not held twice
+    view.note_peer_claim("a", {uuid(1): {"VCPU": 6}}, accepted=True)
+    held = view.provider(uuid(1))
+    assert held is not None and held["usages"] == {"VCPU": 7}
+    assert view.counters["peer_claims_again"] == 1
+    # an acceptance that came first (no intent: nova's next host) is held the same way
+    view.note_peer_claim("n", {uuid(2): {"VCPU": 5}}, accepted=True)
+    assert uuids(view.answer(Q, MV)) == []
+    view.apply_providers({uuid(2): prov(2, gen=2, used=5)}, clock.now)
+    held = view.provider(uuid(2))
+    assert held is not None and held["usages"] == {"VCPU": 5}
+    assert view.status()["peer_claims_held"] == 0
+
+
+def test_a_peers_claim_moves_with_its_acceptance_and_goes_at_its_rejection_or_deadline() -> None:
+    """Placement refused the intended host and accepted nova's next: the claim moves there.
+    The host's rejection drops a claim at once; placement's refusal leaves no trace the feed
+    could show, so a claim never accepted goes at peer_claim_ttl after its last announcement.
+    The peers' claims add up with this scheduler's own."""
+    clock = Clock()
+    view = PlacementView(clock=clock, peer_claim_ttl=1.0)
+    view.apply_providers({uuid(i): prov(i) for i in (1, 2, 3)}, clock.now)
+    view.note_peer_claim("m", {uuid(1): {"VCPU": 6}})
+    view.note_peer_claim("m", {uuid(2): {"VCPU": 6}}, accepted=True)
+    assert uuids(view.answer(Q, MV)) == [uuid(1), uuid(3)]
+    assert view.counters["peer_claims_moved"] == 1
+    view.note_peer_claim("b", {uuid(3): {"VCPU": 3}})
+    view.note_claim({uuid(3): {"VCPU": 2}})
+    assert uuids(view.answer(Q, MV)) == [uuid(1)]
+    view.drop_peer_claim("b")
+    assert uuids(view.answer(Q, MV)) == [uuid(1), uuid(3)]
+    assert view.counters["peer_claims_rejected"] == 1
+    clock.now += 0.5
+    view.note_peer_claim("c", {uuid(1): {"VCPU": 6}})
+    clock.now += 0.6  # "m" announced 1.1 s ago, its generation never came: gone
+    view.heard(clock.now)
+    assert uuids(view.answer(Q, MV)) == [uuid(2), uuid(3)]
+    clock.now += 0.39
+    assert uuids(view.answer(Q, MV)) == [uuid(2), uuid(3)]
+    clock.now += 0.02
+    assert uuids(view.answer(Q, MV)) == [uuid(1), uuid(2), uuid(3)]
+    assert view.counters["peer_claims_expired"] == 2
+    assert view.status()["peer_claims_held"] == 0
+    # a provider the view does not hold, an allocation of another shape: counted, ignored
+    view.note_peer_claim("d", {uuid(9): {"VCPU": 1}})
+    view.note_peer_claim("e", {uuid(2): {"VCPU": -1}})
+    view.note_peer_claim("f", {uuid(2): ["VCPU"]})  # type: ignore[dict-item]
+    assert (view.counters["peer_claims_unknown"], view.counters["peer_claims_malformed"]) == (1, 2)
+    # a provider deleted takes its claims with it
+    view.note_peer_claim("g", {uuid(2): {"VCPU": 1}})
+    view.apply_providers({uuid(2): None}, clock.now)
+    assert view.status()["peer_claims_held"] == 0
+
+
+def test_the_tap_hands_a_peers_announced_allocations_and_rejections_to_the_view() -> None:
+    """What reaches the view from the cache's message stream: a peer's claim that carries its
+    placement allocations (the nova drop-in's intent or acceptance), and a host's rejection of
+    one; a claim without allocations (the engine's) touches nothing."""
+    from protocol.messages import ANNOUNCED_ACCEPTED, ANNOUNCED_ALLOCATIONS, Claim, ClaimResult
+    from protocol.receiver import ReceiverMachine
+    from shared_host_manager.placement.tap import PlacementTap
+
+    clock = Clock()
+    view = PlacementView(clock=clock)
+    view.apply_providers({uuid(1): prov(1)}, clock.now)
+    tap = PlacementTap(view, ReceiverMachine("s1"))
+
+    def claim(claim_id: str, request: dict[str, Any]) -> Claim:
+        return Claim(claim_id=claim_id, scheduler="s2", source=uuid(1), epoch=1, seq=1,
+                     resources={"vcpus": 6}, request=request)
+
+    tap.message_taken(claim("plain", {}))
+    assert uuids(view.answer(Q, MV)) == [uuid(1)]
+    allocations = {ANNOUNCED_ALLOCATIONS: {uuid(1): {"VCPU": 6}}}
+    tap.message_taken(claim("i1", allocations))
+    assert uuids(view.answer(Q, MV)) == []
+    tap.message_taken(ClaimResult("i1", "s2", uuid(1), True, 1, 2))
+    assert uuids(view.answer(Q, MV)) == []
+    tap.message_taken(ClaimResult("i1", "s2", uuid(1), False, 1, 2, "full"))
+    assert uuids(view.answer(Q, MV)) == [uuid(1)]
+    assert view.counters["peer_claims"] == 1 and view.counters["peer_claims_rejected"] == 1
+    tap.message_taken(claim("i2", {**allocations, ANNOUNCED_ACCEPTED: True}))
+    assert view.counters["peer_claims_accepted"] == 1
+
+
+def test_a_peers_intent_is_held_at_most_max_staleness() -> None:
+    """A deployment raises peer_claim_ttl to cover a build's start (the host states need it);
+    placement's answer is in the feed within max_staleness, or the view is stale anyway."""
+    clock = Clock()
+    view = PlacementView(clock=clock, max_staleness=2.0, peer_claim_ttl=30.0)
+    view.apply_providers({uuid(1): prov(1)}, clock.now)
+    view.note_peer_claim("a", {uuid(1): {"VCPU": 6}})
+    clock.now += 1.9
+    view.heard(clock.now)
+    assert uuids(view.answer(Q, MV)) == []
+    clock.now += 0.2
+    view.heard(clock.now)
+    assert uuids(view.answer(Q, MV)) == [uuid(1)]
+    assert view.counters["peer_claims_expired"] == 1

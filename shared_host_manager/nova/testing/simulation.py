@@ -159,8 +159,8 @@ def _report_client_class(shared: bool = False) -> type:
     class TimedReportClient(base):
         """The scheduler's two placement calls timed; ``GET /allocation_candidates`` placement
         served counted (the candidates phase is ``placement_query`` when placement answered,
-        ``memory_candidates`` when the view did); refused claims and provider generation
-        conflicts counted."""
+        ``memory_candidates`` when the view did); refused claims, claims the drop-in did not
+        send (its view knew them refused) and provider generation conflicts counted."""
 
         def __init__(self, adapter: Any, **kwargs: Any) -> None:
             super().__init__(adapter=adapter, **kwargs)
@@ -186,11 +186,15 @@ def _report_client_class(shared: bool = False) -> type:
         def claim_resources(self, context: Any, consumer_uuid: str, alloc_request: Any,
                             project_id: str, user_id: str, allocation_request_version: Any = None,
                             consumer_generation: Any = None) -> bool:
+            puts = getattr(_local, "puts", 0)
             with _Phase("placement_claim"):
                 ok = super().claim_resources(context, consumer_uuid, alloc_request, project_id,
                                              user_id, allocation_request_version,
                                              consumer_generation=consumer_generation)
-            if not ok:
+            if not ok and getattr(_local, "puts", 0) == puts:
+                # the drop-in's view knew placement would refuse it: nothing was sent
+                _local.skipped = getattr(_local, "skipped", 0) + 1
+            elif not ok:
                 with self._count_lock:
                     self.refused += 1
                 # this thread's request (several client threads share a scheduler)
@@ -199,6 +203,7 @@ def _report_client_class(shared: bool = False) -> type:
 
         def _put_allocations(self, context: Any, consumer_uuid: str, payload: Any,
                              version: str = report.CONSUMER_GENERATION_VERSION) -> Any:
+            _local.puts = getattr(_local, "puts", 0) + 1
             r = super()._put_allocations(context, consumer_uuid, payload, version=version)
             # a provider generation conflict, which claim_resources retries (a consumer
             # generation conflict it does not retry)
@@ -341,6 +346,8 @@ class SimOutcome:
     #: placement claims made / refused by placement (another scheduler got there first)
     claims: int = 0
     claims_refused: int = 0
+    #: claims the drop-in did not send: its placement view knew placement would refuse them
+    claims_skipped: int = 0
     #: claims placement answered with a provider generation conflict (nova retried them)
     claim_conflicts: int = 0
     #: GET /allocation_candidates placement served for this request (0: answered from memory)
@@ -729,6 +736,7 @@ class NovaCloud:
         spec = self._spec(req)
         _local.spent = {}
         _local.refused = 0
+        _local.skipped = 0
         _local.conflicts = 0
         _local.candidate_queries = 0
         start = time.perf_counter()
@@ -752,6 +760,7 @@ class NovaCloud:
         out.sql_statements = sql.statements
         phases = dict(_phases())
         out.claims_refused = _local.refused
+        out.claims_skipped = _local.skipped
         out.claim_conflicts = _local.conflicts
         out.claims = out.claims_refused
         if selections is None:
