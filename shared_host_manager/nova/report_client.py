@@ -472,9 +472,10 @@ def clients() -> list[SharedReportClient]:
 # -- metrics --------------------------------------------------------------------------------------
 
 class ReportClientCollector:
-    """``shm_placement_requests_total{kind}`` and ``shm_allocation_candidates_total{source,reason}``
-    of this process's clients (``clients()``), read on scrape; registered beside the scheduler's
-    collector on its ``[metrics]`` endpoint by :mod:`.cmd`."""
+    """``shm_placement_requests_total{kind}``, ``shm_allocation_candidates_total{source,reason}``
+    and ``shm_placement_claims_skipped_total`` of this process's clients (``clients()``),
+    read on scrape; registered beside the scheduler's collector on its ``[metrics]`` endpoint
+    by :mod:`.cmd`."""
 
     def __init__(self, source: Callable[[], Iterable[SharedReportClient]] = clients) -> None:
         self.source = source
@@ -486,12 +487,13 @@ class ReportClientCollector:
         from prometheus_client.core import CounterMetricFamily
 
         kinds: Counter[str] = Counter()
-        memory = 0
+        memory = skipped = 0
         reasons: Counter[str] = Counter()
         for client in self.source():
             f = client.figures()
             kinds.update(f["requests"])
             memory += f["from_memory"]
+            skipped += f["claims_skipped"]
             reasons.update(f["by_reason"])
         requests = CounterMetricFamily(
             "shm_placement_requests", "Requests of the scheduler's placement client by kind: "
@@ -508,6 +510,10 @@ class ReportClientCollector:
         for reason, n in sorted(reasons.items()):
             candidates.add_metric(["placement", reason], n)
         yield candidates
+        yield CounterMetricFamily(
+            "shm_placement_claims_skipped", "Claims not sent to placement: the placement view knew "
+            "placement would refuse them (the host filled since nova sorted its hosts).",
+            value=skipped)
 
 
 __all__ = ["MANAGER_PATH", "AnnouncingSchedulerManager", "ReportClientCollector", "SharedReportClient",

@@ -443,6 +443,9 @@ def test_a_claim_the_view_knows_placement_refuses_is_not_sent(placement, world):
     clock[0] = view.max_staleness + 1
     assert ours.claim_resources(ctx, str(uuid.uuid4()), areq(2), "p", "u", "1.36") is False
     assert (ours.claims_skipped, ours.requests["claim"], ours.requests["claim_refused"]) == (2, 2, 1)
+    metrics = {m.name: [x.value for x in m.samples]
+               for m in rc.ReportClientCollector(lambda: [ours]).collect()}
+    assert metrics["shm_placement_claims_skipped"] == [2]
 
 
 def test_nova_builds_the_shared_manager_whose_client_reaches_its_view(placement, world, monkeypatch):
