@@ -427,8 +427,8 @@ class SchedulerService:
         """With ``announce_claims`` and live peers: one fanout cast of ``claim`` to them (a
         cast to the only one, see :func:`_one_recipient`), from this thread (advice, at most
         once; never raises).  The engine's claims are announced by :meth:`send_claim`; the
-        nova drop-in's, which placement arbitrates, through ``cache.claim_announcer`` once
-        placement accepted them."""
+        nova drop-in's, which placement arbitrates, through ``cache.claim_announcer``: the
+        host it is about to claim (its intent), then the claim placement accepted."""
         if self._announcer is None:
             return
         others = self._other_peers()
