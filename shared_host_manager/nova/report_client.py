@@ -258,8 +258,9 @@ class SharedReportClient(report.SchedulerReportClient):
         filled since nova sorted its hosts) is not sent: False, as placement's refusal, and nova
         claims its next host."""
         view = self.view if self.from_memory_enabled else None
+        claimed = claimed_resources(alloc_request)
         if view is not None:
-            full = view.over_capacity(claimed_resources(alloc_request))
+            full = view.over_capacity(claimed)
             if full is not None:
                 LOG.debug("placement view: not claiming %s for %s: no room left", full,
                           consumer_uuid)
@@ -272,11 +273,11 @@ class SharedReportClient(report.SchedulerReportClient):
                                      consumer_generation=consumer_generation)
         if ok is True:
             if view is not None:
-                view.note_claim(claimed_resources(alloc_request))
+                view.note_claim(claimed)
         elif ok is False:
             self._count("claim_refused")
             if view is not None:
-                self.correct_view(context, view, list(claimed_resources(alloc_request)))
+                self.correct_view(context, view, list(claimed))
         return ok
 
     # -- corrections -------------------------------------------------------------------------

@@ -76,6 +76,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from shared_host_manager.placement.candidates import PlacementConfig
@@ -93,6 +94,19 @@ def claimed_resources(alloc_request: Mapping[str, Any]) -> dict[str, dict[str, i
             for rp, alloc in (alloc_request.get("allocations") or {}).items()}
 
 
+@dataclass(slots=True)
+class _PeerClaim:
+    """A peer's claim as the view holds it (the module docstring's life cycle)."""
+
+    #: provider -> the claim's resources there, on the providers the view holds; empty once
+    #: retired (remembered until the deadline, so that an announcement again is not held)
+    held: dict[str, dict[str, int]]
+    #: ``peer_claim_ttl`` after its last announcement, at most ``max_staleness``
+    until: float
+    #: the held providers' generations when placement's acceptance came (None: an intent)
+    accepted: dict[str, int] | None = None
+
+
 class PlacementView:
     """The placement feed's providers in one scheduler's memory (see the module docstring)."""
 
@@ -108,14 +122,10 @@ class PlacementView:
         self._base: dict[str, Mapping[str, Any]] = {}
         #: uuid -> this scheduler's claims added to the base's usages, per resource class
         self._claims: dict[str, dict[str, int]] = {}
-        #: uuid -> claim id -> a peer's claim held on it, per resource class
-        self._peer: dict[str, dict[str, dict[str, int]]] = {}
-        #: claim id -> the providers it is held on (empty: retired), until its deadline
-        self._peer_ids: dict[str, tuple[str, ...]] = {}
-        #: claim id -> its providers' generations when placement's acceptance of it came
-        self._peer_accepted: dict[str, dict[str, int]] = {}
-        #: claim id -> its deadline, held or retired
-        self._peer_until: dict[str, float] = {}
+        #: claim id -> a peer's claim, held or retired, until its deadline
+        self._peer_claims: dict[str, _PeerClaim] = {}
+        #: uuid -> the ids of the peers' claims held on it
+        self._peer_on: dict[str, set[str]] = {}
         #: (deadline, claim id) in the order set (one ttl for all: deadlines never decrease)
         self._peer_deadlines: deque[tuple[float, str]] = deque()
         self._last_applied: float | None = None
@@ -223,42 +233,40 @@ class PlacementView:
                 return
             now = self.clock()
             self._expire(now)
-            held = self._peer_ids.get(claim_id)
-            if held == () or (held is not None and not accepted):
+            claim = self._peer_claims.get(claim_id)
+            if claim is not None and (not claim.held or not accepted):
                 self.counters["peer_claims_again"] += 1
                 return
-            if held is not None:
-                if any(self._peer[u][claim_id] != wanted.get(u) for u in held) \
-                        or len(held) != len(wanted):
-                    # placement refused the intended host and accepted another (nova's next)
-                    self._drop_peer(claim_id)
-                    self.counters["peer_claims_moved"] += 1
-                    held = None
-            if held is None:
-                held = tuple(u for u in wanted if u in self._base)
+            if claim is not None and claim.held != wanted:
+                # placement refused the intended host and accepted another (nova's next)
+                self._drop_peer(claim_id)
+                self.counters["peer_claims_moved"] += 1
+                claim = None
+            if claim is None:
+                held = {u: res for u, res in wanted.items() if u in self._base}
                 if not held:
                     self.counters["peer_claims_unknown"] += 1
                     return
-                self._peer_ids[claim_id] = held
+                claim = self._peer_claims[claim_id] = _PeerClaim(held, now)
                 for uuid in held:
-                    self._peer.setdefault(uuid, {})[claim_id] = wanted[uuid]
+                    self._peer_on.setdefault(uuid, set()).add(claim_id)
                     self.state.apply(self._effective(uuid), replace=True)
                 self.counters["peer_claims"] += 1
             if accepted:
                 # from here a newer generation than the one held can include it
-                self._peer_accepted[claim_id] = {u: int(self._base[u]["generation"]) for u in held}
+                claim.accepted = {u: int(self._base[u]["generation"]) for u in claim.held}
                 self.counters["peer_claims_accepted"] += 1
             # placement's answer reaches the feed within max_staleness or the view is stale: no
             # need to hold a claim for the whole peer_claim_ttl a deployment raises to cover a
             # build's start
-            until = now + min(self.peer_claim_ttl, self.max_staleness)
-            self._peer_until[claim_id] = until
-            self._peer_deadlines.append((until, claim_id))
+            claim.until = now + min(self.peer_claim_ttl, self.max_staleness)
+            self._peer_deadlines.append((claim.until, claim_id))
 
     def drop_peer_claim(self, claim_id: str) -> None:
         """The host rejected a peer's claim: it is no longer held."""
         with self.lock:
-            if self._peer_ids.get(claim_id):
+            claim = self._peer_claims.get(claim_id)
+            if claim is not None and claim.held:
                 self._drop_peer(claim_id)
                 self.counters["peer_claims_rejected"] += 1
 
@@ -336,7 +344,7 @@ class PlacementView:
                 "down": self._down,
                 "max_staleness": self.max_staleness,
                 "claims_held": len(self._claims),
-                "peer_claims_held": sum(1 for held in self._peer_ids.values() if held),
+                "peer_claims_held": sum(1 for claim in self._peer_claims.values() if claim.held),
                 "counters": dict(self.counters),
             }
 
@@ -375,10 +383,10 @@ class PlacementView:
         # still in placement's hands is not in it: other claims move the generation too)
         self._claims.pop(uuid, None)
         gen = int(doc["generation"])
-        for claim_id in list(self._peer.get(uuid, ())):
-            accepted = self._peer_accepted.get(claim_id)
-            if accepted is not None and gen > accepted.get(uuid, gen):
-                self._drop_peer(claim_id, retire=True)
+        for claim_id in list(self._peer_on.get(uuid, ())):
+            claim = self._peer_claims[claim_id]
+            if claim.accepted is not None and gen > claim.accepted.get(uuid, gen):
+                self._release(claim_id, claim, applied_next=uuid)
                 self.counters["peer_claims_included"] += 1
         self.state.apply(self._effective(uuid), replace=True)
 
@@ -386,46 +394,50 @@ class PlacementView:
         if self._base.pop(uuid, None) is not None:
             self.counters["deleted"] += 1
         self._claims.pop(uuid, None)
-        for claim_id in list(self._peer.get(uuid, ())):
-            self._drop_peer(claim_id, retire=True)
+        for claim_id in list(self._peer_on.get(uuid, ())):
+            self._release(claim_id, self._peer_claims[claim_id])
         self.state.delete(uuid)
 
-    def _drop_peer(self, claim_id: str, retire: bool = False) -> None:
-        """Stop holding a peer's claim on every provider it is held on; ``retire`` remembers
-        its id until its deadline, so that the same claim announced again is not held."""
-        for uuid in self._peer_ids.get(claim_id, ()):
-            on = self._peer.get(uuid)
-            if on is not None and on.pop(claim_id, None) is not None:
-                if not on:
-                    del self._peer[uuid]
-                if uuid in self._base:
-                    self.state.apply(self._effective(uuid), replace=True)
-        self._peer_accepted.pop(claim_id, None)
-        if retire:
-            self._peer_ids[claim_id] = ()
-        else:
-            self._peer_ids.pop(claim_id, None)
-            self._peer_until.pop(claim_id, None)
+    def _release(self, claim_id: str, claim: _PeerClaim, applied_next: str | None = None) -> None:
+        """Stop holding a peer's claim on its providers (retired: its id stays until its
+        deadline); each is applied again but ``applied_next``, which the caller applies."""
+        for uuid in claim.held:
+            on = self._peer_on[uuid]
+            on.discard(claim_id)
+            if not on:
+                del self._peer_on[uuid]
+            if uuid != applied_next and uuid in self._base:
+                self.state.apply(self._effective(uuid), replace=True)
+        claim.held = {}
+        claim.accepted = None
+
+    def _drop_peer(self, claim_id: str) -> None:
+        """Forget a peer's claim: released, and its id too."""
+        claim = self._peer_claims.pop(claim_id, None)
+        if claim is not None:
+            self._release(claim_id, claim)
 
     def _expire(self, now: float) -> None:
         deadlines = self._peer_deadlines
         while deadlines and deadlines[0][0] <= now:
             _, claim_id = deadlines.popleft()
-            if self._peer_until.get(claim_id, now) > now:
-                continue  # held again since, with a later deadline
-            if self._peer_ids.get(claim_id):
+            claim = self._peer_claims.get(claim_id)
+            if claim is None or claim.until > now:
+                continue  # gone already, or announced again since with a later deadline
+            if claim.held:
                 self.counters["peer_claims_expired"] += 1
             self._drop_peer(claim_id)
 
     def _effective(self, uuid: str) -> dict[str, Any]:
         base = self._base[uuid]
         claims = self._claims.get(uuid)
-        peer = self._peer.get(uuid)
+        peer = self._peer_on.get(uuid)
         doc = dict(base)
         if claims or peer:
             usages = dict(base.get("usages") or {})
-            for held in (claims or {}, *(peer or {}).values()):
-                for rc, amount in held.items():
+            held = [self._peer_claims[claim_id].held[uuid] for claim_id in peer or ()]
+            for resources in (claims or {}, *held):
+                for rc, amount in resources.items():
                     usages[rc] = usages.get(rc, 0) + amount
             doc["usages"] = usages
         return doc
