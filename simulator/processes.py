@@ -63,6 +63,7 @@ A child whose main process disappears sees its pipes close and shuts down.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import random
 import signal
@@ -257,9 +258,18 @@ class ChildGone(RuntimeError):
     """A scheduler process exited (or its pipe broke) before answering."""
 
 
+def _spawned(gc_thresholds: tuple[int, int, int], target: Any, *args: Any) -> None:
+    """A spawned child's first step: the run's garbage-collector thresholds (``shm sim`` sets
+    them for the deciding processes, gc_threshold.py; a spawned interpreter starts with
+    Python's own), then ``target(*args)``."""
+    gc.set_threshold(*gc_thresholds)
+    target(*args)
+
+
 class ChildProcess:
     """The main process's handle on one spawned child: its control pipe (one request, one
-    answer, under a lock) and its life cycle.  ``target(*args, ctl)`` runs in the child;
+    answer, under a lock) and its life cycle.  ``target(*args, ctl)`` runs in the child,
+    with the garbage-collector thresholds of the process that made the handle;
     ``theirs`` are the child's ends of other pipes (closed here once it holds them),
     ``mine`` the main process's ends of those (closed when the child is asked to stop)."""
 
@@ -271,8 +281,8 @@ class ChildProcess:
         self.ctl, self._ctl_theirs = ctx.Pipe()
         self._lock = threading.Lock()
         self._stopping = False
-        self.process = ctx.Process(target=target, name=process_name, daemon=True,
-                                   args=(*args, self._ctl_theirs))
+        self.process = ctx.Process(target=_spawned, name=process_name, daemon=True,
+                                   args=(gc.get_threshold(), target, *args, self._ctl_theirs))
 
     def start(self) -> None:
         self.process.start()

@@ -7,16 +7,19 @@ option checks and the staleness arithmetic do not.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 
 import pytest
 from integration.conftest import KOMBU_URL, OSLO_URL, _probe, _unavailable
 from kombu import Connection
+from spawned import report_gc_thresholds
 
+from shared_host_manager.gc_threshold import YOUNG_THRESHOLD, tuned
 from shm_cli import sim as sim_cmd
 from simulator import run_transport
-from simulator.processes import staleness
+from simulator.processes import ChildProcess, staleness
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +95,21 @@ def test_processes_refuses_what_cannot_run(argv, says, capsys):
         sim_cmd.main(argv)
     assert exc.value.code == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("young", [YOUNG_THRESHOLD, 0])
+def test_a_spawned_child_collects_garbage_as_the_run_does(young):
+    """shm sim tunes the collector of the deciding processes; a spawned interpreter starts
+    with Python's thresholds, so the child takes the run's (0: Python's own, untuned)."""
+    with tuned(young):
+        expected = gc.get_threshold()
+        child = ChildProcess(mp.get_context("spawn"), "probe", "shm-test-probe",
+                             report_gc_thresholds, (), [], [])
+    child.start()
+    try:
+        assert child.expect("gc", timeout=60)[1] == expected
+    finally:
+        child.process.join(30)
 
 
 def test_staleness_from_samples_and_first_changes():
