@@ -105,6 +105,7 @@ class _Metrics:
     instances: int = 0
     no_valid_host: int = 0
     compute_rejected: int = 0
+    group_rejected: int = 0
     claims: int = 0
     claims_refused: int = 0
     claims_skipped: int = 0
@@ -251,6 +252,7 @@ class NovaRun:
             m.candidates_from_memory += "memory_candidates" in outcome.phases
             m.sql_statements += outcome.sql_statements
             m.compute_rejected += outcome.compute_rejected
+            m.group_rejected += outcome.group_rejected
             for phase in PHASES:
                 m.phases[phase].append(outcome.phases.get(phase, 0.0))
             m.own_s.append(sum(outcome.phases.get(p, 0.0) for p in OWN))
@@ -327,6 +329,7 @@ class NovaRun:
             "scheduler_sql_statements": m.sql_statements,
             "no_valid_host": m.no_valid_host,
             "compute_rejected": m.compute_rejected,
+            "group_check_rejected": m.group_rejected,
             "server_group_violations": len(self.workload.violations),
             "az_servers": m.az_servers,
             "aggregate_spec_servers": m.aggregate_spec_servers,
@@ -431,6 +434,7 @@ def summary_table(report: dict[str, Any]) -> str:
         ("claims retried (generation conflict)", "claim_conflicts"),
         ("NoValidHost (instances)", "no_valid_host"),
         ("builds refused at the compute", "compute_rejected"),
+        ("  of them by the server-group check", "group_check_rejected"),
         ("overcommitted hosts (computes)", "overcommitted_hosts"),
         ("overcommitted hosts (placement)", "placement_overcommitted_hosts"),
         ("hosts whose allocations differ", "allocation_mismatched_hosts"),

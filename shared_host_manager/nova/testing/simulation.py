@@ -38,9 +38,10 @@ they meet nova 34's real code on its whole scheduling path:
   ``running_vms`` and stats changed and ``ComputeNode.save()``d under a per-host
   lock (nova's COMPUTE_RESOURCE_SEMAPHORE); the instance info fanout every
   scheduler receives (``update_instance_info`` / ``delete_instance_info``); a
-  deletion removes the server's placement allocation; and, for ``shared``, the
-  compute hook publishes the node through its reporter, as nova-compute-shared
-  does.
+  deletion removes the server's placement allocation; after a build's claim, the
+  late server-group check (nova-compute's ``_validate_instance_group_policy``),
+  whose refusal undoes the claim; and, for ``shared``, the compute hook publishes
+  the node through its reporter, as nova-compute-shared does.
 
 Time per phase, per request, through explicit subclasses only (nothing of
 nova's is replaced beyond what the drop-in's ``install`` documents):
@@ -337,12 +338,21 @@ class SimRequest:
     group_hosts: list[str] = field(default_factory=list)
 
 
+#: why nova-compute refused a build: the instance claim did not fit, or the late server-group
+#: check found the group's policy broken by another member (decided at the same time)
+RESOURCES = "resources"
+GROUP_POLICY = "server group policy"
+
+
 @dataclass
 class SimOutcome:
     placed: dict[str, str] = field(default_factory=dict)  # instance -> source
     failed: dict[str, str] = field(default_factory=dict)  # instance -> reason
     #: builds the compute refused (their allocation removed); counted in failed too
     compute_rejected: int = 0
+    #: of those, the builds nova-compute's late server-group check refused (two members of a
+    #: group decided at once, neither seeing the other: nova's safety net, which reschedules)
+    group_rejected: int = 0
     #: placement claims made / refused by placement (another scheduler got there first)
     claims: int = 0
     claims_refused: int = 0
@@ -435,6 +445,11 @@ class NovaCloud:
         self.tracked: dict[str, dict[str, dict[str, int]]] = {
             h.source: {u: dict(r) for u, r in h.instances.items()} for h in hosts}
         self._where: dict[str, str] = {u: h.source for h in hosts for u in h.instances}
+        #: for the late server-group check: each group's members built here (the pre-filled
+        #: instances are in none), the group of each, and the group's lock
+        self._members: dict[str, set[str]] = {}
+        self._group_of: dict[str, str] = {}
+        self._group_locks: dict[str, threading.Lock] = {}
         self.setup_s["nova_db"] = time.perf_counter() - t
 
         self.compute_client = _report_client_class()(self.placement.adapter())
@@ -771,11 +786,13 @@ class NovaCloud:
             res = {"vcpus": req.vcpus, "memory_mb": req.memory_mb, "disk_gb": req.root_gb}
             for instance, alternates in zip(req.instance_uuids, selections, strict=True):
                 source = alternates[0].compute_node_uuid
-                if self._build(source, instance, res):
+                refused = self._build(source, instance, res, req)
+                if refused is None:
                     out.placed[instance] = source
                 else:
                     out.compute_rejected += 1
-                    out.failed[instance] = "refused at the compute"
+                    out.group_rejected += refused == GROUP_POLICY
+                    out.failed[instance] = f"refused at the compute ({refused})"
                     self.compute_client.delete_allocation_for_instance(self._ctx, instance, force=True)
             phases["compute"] = time.perf_counter() - t
         known = sum(v for k, v in phases.items() if k in PHASES)
@@ -785,6 +802,10 @@ class NovaCloud:
 
     def delete(self, instance: str) -> None:
         """A server deleted: the compute forgets it, the allocation goes, the schedulers hear."""
+        group = self._group_of.pop(instance, None)
+        if group is not None:
+            with self._group_locks[group]:
+                self._members[group].discard(instance)
         source = self._where.pop(instance, None)
         if source is None:
             return
@@ -796,8 +817,11 @@ class NovaCloud:
         for sched in self.schedulers:
             sched.delete_instance_info(self._ctx, cn.host, instance)
 
-    def _build(self, source: str, instance: str, res: Mapping[str, int]) -> bool:
-        """The resource tracker's instance claim at ``source``: refused if it does not fit."""
+    def _build(self, source: str, instance: str, res: Mapping[str, int],
+               req: SimRequest | None = None) -> str | None:
+        """nova-compute's build at ``source``: the resource tracker's instance claim, then the
+        late server-group check of ``req``'s group; None, or why the build was refused
+        (RESOURCES, GROUP_POLICY; the claim is then undone)."""
         from nova import objects
 
         cn = self.nodes[source]
@@ -805,15 +829,43 @@ class NovaCloud:
             if (cn.vcpus_used + res["vcpus"] > cn.vcpus * cn.cpu_allocation_ratio
                     or cn.memory_mb_used + res["memory_mb"] > cn.memory_mb * cn.ram_allocation_ratio
                     or cn.local_gb_used + res["disk_gb"] > cn.local_gb * cn.disk_allocation_ratio):
-                return False
+                return RESOURCES
             self.tracked[source][instance] = dict(res)
             self._where[instance] = source
             self._account(cn, source, res, +1)
+        if req is not None and req.group_uuid and not self._group_allows(source, instance, req):
+            with self._locks[source]:
+                del self.tracked[source][instance]
+                self._account(cn, source, res, -1)
+            self._where.pop(instance, None)
+            return GROUP_POLICY
         info = objects.InstanceList(objects=[objects.Instance(uuid=instance, host=cn.host,
                                                               node=cn.hypervisor_hostname)])
         for sched in self.schedulers:
             sched.update_instance_info(self._ctx, cn.host, info)
-        return True
+        return None
+
+    def _group_allows(self, source: str, instance: str, req: SimRequest) -> bool:
+        """nova-compute's ``_validate_instance_group_policy``, after the instance claim set the
+        instance's host and under the group's lock: anti-affinity, no other member on this
+        host (``max_server_per_host`` is not used by the workload); affinity, this host if
+        another member has one.  Unlike nova, whose lock is per compute process, the one
+        process here serialises the affinity check too."""
+        group = req.group_uuid
+        assert group is not None
+        with self._group_locks.setdefault(group, threading.Lock()):
+            where = self._where
+            hosts = {where.get(u) for u in self._members.get(group, ())} - {None}
+            if req.group_policy == "anti-affinity":
+                ok = source not in hosts
+            elif req.group_policy == "affinity":
+                ok = not hosts or source in hosts
+            else:
+                ok = True
+            if ok:
+                self._members.setdefault(group, set()).add(instance)
+                self._group_of[instance] = group
+            return ok
 
     def _account(self, cn: Any, source: str, res: Mapping[str, int], sign: int) -> None:
         """Usage changed by one instance, saved as the tracker saves it, published (caller holds
