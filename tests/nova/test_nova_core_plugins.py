@@ -221,6 +221,26 @@ def test_alike_requests_share_one_request_spec_each_placing_its_own_instances() 
     assert shared.request(None, project).spec() is not one.spec()
 
 
+def test_the_request_specs_asked_lately_are_kept_when_new_shapes_come() -> None:
+    """At most ``size`` RequestSpecs are kept: a new shape makes the least recently asked
+    one go, and only that one (making a RequestSpec costs more than a decision)."""
+    engine = _engine({"a": host_doc("a")})
+    shared = core_plugins.Shared()
+    shared.objects = core_plugins._Objects(size=3)
+
+    def spec(project: str) -> object:
+        view = engine.request_view(RequestSpec(flavor=Flavor(1, 512, 1), project_id=project,
+                                               instance_uuids=(f"i-{project}",)))
+        return core_plugins._NovaRequest(shared, view).spec(instance=False)  # type: ignore[arg-type]
+
+    a, b, c = spec("a"), spec("b"), spec("c")
+    assert spec("a") is a  # asked again: now the most recent
+    spec("d")  # a fourth shape: b, the least recently asked, goes
+    assert spec("a") is a and spec("c") is c
+    assert spec("b") is not b
+    assert len(shared.objects._specs) == 3
+
+
 def test_requests_alike_each_keep_their_own_group_members_away() -> None:
     """Two anti-affinity requests alike but for their members share one RequestSpec; each
     avoids its own members' hosts whichever decided last (a vector form reading what is set
