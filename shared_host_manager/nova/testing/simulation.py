@@ -854,8 +854,9 @@ class NovaCloud:
         group = req.group_uuid
         assert group is not None
         with self._group_locks.setdefault(group, threading.Lock()):
+            # a member keeps its host while it is one (delete() drops the membership first)
             where = self._where
-            hosts = {where.get(u) for u in self._members.get(group, ())} - {None}
+            hosts = {where[u] for u in self._members.get(group, ())}
             if req.group_policy == "anti-affinity":
                 ok = source not in hosts
             elif req.group_policy == "affinity":
