@@ -27,13 +27,14 @@ owns the one route claims leave by.
 Consistency and threads
 -----------------------
 The engine is not thread-safe and does no locking: the service layer holds
-its cache lock while ingesting (receiver + :meth:`HostIndex.sync`) and while
-deciding, so a decision sees one consistent version of every host.  The engine
-calls ``index.sync()`` itself at the start of a decision and after registering
-claims.  The caller casts the returned claims once it released the lock; the
-engine does not withdraw a claim it registered, so a claim that is never cast
-stays deducted until its deadline expires it (or a caller that knows the build
-was given up calls ``receiver.cancel_claim``).  Pure: the clock is an argument
+its cache lock while ingesting (into the receiver) and while deciding, so a
+decision sees one consistent version of every host.  The engine calls
+``index.sync()`` itself at the start of a decision (every change ingested since
+the last one, at once) and after registering claims.  The caller casts the
+returned claims once it released the lock; the engine does not withdraw a claim
+it registered, so a claim that is never cast stays deducted until its deadline
+expires it (or a caller that knows the build was given up calls
+``receiver.cancel_claim``).  Pure: the clock is an argument
 (``now``), randomness the seeded RNG given at construction.
 
 The contract: docs/design.md §5.1 and §5.4.

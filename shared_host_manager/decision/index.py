@@ -18,8 +18,9 @@ Life cycle::
 
     HostIndex(receiver)          rebuild(): one row per source the receiver holds
          |
-    sync()  <-- after every ingest step, under the service lock (and by the
-         |      engine at the start of each decision and after it registers claims)
+    sync()  <-- by the engine, under the service's cache lock: at the start of each
+         |      decision and after it registers claims (ingest does not sync: the
+         |      changes of every message since the last decision are applied at once)
          |      drains receiver.drain_changed(); recomputes only those rows;
          |      appends rows for new sources, frees rows of forgotten ones
          v
@@ -34,8 +35,9 @@ Rules:
 * It never writes to the receiver or its documents.  Its numbers come from the
   helpers in :mod:`shared_host_manager.decision.hostview`, the same ones HostView uses,
   so both paths see bit-identical floats.
-* Not thread-safe: the caller serialises :meth:`sync` and decisions (the
-  service layer holds its cache lock around ingest+sync and around decisions).
+* Not thread-safe: the caller serialises :meth:`sync` and decisions with ingest
+  (the service layer holds its cache lock around each ingest step and around
+  decisions).
 * Group tables only grow between compactions; a table is compacted (group ids
   renumbered) when most of its groups are no longer used by any row.
 """
@@ -343,8 +345,9 @@ class HostIndex:
     def sync(self) -> set[str]:
         """Apply what changed in the receiver since the last sync; returns the changed sources.
 
-        Call after every ingest step (under the same lock as decisions).  Cost is
-        proportional to the number of changed sources, not to the number of hosts.
+        Call under the lock that serialises ingest and decisions, before reading the
+        index (the engine does at the start of each decision).  Cost is proportional to
+        the number of sources changed since the last sync, not to the number of hosts.
         """
         changed = self.receiver.drain_changed()
         if changed:
