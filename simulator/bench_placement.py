@@ -26,6 +26,10 @@ aggregate (``member_of=in:``), some with a forbidden aggregate
 (``isolate_aggregates``).  Providers are compute nodes with VCPU, MEMORY_MB and
 DISK_GB inventories (nova's ratios and reserved memory), usages up to their
 capacity, 20-40 standard traits, 2 % disabled, one of ten zone aggregates.
+With ``--trees F``, a share F of them carry a provider tree as nova's libvirt
+driver reports a GPU: a child provider with a VGPU inventory and a trait of
+its own.  placement then takes its tree code path for every request; the
+flavors' classes are held by roots only, so memory still answers them.
 
 Run it as ``python -m simulator.bench_placement`` (options: ``--help``).
 """
@@ -63,8 +67,9 @@ ISOLATED = str(uuid_mod.UUID(int=0xB9 << 120 | 1))
 FLAVORS = [(1, 512, 1), (1, 2048, 20), (2, 4096, 40), (4, 8192, 80), (8, 16384, 160), (16, 65536, 320)]
 
 
-def providers(n: int, rng: random.Random) -> list[dict[str, Any]]:
-    """``n`` compute-node providers as nova's resource tracker reports them."""
+def providers(n: int, rng: random.Random, trees: float = 0.0) -> list[dict[str, Any]]:
+    """``n`` compute-node providers as nova's resource tracker reports them, a share ``trees``
+    of them with a vGPU child provider (placed right after its root)."""
     out = []
     for i in range(n):
         vcpus = rng.choice([32, 48, 64, 96, 128])
@@ -91,6 +96,18 @@ def providers(n: int, rng: random.Random) -> list[dict[str, Any]]:
                        "DISK_GB": int(disk * fill * 0.8)},
             "traits": sorted(traits), "aggregates": aggs,
         })
+        if trees and rng.random() < trees:
+            root = out[-1]["uuid"]
+            vgpus = rng.choice([4, 8, 16])
+            out.append({
+                "uuid": str(uuid_mod.UUID(int=rng.getrandbits(128), version=4)),
+                "name": f"compute-{i:05d}_pci_0000_81_00_0", "generation": 1,
+                "parent_provider_uuid": root, "root_provider_uuid": root,
+                "inventories": {"VGPU": {"total": vgpus, "reserved": 0, "min_unit": 1,
+                                         "max_unit": vgpus, "step_size": 1, "allocation_ratio": 1.0}},
+                "usages": {"VGPU": rng.randint(0, vgpus)},
+                "traits": ["CUSTOM_NVIDIA_11"], "aggregates": [],
+            })
     return out
 
 
@@ -133,17 +150,26 @@ def _agrees(mine: Any, status: int, theirs: Any, full: Any) -> bool:
     everything = {key(a) for a in full["allocation_requests"]}
     if len(mine["allocation_requests"]) != len(theirs["allocation_requests"]):
         return False
-    return all(key(a) in everything for a in theirs["allocation_requests"])
+    if not all(key(a) in everything for a in theirs["allocation_requests"]):
+        return False
+    if len(theirs["allocation_requests"]) < len(everything):
+        return True
+    # nothing cut: the same summaries, every member of a candidate's tree among them
+    # (placement's traits are a set)
+    def summaries(body: Any) -> dict[str, Any]:
+        return {u: {**s, "traits": sorted(s["traits"])} for u, s in body["provider_summaries"].items()}
+    return summaries(mine) == summaries(theirs)
 
 
 def run(counts: list[int], db: str, memory_requests: int, placement_requests: int, seed: int,
-        progress: Callable[[str], None]) -> dict[str, Any]:
+        progress: Callable[[str], None], trees: float = 0.0) -> dict[str, Any]:
     from simulator.placement_real import RealPlacement, server_url
 
-    result: dict[str, Any] = {"database": db, "microversion": "1.36", "limit": 1000, "sizes": []}
+    result: dict[str, Any] = {"database": db, "microversion": "1.36", "limit": 1000, "trees": trees,
+                              "sizes": []}
     for n in counts:
         rng = random.Random(seed + n)
-        provs = providers(n, rng)
+        provs = providers(n, rng, trees)
         qs = requests(max(memory_requests, placement_requests), rng)
         t0 = time.perf_counter()
         state = ProviderState.from_dict({"providers": provs})
@@ -151,6 +177,8 @@ def run(counts: list[int], db: str, memory_requests: int, placement_requests: in
         url = server_url(f"shm_bench_placement_{seed}_{n}") if db == "mariadb" else None
         placement = RealPlacement(url)
         try:
+            if trees:
+                placement.ok("PUT", "/traits/CUSTOM_NVIDIA_11")
             progress(f"{n} providers: loading placement's {placement.backend} database")
             placement.bulk_load(provs)
             # the comparison, untimed: every request's answers agree
@@ -194,8 +222,9 @@ def run(counts: list[int], db: str, memory_requests: int, placement_requests: in
 
 
 def format_table(result: dict[str, Any]) -> str:
+    trees = f"; {result['trees']:.0%} of them with a vGPU child provider" if result.get("trees") else ""
     lines = [f"GET /allocation_candidates at {result['microversion']}, limit={result['limit']}; "
-             f"placement on {result['database']} (in-process WSGI)",
+             f"placement on {result['database']} (in-process WSGI){trees}",
              f"{'providers':>9} {'clock':>5} {'memory med':>10} {'p99':>8} {'placement med':>13} "
              f"{'p99':>9} {'ratio med':>9} {'p99':>7}  candidates  agree"]
     for s in result["sizes"]:
@@ -215,11 +244,15 @@ def main(argv: list[str] | None = None, prog: str = "python -m simulator.bench_p
                         help="placement's database (mariadb: root@127.0.0.1:3306, a scratch database)")
     parser.add_argument("--memory-requests", type=int, default=2000)
     parser.add_argument("--placement-requests", type=int, default=30)
+    parser.add_argument("--trees", type=float, default=0.0, metavar="F",
+                        help="share of compute nodes with a vGPU child provider (0 to 1; default 0)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.trees <= 1.0:
+        parser.error("--trees must be between 0 and 1")
     result = run(args.providers, args.db, args.memory_requests, args.placement_requests, args.seed,
-                 progress=lambda text: print(text, file=sys.stderr))
+                 progress=lambda text: print(text, file=sys.stderr), trees=args.trees)
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:

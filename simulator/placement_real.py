@@ -201,8 +201,9 @@ class RealPlacement:
         """Insert providers in the state's dict form straight into placement's tables.
 
         Usages become one allocation per provider and class, of one consumer per
-        provider.  Traits and resource classes must exist already (custom ones:
-        create them through the API first).  For benchmarks: the REST API checks
+        provider.  A tree member (``parent_provider_uuid``, ``root_provider_uuid``)
+        comes after its parent and its root.  Traits and resource classes must
+        exist already (custom ones: create them through the API first).  For benchmarks: the REST API checks
         nothing more that matters to the candidate queries, but takes minutes
         for thousands of providers.
         """
@@ -223,9 +224,14 @@ class RealPlacement:
                 agg_ids[a] = conn.execute(sa.text("SELECT id FROM placement_aggregates WHERE uuid=:u"),
                                           {"u": a}).scalar()
             rp_rows, inv_rows, trait_rows, agg_rows, cons_rows, alloc_rows = [], [], [], [], [], []
+            ids: dict[str, int] = {}
             for i, p in enumerate(provs, start=base + 1):
+                ids[p["uuid"]] = i
+                parent = p.get("parent_provider_uuid")
                 rp_rows.append({"id": i, "uuid": p["uuid"], "name": p.get("name", p["uuid"]),
-                                "generation": p.get("generation", 1), "root": i})
+                                "generation": p.get("generation", 1),
+                                "root": ids[p.get("root_provider_uuid") or p["uuid"]],
+                                "parent": ids[parent] if parent else None})
                 for rc, inv in p.get("inventories", {}).items():
                     f = {"reserved": 0, "min_unit": 1, "max_unit": 2147483647, "step_size": 1,
                          "allocation_ratio": 1.0, **inv}
@@ -240,8 +246,8 @@ class RealPlacement:
                     alloc_rows += [{"rp": i, "c": consumer, "rc": rc_ids[rc], "used": u}
                                    for rc, u in usages.items()]
             conn.execute(sa.text(
-                "INSERT INTO resource_providers (id, uuid, name, generation, root_provider_id) "
-                "VALUES (:id, :uuid, :name, :generation, :root)"), rp_rows)
+                "INSERT INTO resource_providers (id, uuid, name, generation, root_provider_id, "
+                "parent_provider_id) VALUES (:id, :uuid, :name, :generation, :root, :parent)"), rp_rows)
             if inv_rows:
                 conn.execute(sa.text(
                     "INSERT INTO inventories (resource_provider_id, resource_class_id, total, reserved, "

@@ -5,11 +5,22 @@ return exactly the JSON object placement returns (parsed: lists and dicts),
 or an :class:`~.query.Unanswered` when the state or the query is outside the
 covered set (see :mod:`.query` for the reasons).
 
-What placement does for the covered set -- root providers only, no sharing
-provider, the unsuffixed group alone (``AllocationCandidates._get_by_requests``
-takes ``get_provider_ids_matching`` and ``_alloc_candidates_single_provider``
-then, since no tree and no sharing provider exists) -- and how it is
-reproduced here:
+The covered set: no sharing provider, the unsuffixed group alone, and
+every requested resource class held by root providers only.  Without
+provider trees placement takes ``get_provider_ids_matching`` and
+``_alloc_candidates_single_provider``.  With trees (a vGPU, a PCI device or
+a network device under some compute node) it takes ``get_trees_matching_all``
+and ``_alloc_candidates_multiple_providers``; when only roots hold the
+requested classes, every tree offers one combination, its root, and the
+tree-wide filters -- aggregates of the provider or its root
+(``filter_by_rp_or_tree``), traits the tree's matching providers carry
+together (``_get_trees_with_traits``, ``_check_traits_for_alloc_request``),
+``in_tree``'s root -- reduce to the same tests on the root.  The one
+difference is the summaries: placement summarises every provider of each
+candidate's tree (``_build_provider_summaries`` over the trees,
+``_merge_candidates``, ``limit_results``).  A request for a class a tree
+member holds is left to placement (``nested_provider``).  What placement
+does for the covered set, and how it is reproduced here:
 
 * a provider is a candidate when it has, for every requested class, an
   inventory with ``min_unit <= amount <= max_unit``, ``amount % step_size == 0``
@@ -26,8 +37,9 @@ reproduced here:
   precision (``allocation_ratio_storage = "single"``);
 * one allocation request per candidate, ``{"allocations": {rp: {"resources":
   {rc: amount}}}, "mappings": {"": [rp]}}``, and one provider summary per
-  candidate: every inventory's capacity and usage, its traits, its parent
-  and root (microversion >= 1.29, so all of them here);
+  provider of the candidate's tree: every inventory's capacity and usage,
+  its traits, its parent and root (microversion >= 1.29, so all of them
+  here);
 * ``[placement] max_allocation_candidates`` stops the generation after that
   many, then ``limit`` keeps ``limit`` of them -- a random sample when
   ``randomize_allocation_candidates`` is set, the first ones otherwise -- and
@@ -83,9 +95,6 @@ class PlacementConfig:
 
 def state_reason(state: ProviderState) -> Unanswered | None:
     """Why no request can be answered from this state, or None."""
-    if state.nested:
-        return Unanswered("nested_provider", f"{len(state.nested)} tree member(s), e.g. "
-                          f"{min(state.nested)}")
     if state.sharing:
         return Unanswered("sharing_provider", f"{len(state.sharing)} sharing provider(s), e.g. "
                           f"{min(state.sharing)}")
@@ -170,6 +179,10 @@ def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswer
     for t in sorted(query.trait_names):
         if not state.trait_known(t):
             return Unanswered("unknown_trait", t)
+    for rc, _ in query.resources:
+        member = state.member_holding(rc)
+        if member is not None:
+            return Unanswered("nested_provider", f"{rc} is held by tree member(s), e.g. {member}")
     if config.randomize_allocation_candidates and rng is None:
         raise ValueError("randomize_allocation_candidates needs a random source")
 

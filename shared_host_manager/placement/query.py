@@ -32,9 +32,12 @@ answer does not cover:
     the ``same_subtree`` parameter
 ``unknown_resource_class`` / ``unknown_trait``
     a name placement may not define (its answer: 400)
-``nested_provider`` / ``sharing_provider``
-    the state holds a provider tree member or a sharing provider: placement
-    takes another code path (trees, sharing) for every request then
+``nested_provider``
+    a requested resource class is held by a provider tree member (a child
+    provider): placement combines the tree's providers then
+``sharing_provider``
+    the state holds a sharing provider: placement takes another code path
+    for every request then
 ``no_feed`` / ``stale``
     a scheduler's :class:`~.view.PlacementView` has received nothing from the
     placement feed yet, or the feed's source has been silent or down longer

@@ -63,9 +63,14 @@ Life cycle of one provider::
                     an older or equal generation is ignored (returns False)
     delete(uuid) -> gone (slot freed for the next new provider)
 
-Providers outside the covered set (a tree member, a sharing provider, a
-non-canonical uuid) are held like any other and counted: while any is held,
-the candidates refuse every request with that reason.
+Tree members (providers with a parent: a vGPU, a PCI device, a network
+device's bandwidth) are held like any other and counted in ``nested``; each
+root knows its members, so an answer summarises every provider of a
+candidate's tree, as placement does.  A request for a class some member
+holds is outside the covered set (see :mod:`.candidates`).  Providers
+outside it altogether (a sharing provider, a non-canonical uuid) are held
+and counted too: while any is held, the candidates refuse every request
+with that reason.
 """
 
 from __future__ import annotations
@@ -264,8 +269,13 @@ class ProviderState:
         # providers carrying each trait / inventory of each class: a name on some provider is known
         self._trait_count: dict[str, int] = {}
         self._rc_count: dict[str, int] = {}
-        # providers outside the covered set
+        # tree members (providers with a parent), the slots of each tree's members by root
+        # uuid, and a mask of their slots: a request for a class no member holds is answered
+        # as on root providers alone, with every member of a candidate's tree summarised
         self.nested: set[str] = set()
+        self._members: dict[str, set[int]] = {}
+        self.member: BoolArray = np.zeros(self._capacity, dtype=np.bool_)
+        # providers outside the covered set
         self.sharing: set[str] = set()
         self.noncanonical: set[str] = set()
         # object columns, so an answer is gathered by fancy indexing instead of a Python loop
@@ -392,6 +402,14 @@ class ProviderState:
     def columns(self, rc: str) -> _Columns | None:
         return self._cols.get(rc)
 
+    def member_holding(self, rc: str) -> str | None:
+        """A tree member with an inventory of ``rc`` (the lowest uuid), or None."""
+        cols = self._cols.get(rc)
+        if cols is None or not self.nested:
+            return None
+        slots = np.flatnonzero(cols.has & self.member)
+        return min(self._uuid_col[slots].tolist()) if len(slots) else None
+
     def trait_mask(self, name: str) -> BoolArray | None:
         return self._trait_masks.get(name)
 
@@ -447,11 +465,18 @@ class ProviderState:
                 ar["mappings"] = {"": [u]}
             areq_col[slot] = ar
             built[slot] = True
-        for slot in idx[~self._summary_ok[idx]].tolist():
+        if self._members:
+            # placement summarises every provider of a candidate's tree (its summaries are
+            # per tree: _merge_candidates, limit_results)
+            members = [m for u in self._uuid_col[idx].tolist() for m in self._members.get(u, ())]
+            summarised = np.concatenate([idx, np.asarray(members, dtype=np.int64)])
+        else:
+            summarised = idx
+        for slot in summarised[~self._summary_ok[summarised]].tolist():
             self.summary(slot)
         return {"allocation_requests": areq_col[idx].tolist(),
-                "provider_summaries": dict(zip(self._uuid_col[idx].tolist(),
-                                               self._summary_col[idx].tolist(), strict=True))}
+                "provider_summaries": dict(zip(self._uuid_col[summarised].tolist(),
+                                               self._summary_col[summarised].tolist(), strict=True))}
 
     # -- internals -----------------------------------------------------------------------
 
@@ -472,9 +497,11 @@ class ProviderState:
                 new = np.zeros(capacity, dtype=np.bool_)
                 new[:len(mask)] = mask
                 masks[name] = new
-        alive = np.zeros(capacity, dtype=np.bool_)
-        alive[:len(self.alive)] = self.alive
-        self.alive = alive
+        for name in ("alive", "member"):
+            old_mask = getattr(self, name)
+            new_mask = np.zeros(capacity, dtype=np.bool_)
+            new_mask[:len(old_mask)] = old_mask
+            setattr(self, name, new_mask)
         self._providers.extend([None] * (capacity - self._capacity))
         for name in ("_uuid_col", "_summary_col", "_summary_ok"):
             old = getattr(self, name)
@@ -512,6 +539,8 @@ class ProviderState:
             self._mask(self._agg_masks, a)[slot] = True
         if p.nested:
             self.nested.add(p.uuid)
+            self._members.setdefault(p.root_provider_uuid, set()).add(slot)
+            self.member[slot] = True
         if SHARING_TRAIT in p.traits:
             self.sharing.add(p.uuid)
         if not p.canonical:
@@ -528,7 +557,13 @@ class ProviderState:
             self._trait_count[t] -= 1
         for a in p.aggregates:
             self._agg_masks[a][slot] = False
-        self.nested.discard(p.uuid)
+        if p.nested:
+            self.nested.discard(p.uuid)
+            members = self._members[p.root_provider_uuid]
+            members.discard(slot)
+            if not members:
+                del self._members[p.root_provider_uuid]
+            self.member[slot] = False
         self.sharing.discard(p.uuid)
         self.noncanonical.discard(p.uuid)
 

@@ -22,7 +22,7 @@ For each request:
   Python sets) and the same provider summaries (traits as sets); when
   something was cut, the same number of candidates, every one of them --
   placement's and memory's -- among all the candidates, and the summaries of
-  exactly the providers they name;
+  exactly the providers of the trees they name;
 * left to placement for a bad request (``invalid_request``,
   ``unknown_parameter``): placement says 400; for an unknown name: 400, or
   200 with no candidate (placement looks some names up only after a filter
@@ -61,11 +61,15 @@ from shared_host_manager.placement import (  # noqa: E402
 from simulator.placement_real import RealPlacement, server_available, server_url  # noqa: E402
 
 UUIDS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(1, 7)]
+#: tree members' uuids (two per root at most)
+MEMBER_UUIDS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(0x11, 0x1d)]
 #: a uuid no provider has (in_tree to nowhere)
 STRANGER = "99999999-0000-4000-8000-999999999999"
 AGGS = ["aaaaaaaa-0000-4000-8000-000000000001", "aaaaaaaa-0000-4000-8000-000000000002",
         "aaaaaaaa-0000-4000-8000-000000000003"]
 RCS = ["VCPU", "MEMORY_MB", "DISK_GB", "CUSTOM_GOLD", "CUSTOM_SILVER"]
+#: a tree member's classes: mostly a device's own, sometimes one the roots have as well
+MEMBER_RCS = ["VGPU", "VGPU", "SRIOV_NET_VF", "SRIOV_NET_VF", "CUSTOM_SILVER", "VCPU"]
 TRAITS = ["COMPUTE_STATUS_DISABLED", "HW_CPU_X86_AVX2", "HW_CPU_X86_SSE42", "CUSTOM_FAST", "CUSTOM_SLOW"]
 #: defined in placement, carried by no provider
 IDLE_TRAIT = "CUSTOM_IDLE"
@@ -101,9 +105,33 @@ def provider_st(draw: Any, uuid: str) -> dict[str, Any]:
 
 
 @st.composite
+def member_st(draw: Any, uuid: str, parent: str, root: str) -> dict[str, Any]:
+    """A provider tree member: a device's classes (now and then one a root has too), traits and
+    aggregates that must not count for its root, usages of its own."""
+    rcs = draw(st.lists(st.sampled_from(MEMBER_RCS), unique=True, max_size=2))
+    inventories = {rc: {**draw(inventory_st), "reserved": 0} for rc in rcs}
+    usages = {rc: u for rc in rcs if (u := draw(st.sampled_from([0, 1, 2])))}
+    return {"uuid": uuid, "name": "dev-" + uuid[:8], "parent_provider_uuid": parent,
+            "root_provider_uuid": root, "inventories": inventories, "usages": usages,
+            "traits": draw(st.lists(st.sampled_from(TRAITS), unique=True, max_size=2)),
+            "aggregates": draw(st.lists(st.sampled_from(AGGS), unique=True, max_size=1))}
+
+
+@st.composite
 def world_st(draw: Any) -> list[dict[str, Any]]:
+    """Root providers, and in some worlds tree members under them (children, grandchildren),
+    parents before their children."""
     uuids = draw(st.lists(st.sampled_from(UUIDS), unique=True, max_size=6))
-    return [draw(provider_st(u)) for u in sorted(uuids)]
+    world = [draw(provider_st(u)) for u in sorted(uuids)]
+    if world and draw(st.booleans()):
+        free = list(MEMBER_UUIDS)
+        for root in list(world):
+            parents = [root["uuid"]]
+            for _ in range(draw(st.integers(0, 2))):
+                u = free.pop(0)
+                world.append(draw(member_st(u, draw(st.sampled_from(parents)), root["uuid"])))
+                parents.append(u)
+    return world
 
 
 options_st = st.fixed_dictionaries({
@@ -118,7 +146,7 @@ def request_st(draw: Any) -> tuple[str, str]:
     """(querystring, microversion) as nova's ResourceRequest.to_querystring writes them, mostly."""
     mv = draw(st.sampled_from(["1.36", "1.36", "1.39"]))
     pairs: list[tuple[str, str]] = []
-    rcs = draw(st.lists(st.sampled_from(RCS + [UNKNOWN_RC] * (draw(st.integers(0, 9)) == 0)),
+    rcs = draw(st.lists(st.sampled_from(RCS + ["VGPU"] + [UNKNOWN_RC] * (draw(st.integers(0, 9)) == 0)),
                         unique=True, min_size=1, max_size=3))
     amounts = [draw(st.sampled_from([1, 1, 2, 3, 4, 6, 8, 12])) for _ in rcs]
     pairs.append(("resources", ",".join(f"{rc}:{a}" for rc, a in sorted(zip(rcs, amounts, strict=True)))))
@@ -137,7 +165,7 @@ def request_st(draw: Any) -> tuple[str, str]:
         aggs = draw(st.lists(st.sampled_from(AGGS), unique=True, min_size=1, max_size=2))
         pairs.append(("member_of", "!in:" + ",".join(sorted(aggs))))
     if draw(st.integers(0, 4)) == 0:
-        pairs.append(("in_tree", draw(st.sampled_from(UUIDS + [STRANGER]))))
+        pairs.append(("in_tree", draw(st.sampled_from(UUIDS + MEMBER_UUIDS[:4] + [STRANGER]))))
     rreq = draw(st.lists(st.sampled_from(names), unique=True, max_size=1))
     rforb = draw(st.lists(st.sampled_from(names), unique=True, max_size=2))
     if rreq or rforb:
@@ -223,7 +251,8 @@ def build(p: RealPlacement, world: list[dict[str, Any]]) -> None:
     p.reset()
     for i, prov in enumerate(world):
         u = prov["uuid"]
-        p.ok("POST", "/resource_providers", {"uuid": u, "name": prov["name"]})
+        p.ok("POST", "/resource_providers", {"uuid": u, "name": prov["name"],
+                                             "parent_provider_uuid": prov.get("parent_provider_uuid")})
         gen = 0
         if prov["usages"]:
             # room for the usages first; the final inventory may leave less (over capacity)
@@ -252,10 +281,11 @@ def check_export(doc: Mapping[str, Any], world: list[dict[str, Any]]) -> None:
     """placement's tables read back are the world as drawn (the dict form is placement's)."""
     single = doc["allocation_ratio_storage"] == "single"
     got = {p["uuid"]: p for p in doc["providers"]}
-    assert sorted(got) == [p["uuid"] for p in world]
+    assert sorted(got) == sorted(p["uuid"] for p in world)
     for want in world:
         p = got[want["uuid"]]
-        assert p["parent_provider_uuid"] is None and p["root_provider_uuid"] == want["uuid"]
+        assert p["parent_provider_uuid"] == want.get("parent_provider_uuid")
+        assert p["root_provider_uuid"] == want.get("root_provider_uuid", want["uuid"])
         assert p["usages"] == want["usages"]
         assert sorted(p["traits"]) == sorted(want["traits"])
         assert sorted(p["aggregates"]) == sorted(want["aggregates"])
@@ -298,6 +328,8 @@ def compare(p: RealPlacement, state: ProviderState, qs: str, mv: str, opts: Mapp
     all_cands = {canonical(a) for a in full["allocation_requests"]}
     all_sums = summaries(full)
     mine, theirs = mem["allocation_requests"], body["allocation_requests"]
+    if any(s["parent_provider_uuid"] for s in mem["provider_summaries"].values()):
+        OUTCOMES["trees"] = OUTCOMES.get("trees", 0) + 1
     if len(mine) == len(all_cands):
         assert sorted(map(canonical, mine)) == sorted(map(canonical, theirs)), (qs, mv, mem, body)
         assert summaries(mem) == summaries(body), (qs, mv, mem, body)
@@ -306,8 +338,11 @@ def compare(p: RealPlacement, state: ProviderState, qs: str, mv: str, opts: Mapp
     for side in (mem, body):
         cands = [canonical(a) for a in side["allocation_requests"]]
         assert len(set(cands)) == len(cands) and set(cands) <= all_cands, (qs, side, full)
-        named = {u for a in side["allocation_requests"] for u in a["allocations"]}
-        assert summaries(side) == {u: all_sums[u] for u in named}, (qs, side, full)
+        # placement's summaries are per tree: every provider of a named provider's tree
+        trees = {all_sums[u]["root_provider_uuid"] for a in side["allocation_requests"]
+                 for u in a["allocations"]}
+        assert summaries(side) == {u: s for u, s in all_sums.items()
+                                   if s["root_provider_uuid"] in trees}, (qs, side, full)
     return "cut"
 
 
@@ -378,6 +413,22 @@ FOUND: list[dict[str, Any]] = [
      "requests": [("required=%21&required=CUSTOM_FAST&resources=VCPU%3A1", "1.36"),
                   ("required=in%3ACUSTOM_SLOW%2CCUSTOM_FAST&required=%21HW_CPU_X86_AVX2"
                    "&resources=VCPU%3A1", "1.39")]},
+    # provider trees: a member's traits, aggregates and classes count for no root; every
+    # member of a candidate's tree is summarised (a limit keeps the kept candidates' trees)
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)}, {}, [], [AGGS[0]]),
+               _prov(UUIDS[1], {"VCPU": _inv(8)}, {}, ["CUSTOM_FAST"]),
+               {**_prov(MEMBER_UUIDS[0], {"VGPU": _inv(4)}, {"VGPU": 1}, ["CUSTOM_SLOW"], [AGGS[1]]),
+                "parent_provider_uuid": UUIDS[0], "root_provider_uuid": UUIDS[0]},
+               {**_prov(MEMBER_UUIDS[1], {}, {}, ["COMPUTE_STATUS_DISABLED"]),
+                "parent_provider_uuid": MEMBER_UUIDS[0], "root_provider_uuid": UUIDS[0]}],
+     "opts": PLAIN,
+     "requests": [("resources=VCPU%3A1", "1.36"), ("limit=1&resources=VCPU%3A1", "1.36"),
+                  ("required=CUSTOM_SLOW&resources=VCPU%3A1", "1.36"),
+                  (f"member_of={AGGS[1]}&resources=VCPU%3A1", "1.36"),
+                  ("required=%21CUSTOM_FAST&resources=VCPU%3A1&root_required=%21COMPUTE_STATUS_DISABLED",
+                   "1.36"),
+                  (f"in_tree={MEMBER_UUIDS[1]}&resources=VCPU%3A1", "1.36"),
+                  ("resources=VCPU%3A1%2CVGPU%3A1", "1.36")]},
     # an unknown trait behind a member_of that matches nothing: placement answers 200, empty
     {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)})], "opts": PLAIN,
      "requests": [(f"member_of={AGGS[0]}&required={UNKNOWN_TRAIT}&resources=VCPU%3A1", "1.36")]},
@@ -413,3 +464,6 @@ def test_outcomes_cover_every_kind() -> None:
         pytest.skip("the differential test did not run")
     assert OUTCOMES.get("all", 0) > 0 and OUTCOMES.get("cut", 0) > 0, OUTCOMES
     assert OUTCOMES.get("invalid_request", 0) > 0, OUTCOMES
+    # provider trees: answered with their members summarised, or left to placement for a
+    # class a member holds
+    assert OUTCOMES.get("trees", 0) > 0 and OUTCOMES.get("nested_provider", 0) > 0, OUTCOMES

@@ -76,12 +76,49 @@ def test_growth_past_capacity_keeps_every_column() -> None:
     assert answer(again, "resources=VCPU:2") == answer(s, "resources=VCPU:2")
 
 
+def child(i: int, parent: int, root: int | None = None, gen: int = 1, **inventories: int
+          ) -> dict[str, Any]:
+    return {"uuid": uuid(i), "name": f"dev{i}", "generation": gen, "parent_provider_uuid": uuid(parent),
+            "root_provider_uuid": uuid(root or parent),
+            "inventories": {rc: {"total": n} for rc, n in inventories.items()}, "usages": {}}
+
+
+def test_tree_members_are_summarised_with_their_root() -> None:
+    s = ProviderState(capacity=2)
+    s.apply(prov(1))
+    s.apply(prov(2))
+    s.apply(child(3, 1, VGPU=4))
+    s.apply({**child(4, 3, root=1), "traits": ["CUSTOM_DEEP"]})  # a grandchild, no inventory
+    body = answer(s, "resources=VCPU:1")
+    assert not isinstance(body, Unanswered)
+    assert uuids(body) == [uuid(1), uuid(2)]
+    assert sorted(body["provider_summaries"]) == [uuid(i) for i in (1, 2, 3, 4)]
+    assert body["provider_summaries"][uuid(3)] == {
+        "resources": {"VGPU": {"capacity": 4, "used": 0}}, "traits": [],
+        "parent_provider_uuid": uuid(1), "root_provider_uuid": uuid(1)}
+    assert body["provider_summaries"][uuid(4)]["resources"] == {}
+    # a limit keeps the summaries of the kept candidates' trees only
+    body = answer(s, f"resources=VCPU:1&in_tree={uuid(4)}")
+    assert not isinstance(body, Unanswered) and sorted(body["provider_summaries"]) == [
+        uuid(i) for i in (1, 3, 4)]
+    body = answer(s, "resources=VCPU:1&limit=1")
+    assert not isinstance(body, Unanswered) and sorted(body["provider_summaries"]) == [
+        uuid(i) for i in (1, 3, 4)]
+    # a class a member holds is placement's to combine; gone with the member
+    assert answer(s, "resources=VCPU:1,VGPU:1") == Unanswered(
+        "nested_provider", f"VGPU is held by tree member(s), e.g. {uuid(3)}")
+    s.delete(uuid(4))
+    s.apply(child(3, 1, gen=2, VGPU=4, VCPU=2))
+    assert answer(s, "resources=VCPU:1") == Unanswered(
+        "nested_provider", f"VCPU is held by tree member(s), e.g. {uuid(3)}")
+    s.delete(uuid(3))
+    assert not s.nested and uuids(answer(s, "resources=VCPU:1")) == [uuid(1), uuid(2)]
+    assert sorted(answer(s, "resources=VCPU:1")["provider_summaries"]) == [uuid(1), uuid(2)]  # type: ignore[index]
+
+
 def test_state_outside_the_covered_set() -> None:
     s = ProviderState()
     s.apply(prov(1))
-    s.apply({**prov(2), "parent_provider_uuid": uuid(1), "root_provider_uuid": uuid(1)})
-    assert answer(s, "resources=VCPU:1") == Unanswered("nested_provider", f"1 tree member(s), e.g. {uuid(2)}")
-    s.delete(uuid(2))
     s.apply(prov(3, traits=["MISC_SHARES_VIA_AGGREGATE"]))
     r = answer(s, "resources=VCPU:1")
     assert isinstance(r, Unanswered) and r.reason == "sharing_provider"
