@@ -28,8 +28,11 @@ DISK_GB inventories (nova's ratios and reserved memory), usages up to their
 capacity, 20-40 standard traits, 2 % disabled, one of ten zone aggregates.
 With ``--trees F``, a share F of them carry a provider tree as nova's libvirt
 driver reports a GPU: a child provider with a VGPU inventory and a trait of
-its own.  placement then takes its tree code path for every request; the
-flavors' classes are held by roots only, so memory still answers them.
+its own, and a share F of the requests are a vGPU flavor's (``VGPU:1`` beside
+the flavor's classes, in the unsuffixed group as nova puts a flavor's
+``resources:VGPU=1``).  placement then takes its tree code path for every
+request, and memory answers both kinds: the others as on roots, the vGPU
+ones by combining each tree's root and child.
 
 Run it as ``python -m simulator.bench_placement`` (options: ``--help``).
 """
@@ -111,14 +114,16 @@ def providers(n: int, rng: random.Random, trees: float = 0.0) -> list[dict[str, 
     return out
 
 
-def requests(k: int, rng: random.Random) -> list[str]:
-    """``k`` querystrings as nova 34's ResourceRequest.to_querystring writes them."""
+def requests(k: int, rng: random.Random, vgpu: float = 0.0) -> list[str]:
+    """``k`` querystrings as nova 34's ResourceRequest.to_querystring writes them, a share
+    ``vgpu`` of them a vGPU flavor's."""
     from urllib.parse import urlencode
 
     out = []
     for _ in range(k):
         vcpu, mem, disk = rng.choice(FLAVORS)
-        pairs = [("limit", "1000"), ("resources", f"DISK_GB:{disk},MEMORY_MB:{mem},VCPU:{vcpu}"),
+        gpu = ",VGPU:1" if vgpu and rng.random() < vgpu else ""
+        pairs = [("limit", "1000"), ("resources", f"DISK_GB:{disk},MEMORY_MB:{mem},VCPU:{vcpu}{gpu}"),
                  ("root_required", "!COMPUTE_STATUS_DISABLED")]
         if rng.random() < 0.25:
             pairs.append(("required", rng.choice(["HW_CPU_X86_AVX2", "HW_CPU_X86_AVX512F"])))
@@ -146,7 +151,10 @@ def _stats(values: list[float]) -> dict[str, float]:
 def _agrees(mine: Any, status: int, theirs: Any, full: Any) -> bool:
     if isinstance(mine, Unanswered) or status != 200:
         return False
-    key = lambda a: json.dumps(a, sort_keys=True)  # noqa: E731
+
+    def key(areq: Any) -> str:  # placement's mappings are sets
+        mappings = {g: sorted(rps) for g, rps in areq.get("mappings", {}).items()}
+        return json.dumps({**areq, "mappings": mappings}, sort_keys=True)
     everything = {key(a) for a in full["allocation_requests"]}
     if len(mine["allocation_requests"]) != len(theirs["allocation_requests"]):
         return False
@@ -170,7 +178,7 @@ def run(counts: list[int], db: str, memory_requests: int, placement_requests: in
     for n in counts:
         rng = random.Random(seed + n)
         provs = providers(n, rng, trees)
-        qs = requests(max(memory_requests, placement_requests), rng)
+        qs = requests(max(memory_requests, placement_requests), rng, trees)
         t0 = time.perf_counter()
         state = ProviderState.from_dict({"providers": provs})
         build_s = time.perf_counter() - t0
@@ -222,7 +230,8 @@ def run(counts: list[int], db: str, memory_requests: int, placement_requests: in
 
 
 def format_table(result: dict[str, Any]) -> str:
-    trees = f"; {result['trees']:.0%} of them with a vGPU child provider" if result.get("trees") else ""
+    trees = (f"; {result['trees']:.0%} of them with a vGPU child provider, {result['trees']:.0%} "
+             f"of the requests for a vGPU") if result.get("trees") else ""
     lines = [f"GET /allocation_candidates at {result['microversion']}, limit={result['limit']}; "
              f"placement on {result['database']} (in-process WSGI){trees}",
              f"{'providers':>9} {'clock':>5} {'memory med':>10} {'p99':>8} {'placement med':>13} "

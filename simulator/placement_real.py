@@ -69,6 +69,7 @@ class RealPlacement:
 
         self._tmpdir: str | None = None
         self._drop: str | None = None
+        self._overrides: set[tuple[str, str]] = set()
         if db_url is None:
             self._tmpdir = tempfile.mkdtemp(prefix="shm-placement-")
             db_url = "sqlite:///" + os.path.join(self._tmpdir, "placement.sqlite")
@@ -132,10 +133,16 @@ class RealPlacement:
         return data
 
     def set_options(self, **options: Any) -> None:
-        """``group__option=value``: e.g. ``placement__randomize_allocation_candidates=True``."""
+        """``group__option=value``: e.g. ``placement__randomize_allocation_candidates=True``.
+
+        Cleared by :meth:`close`: placement registers its option groups as module-level
+        objects, which hold the overrides, so every later placement of the process would
+        see them.
+        """
         for key, value in options.items():
             group, name = key.split("__", 1)
             self.conf.set_override(name, value, group=group)
+            self._overrides.add((group, name))
 
     # -- state -----------------------------------------------------------------------------
 
@@ -273,6 +280,9 @@ class RealPlacement:
         from sqlalchemy.engine import make_url
 
         self._unpatch()
+        for group, name in self._overrides:
+            self.conf.clear_override(name, group=group)
+        self._overrides.clear()
         trait._TRAITS_SYNCED = False
         resource_class._RESOURCE_CLASSES_SYNCED = False
         self.engine.dispose()

@@ -32,9 +32,6 @@ answer does not cover:
     the ``same_subtree`` parameter
 ``unknown_resource_class`` / ``unknown_trait``
     a name placement may not define (its answer: 400)
-``nested_provider``
-    a requested resource class is held by a provider tree member (a child
-    provider): placement combines the tree's providers then
 ``sharing_provider``
     the state holds a sharing provider: placement takes another code path
     for every request then
@@ -67,7 +64,7 @@ NOVA_MICROVERSION = "1.36"
 REASONS = (
     "microversion", "unknown_parameter", "invalid_request", "duplicate_parameter",
     "noncanonical_uuid", "granular_group", "same_subtree", "unknown_resource_class",
-    "unknown_trait", "nested_provider", "sharing_provider", "no_feed", "stale",
+    "unknown_trait", "sharing_provider", "no_feed", "stale",
 )
 
 # placement's schemas.common.GROUP_PAT_1_33 and lib._QS_KEY_PATTERN_1_33

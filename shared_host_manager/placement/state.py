@@ -66,11 +66,11 @@ Life cycle of one provider::
 Tree members (providers with a parent: a vGPU, a PCI device, a network
 device's bandwidth) are held like any other and counted in ``nested``; each
 root knows its members, so an answer summarises every provider of a
-candidate's tree, as placement does.  A request for a class some member
-holds is outside the covered set (see :mod:`.candidates`).  Providers
-outside it altogether (a sharing provider, a non-canonical uuid) are held
-and counted too: while any is held, the candidates refuse every request
-with that reason.
+candidate's tree, as placement does, and each provider knows its root's
+slot (``root_slot``), for a request of a class a member holds (see
+:mod:`.candidates`).  Providers outside the covered set (a sharing
+provider, a non-canonical uuid) are held and counted too: while any is
+held, the candidates refuse every request with that reason.
 """
 
 from __future__ import annotations
@@ -271,10 +271,13 @@ class ProviderState:
         self._rc_count: dict[str, int] = {}
         # tree members (providers with a parent), the slots of each tree's members by root
         # uuid, and a mask of their slots: a request for a class no member holds is answered
-        # as on root providers alone, with every member of a candidate's tree summarised
+        # as on root providers alone, with every member of a candidate's tree summarised;
+        # another one product by product within each tree
         self.nested: set[str] = set()
         self._members: dict[str, set[int]] = {}
         self.member: BoolArray = np.zeros(self._capacity, dtype=np.bool_)
+        #: the slot of each provider's root (its own for a root; -1: the root is not held)
+        self.root_slot: IntArray = np.full(self._capacity, -1, dtype=np.int64)
         # providers outside the covered set
         self.sharing: set[str] = set()
         self.noncanonical: set[str] = set()
@@ -349,6 +352,9 @@ class ProviderState:
         assert old is not None
         self._unindex(slot, old)
         self._providers[slot] = None
+        self.root_slot[slot] = -1
+        for m in self._members.get(uuid, ()):
+            self.root_slot[m] = -1
         # an allocation request names its provider: the slot's next provider needs its own
         self._uuid_col[slot] = None
         for _, built in self._shapes.values():
@@ -402,19 +408,27 @@ class ProviderState:
     def columns(self, rc: str) -> _Columns | None:
         return self._cols.get(rc)
 
-    def member_holding(self, rc: str) -> str | None:
-        """A tree member with an inventory of ``rc`` (the lowest uuid), or None."""
+    def member_holds(self, rc: str) -> bool:
+        """Whether some tree member has an inventory of ``rc``."""
         cols = self._cols.get(rc)
-        if cols is None or not self.nested:
-            return None
-        slots = np.flatnonzero(cols.has & self.member)
-        return min(self._uuid_col[slots].tolist()) if len(slots) else None
+        return bool(self.nested) and cols is not None and bool((cols.has & self.member).any())
 
     def trait_mask(self, name: str) -> BoolArray | None:
         return self._trait_masks.get(name)
 
     def aggregate_mask(self, agg: str) -> BoolArray | None:
         return self._agg_masks.get(agg)
+
+    def tree_summaries(self, roots: Iterable[str]) -> dict[str, Any]:
+        """The summaries of every held provider of the trees of ``roots`` (root uuids)."""
+        out: dict[str, Any] = {}
+        for root in roots:
+            slot = self._slot.get(root)
+            if slot is not None:
+                out[root] = self.summary(slot)
+            for m in self._members.get(root, ()):
+                out[self._uuid_col[m]] = self.summary(m)
+        return out
 
     def summary(self, slot: int) -> dict[str, Any]:
         """Placement's provider summary of the provider in ``slot`` (microversion >= 1.29).
@@ -502,6 +516,9 @@ class ProviderState:
             new_mask = np.zeros(capacity, dtype=np.bool_)
             new_mask[:len(old_mask)] = old_mask
             setattr(self, name, new_mask)
+        root_slot = np.full(capacity, -1, dtype=np.int64)
+        root_slot[:len(self.root_slot)] = self.root_slot
+        self.root_slot = root_slot
         self._providers.extend([None] * (capacity - self._capacity))
         for name in ("_uuid_col", "_summary_col", "_summary_ok"):
             old = getattr(self, name)
@@ -541,6 +558,12 @@ class ProviderState:
             self.nested.add(p.uuid)
             self._members.setdefault(p.root_provider_uuid, set()).add(slot)
             self.member[slot] = True
+            self.root_slot[slot] = self._slot.get(p.root_provider_uuid, -1)
+        else:
+            self.root_slot[slot] = slot
+            # members held before their root (the feed's order is the database's)
+            for m in self._members.get(p.uuid, ()):
+                self.root_slot[m] = slot
         if SHARING_TRAIT in p.traits:
             self.sharing.add(p.uuid)
         if not p.canonical:

@@ -7,12 +7,16 @@ field (reserved up to total, min_unit above max_unit, step sizes, ratios
 a FLOAT column cannot hold exactly, zero), usages made by real allocations
 (some over the capacity the final inventory leaves: placement accepts a
 smaller inventory under existing allocations), standard and custom traits
-(COMPUTE_STATUS_DISABLED among them), aggregates, custom resource classes --
-created through placement's REST API, and placement options
+(COMPUTE_STATUS_DISABLED among them), aggregates, custom resource classes,
+and in some worlds provider trees (children and grandchildren holding a
+device's classes, now and then a root's, with traits, aggregates and usages
+of their own) -- created through placement's REST API, and placement options
 (randomize_allocation_candidates, max_allocation_candidates,
 optimize_for_wide_provider_trees); then nova-style requests at 1.36 (nova
 34's) and 1.39, with names placement does not know and malformed values
-mixed in.
+mixed in.  A second test draws only tree worlds (compute-node-like roots with
+one or two members each) and requests for a root's and a member's classes
+together, each filter now and then: placement's tree path, product by product.
 
 For each request:
 
@@ -134,6 +138,72 @@ def world_st(draw: Any) -> list[dict[str, Any]]:
     return world
 
 
+#: the tree worlds' inventories: mostly room for a small request
+roomy_st = st.fixed_dictionaries({
+    "total": st.integers(2, 8),
+    "reserved": st.sampled_from([0, 0, 0, 1]),
+    "min_unit": st.sampled_from([1, 1, 1, 2]),
+    "max_unit": st.sampled_from([1, 8, 2147483647]),
+    "step_size": st.sampled_from([1, 1, 1, 2]),
+    "allocation_ratio": st.sampled_from([1.0, 1.0, 2.0, 0.5, 1.5]),
+})
+
+
+@st.composite
+def tree_world_st(draw: Any) -> list[dict[str, Any]]:
+    """Compute-node-like roots (VCPU and MEMORY_MB), each with one or two members holding a
+    device's classes (now and then a root's), parents before their children."""
+    world: list[dict[str, Any]] = []
+    free = list(MEMBER_UUIDS)
+    for root in sorted(draw(st.lists(st.sampled_from(UUIDS), unique=True, min_size=1, max_size=4))):
+        world.append({"uuid": root, "name": "cn-" + root[:8],
+                      "inventories": {rc: draw(roomy_st) for rc in ("VCPU", "MEMORY_MB")},
+                      "usages": {rc: u for rc in ("VCPU",) if (u := draw(st.sampled_from([0, 0, 1, 3])))},
+                      "traits": draw(st.lists(st.sampled_from(TRAITS), unique=True, max_size=2)),
+                      "aggregates": draw(st.lists(st.sampled_from(AGGS), unique=True, max_size=1))})
+        parents = [root]
+        for _ in range(draw(st.integers(1, 2))):
+            u = free.pop(0)
+            rcs = draw(st.lists(st.sampled_from(MEMBER_RCS), unique=True, min_size=1, max_size=2))
+            parent = draw(st.sampled_from(parents))
+            world.append({"uuid": u, "name": "dev-" + u[:8], "parent_provider_uuid": parent,
+                          "root_provider_uuid": root,
+                          "inventories": {rc: draw(roomy_st) for rc in rcs},
+                          "usages": {rc: 1 for rc in rcs if draw(st.integers(0, 3)) == 0},
+                          "traits": draw(st.lists(st.sampled_from(TRAITS), unique=True, max_size=2)),
+                          "aggregates": draw(st.lists(st.sampled_from(AGGS), unique=True, max_size=1))})
+            parents.append(u)
+    return world
+
+
+@st.composite
+def tree_request_st(draw: Any) -> tuple[str, str]:
+    """A flavor's request on a tree world: a root's classes and a member's, small amounts, and
+    each of the filters now and then."""
+    from urllib.parse import urlencode
+
+    mv = draw(st.sampled_from(["1.36", "1.39"]))
+    rcs = draw(st.lists(st.sampled_from(["VCPU", "MEMORY_MB", "VGPU", "VGPU", "SRIOV_NET_VF"]),
+                        unique=True, min_size=1, max_size=3))
+    pairs = [("resources", ",".join(f"{rc}:{draw(st.sampled_from([1, 1, 2]))}" for rc in sorted(rcs)))]
+    if draw(st.integers(0, 3)) == 0:
+        pairs.append(("required", draw(st.sampled_from(TRAITS))))
+    if draw(st.integers(0, 3)) == 0:
+        pairs.append(("required", "!" + draw(st.sampled_from(TRAITS))))
+    if draw(st.integers(0, 3)) == 0:
+        pairs.append(("member_of", draw(st.sampled_from(AGGS))))
+    if draw(st.integers(0, 4)) == 0:
+        pairs.append(("member_of", "!in:" + draw(st.sampled_from(AGGS))))
+    if draw(st.integers(0, 4)) == 0:
+        pairs.append(("in_tree", draw(st.sampled_from(UUIDS[:4] + MEMBER_UUIDS[:8]))))
+    if draw(st.booleans()):
+        anchor = draw(st.sampled_from(["!COMPUTE_STATUS_DISABLED", "HW_CPU_X86_AVX2"]))
+        pairs.append(("root_required", anchor))
+    if draw(st.integers(0, 4)) == 0:
+        pairs.append(("limit", str(draw(st.integers(1, 3)))))
+    return urlencode(sorted(pairs)), mv
+
+
 options_st = st.fixed_dictionaries({
     "randomize": st.booleans(),
     "max_candidates": st.sampled_from([-1, -1, -1, 1, 2]),
@@ -199,7 +269,7 @@ def request_st(draw: Any) -> tuple[str, str]:
 #: worlds drawn per backend (plus the explicit examples); SHM_PLACEMENT_EXAMPLES scales both up for
 #: a longer hunt.  Each world costs some 15 REST calls of placement (~30 ms each unloaded)
 SCALE = int(os.environ.get("SHM_PLACEMENT_EXAMPLES", "1"))
-EXAMPLES = {"sqlite": 12 * SCALE, "mariadb": 6 * SCALE}
+EXAMPLES = {"sqlite": 12 * SCALE, "mariadb": 6 * SCALE, "trees": 8 * SCALE}
 
 
 def _start(backend: str) -> RealPlacement:
@@ -330,6 +400,8 @@ def compare(p: RealPlacement, state: ProviderState, qs: str, mv: str, opts: Mapp
     mine, theirs = mem["allocation_requests"], body["allocation_requests"]
     if any(s["parent_provider_uuid"] for s in mem["provider_summaries"].values()):
         OUTCOMES["trees"] = OUTCOMES.get("trees", 0) + 1
+    if any(len(a["allocations"]) > 1 for a in mem["allocation_requests"]):
+        OUTCOMES["across_a_tree"] = OUTCOMES.get("across_a_tree", 0) + 1
     if len(mine) == len(all_cands):
         assert sorted(map(canonical, mine)) == sorted(map(canonical, theirs)), (qs, mv, mem, body)
         assert summaries(mem) == summaries(body), (qs, mv, mem, body)
@@ -413,8 +485,9 @@ FOUND: list[dict[str, Any]] = [
      "requests": [("required=%21&required=CUSTOM_FAST&resources=VCPU%3A1", "1.36"),
                   ("required=in%3ACUSTOM_SLOW%2CCUSTOM_FAST&required=%21HW_CPU_X86_AVX2"
                    "&resources=VCPU%3A1", "1.39")]},
-    # provider trees: a member's traits, aggregates and classes count for no root; every
-    # member of a candidate's tree is summarised (a limit keeps the kept candidates' trees)
+    # provider trees: a member's traits and aggregates count for its own classes, its
+    # root's aggregates for the whole tree; every member of a candidate's tree is
+    # summarised (a limit keeps the kept candidates' trees)
     {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)}, {}, [], [AGGS[0]]),
                _prov(UUIDS[1], {"VCPU": _inv(8)}, {}, ["CUSTOM_FAST"]),
                {**_prov(MEMBER_UUIDS[0], {"VGPU": _inv(4)}, {"VGPU": 1}, ["CUSTOM_SLOW"], [AGGS[1]]),
@@ -428,7 +501,12 @@ FOUND: list[dict[str, Any]] = [
                   ("required=%21CUSTOM_FAST&resources=VCPU%3A1&root_required=%21COMPUTE_STATUS_DISABLED",
                    "1.36"),
                   (f"in_tree={MEMBER_UUIDS[1]}&resources=VCPU%3A1", "1.36"),
-                  ("resources=VCPU%3A1%2CVGPU%3A1", "1.36")]},
+                  ("resources=VCPU%3A1%2CVGPU%3A1", "1.36"),
+                  ("required=CUSTOM_SLOW&resources=VCPU%3A1%2CVGPU%3A1", "1.36"),
+                  (f"member_of={AGGS[0]}&resources=VGPU%3A1", "1.36"),
+                  (f"member_of={AGGS[1]}&resources=VCPU%3A1%2CVGPU%3A1", "1.36"),
+                  ("required=%21CUSTOM_SLOW&resources=VGPU%3A1", "1.36"),
+                  ("limit=1&resources=VGPU%3A3", "1.36")]},
     # an unknown trait behind a member_of that matches nothing: placement answers 200, empty
     {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)})], "opts": PLAIN,
      "requests": [(f"member_of={AGGS[0]}&required={UNKNOWN_TRAIT}&resources=VCPU%3A1", "1.36")]},
@@ -458,12 +536,21 @@ def test_candidates_equal_placement_mariadb(placements: _OneAtATime, world: list
     run_world(placements.get("mariadb"), world, opts, requests)
 
 
+@pytest.mark.slow
+@settings(max_examples=EXAMPLES["trees"], **_SETTINGS)
+@given(world=tree_world_st(), opts=options_st, requests=st.lists(tree_request_st(), min_size=1, max_size=8))
+def test_tree_candidates_equal_placement(placements: _OneAtATime, world: list[dict[str, Any]],
+                                         opts: dict[str, Any], requests: list[tuple[str, str]]) -> None:
+    """Every world a provider tree, most requests for a class its members hold."""
+    run_world(placements.get("sqlite"), world, opts, requests)
+
+
 def test_outcomes_cover_every_kind() -> None:
     """The drawn requests reached every comparison: full equality, a cut, a refusal."""
     if not OUTCOMES:
         pytest.skip("the differential test did not run")
     assert OUTCOMES.get("all", 0) > 0 and OUTCOMES.get("cut", 0) > 0, OUTCOMES
     assert OUTCOMES.get("invalid_request", 0) > 0, OUTCOMES
-    # provider trees: answered with their members summarised, or left to placement for a
-    # class a member holds
-    assert OUTCOMES.get("trees", 0) > 0 and OUTCOMES.get("nested_provider", 0) > 0, OUTCOMES
+    # provider trees: answered with their members summarised, and with a root's and a
+    # member's classes in one allocation request
+    assert OUTCOMES.get("trees", 0) > 0 and OUTCOMES.get("across_a_tree", 0) > 0, OUTCOMES

@@ -97,20 +97,37 @@ def test_tree_members_are_summarised_with_their_root() -> None:
         "resources": {"VGPU": {"capacity": 4, "used": 0}}, "traits": [],
         "parent_provider_uuid": uuid(1), "root_provider_uuid": uuid(1)}
     assert body["provider_summaries"][uuid(4)]["resources"] == {}
-    # a limit keeps the summaries of the kept candidates' trees only
+    # in_tree names any member of the tree; a limit keeps the summaries of the kept
+    # candidates' trees only
     body = answer(s, f"resources=VCPU:1&in_tree={uuid(4)}")
     assert not isinstance(body, Unanswered) and sorted(body["provider_summaries"]) == [
         uuid(i) for i in (1, 3, 4)]
     body = answer(s, "resources=VCPU:1&limit=1")
     assert not isinstance(body, Unanswered) and sorted(body["provider_summaries"]) == [
         uuid(i) for i in (1, 3, 4)]
-    # a class a member holds is placement's to combine; gone with the member
-    assert answer(s, "resources=VCPU:1,VGPU:1") == Unanswered(
-        "nested_provider", f"VGPU is held by tree member(s), e.g. {uuid(3)}")
+    # a class a member holds: one allocation request per product of the tree's providers
+    body = answer(s, "resources=VCPU:1,VGPU:1")
+    assert not isinstance(body, Unanswered)
+    assert body["allocation_requests"] == [{
+        "allocations": {uuid(1): {"resources": {"VCPU": 1}}, uuid(3): {"resources": {"VGPU": 1}}},
+        "mappings": {"": [uuid(1), uuid(3)]}}]
+    assert sorted(body["provider_summaries"]) == [uuid(i) for i in (1, 3, 4)]
+    assert uuids(answer(s, "resources=VCPU:1,VGPU:1&required=CUSTOM_DEEP")) == []
     s.delete(uuid(4))
     s.apply(child(3, 1, gen=2, VGPU=4, VCPU=2))
-    assert answer(s, "resources=VCPU:1") == Unanswered(
-        "nested_provider", f"VCPU is held by tree member(s), e.g. {uuid(3)}")
+    body = answer(s, "resources=VCPU:1&in_tree=" + uuid(1))
+    assert not isinstance(body, Unanswered)
+    assert [sorted(a["allocations"]) for a in body["allocation_requests"]] == [[uuid(1)], [uuid(3)]]
+    body = answer(s, "resources=VCPU:1,VGPU:1&in_tree=" + uuid(1))
+    assert not isinstance(body, Unanswered)
+    assert [a["allocations"] for a in body["allocation_requests"]] == [
+        {uuid(1): {"resources": {"VCPU": 1}}, uuid(3): {"resources": {"VGPU": 1}}},
+        {uuid(3): {"resources": {"VCPU": 1, "VGPU": 1}}}]
+    # a member held before its root, and a root deleted under its members
+    s.delete(uuid(1))
+    assert uuids(answer(s, "resources=VGPU:1")) == []
+    s.apply(prov(1, gen=2))
+    assert uuids(answer(s, "resources=VGPU:1")) == [uuid(3)]
     s.delete(uuid(3))
     assert not s.nested and uuids(answer(s, "resources=VCPU:1")) == [uuid(1), uuid(2)]
     assert sorted(answer(s, "resources=VCPU:1")["provider_summaries"]) == [uuid(1), uuid(2)]  # type: ignore[index]
