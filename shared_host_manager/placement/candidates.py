@@ -5,32 +5,33 @@ return exactly the JSON object placement returns (parsed: lists and dicts),
 or an :class:`~.query.Unanswered` when the state or the query is outside the
 covered set (see :mod:`.query` for the reasons).
 
-The covered set: no sharing provider and the unsuffixed group alone (a
-flavor's classes, a vGPU among them; nova asks for PCI devices in placement
-and for ports' bandwidth in granular groups).  Two code paths of placement's
-are reproduced:
+The covered set: every request of microversion 1.36 to 1.39 without
+``same_subtree``, while no sharing provider is held, and without a class
+asked by several groups under a ``group_policy`` other than ``none`` (see
+:mod:`.query`).  placement's code paths are reproduced:
 
-* **roots** -- without provider trees placement takes
-  ``get_provider_ids_matching`` and ``_alloc_candidates_single_provider``;
-  with trees but a request whose classes only roots hold, its tree path
-  (below) offers each tree's root alone, filtered as on a root, so the same
-  vector answer serves both, its summaries extended to every provider of
-  each candidate's tree.  A provider is a candidate when it has, for every
-  requested class, an inventory with ``min_unit <= amount <= max_unit``,
-  ``amount % step_size == 0`` and ``used + amount <= (total - reserved) *
-  allocation_ratio`` (SQL, in doubles: ``_capacity_check_clause``); every
-  required any-of trait set meets its traits, no forbidden trait, every
-  ``member_of`` any-of set meets its aggregates, no forbidden aggregate,
-  ``in_tree``'s root is the provider, and the ``root_required`` traits hold
-  on it (it is its own root); then the merge step's capacity check on the
-  Python side (``RequestWideSearchContext.exceeds_capacity``: ``used + amount
-  > int((total - reserved) * ratio)``, or, with ``[workarounds]
+* **roots** -- a request without suffixed groups: without provider trees
+  placement takes ``get_provider_ids_matching`` and
+  ``_alloc_candidates_single_provider``; with trees but a request whose
+  classes only roots hold, its tree path (below) offers each tree's root
+  alone, filtered as on a root, so the same vector answer serves both, its
+  summaries extended to every provider of each candidate's tree.  A
+  provider is a candidate when it has, for every requested class, an
+  inventory with ``min_unit <= amount <= max_unit``, ``amount % step_size ==
+  0`` and ``used + amount <= (total - reserved) * allocation_ratio`` (SQL, in
+  doubles: ``_capacity_check_clause``); every required any-of trait set
+  meets its traits, no forbidden trait, every ``member_of`` any-of set meets
+  its aggregates, no forbidden aggregate, ``in_tree``'s root is the
+  provider, and the ``root_required`` traits hold on it (it is its own
+  root); then the merge step's capacity check on the Python side
+  (``RequestWideSearchContext.exceeds_capacity``: ``used + amount >
+  int((total - reserved) * ratio)``, or, with ``[workarounds]
   optimize_for_wide_provider_trees``, ``amount > capacity``), which differs
   from the SQL one only where the database keeps the ratio in single
   precision (``allocation_ratio_storage = "single"``).  One allocation
   request per candidate, ``{"allocations": {rp: {"resources": {rc:
   amount}}}, "mappings": {"": [rp]}}``;
-* **trees** -- a requested class some tree member holds (a vGPU):
+* **trees** -- a requested class some tree member holds (a flavor's VGPU):
   ``get_trees_matching_all`` and ``_alloc_candidates_multiple_providers``
   (:func:`tree_combinations`).  Per class, the providers of each tree that
   pass the same capacity tests, are in every ``member_of`` set themselves or
@@ -39,7 +40,15 @@ are reproduced:
   ``in_tree``'s tree; each product of one such provider per class whose
   providers together carry every required any-of set is an allocation
   request, ``{"allocations": {rp: {"resources": {...}}, ...}, "mappings":
-  {"": [rp, ...]}}``.
+  {"": [rp, ...]}}``;
+* **suffixed groups** (nova's PCI devices in placement, ports' bandwidth, a
+  flavor's numbered groups): each suffixed group on one provider that
+  passes every test of the group on itself (:func:`group_slots`), the
+  unsuffixed group as above; within each tree every product of one
+  candidate per group (placement's ``_merge_candidates``), under
+  ``group_policy=isolate`` with the suffixed groups on distinct providers,
+  the amounts one provider gives several groups summed and checked again
+  (:func:`_merged`); mappings per group suffix.
 
 Then, on both paths: one provider summary per provider of every answered
 tree (every inventory's capacity and usage, its traits, its parent and root:
@@ -74,10 +83,11 @@ import numpy.typing as npt
 
 from shared_host_manager.placement.query import (
     CandidateQuery,
+    GroupQuery,
     Unanswered,
     parse_querystring,
 )
-from shared_host_manager.placement.state import BoolArray, ProviderState
+from shared_host_manager.placement.state import BoolArray, IntArray, ProviderState
 
 
 class RandomSource(Protocol):
@@ -118,25 +128,50 @@ def _any_of(masks: list[BoolArray | None], n: int) -> BoolArray:
     return out
 
 
+def _fits(state: ProviderState, rc: str, amount: int, config: PlacementConfig) -> BoolArray | None:
+    """The providers with room for ``amount`` of ``rc`` alone (None: no provider has the class):
+    placement's SQL capacity filter (``_capacity_check_clause``), then its merge step's check
+    of one group's amount (``exceeds_capacity``; with several groups on one provider the
+    merge checks their sum again, see :func:`_merged`)."""
+    cols = state.columns(rc)
+    if cols is None:
+        return None
+    want = cols.used + amount
+    ok = cols.has & (cols.min_unit <= amount) & (cols.max_unit >= amount)
+    ok &= np.remainder(amount, cols.step) == 0
+    ok &= want <= cols.avail
+    ok &= (amount <= cols.cap) if config.optimize_for_wide_provider_trees else (want <= cols.cap)
+    return ok
+
+
+def _anchors(state: ProviderState, query: CandidateQuery) -> BoolArray | None:
+    """The root providers ``root_required`` admits (placement's anchor roots), or None when
+    the request names no root trait."""
+    if not (query.root_required or query.root_forbidden):
+        return None
+    anchors = state.alive & ~state.member
+    for t in query.root_required:
+        m = state.trait_mask(t)
+        if m is None:
+            return np.zeros(state.capacity, dtype=np.bool_)
+        anchors = anchors & m
+    for t in query.root_forbidden:
+        m = state.trait_mask(t)
+        if m is not None:
+            anchors = anchors & ~m
+    return anchors
+
+
 def matching_slots(state: ProviderState, query: CandidateQuery,
                    config: PlacementConfig = PlacementConfig()) -> np.ndarray:
     """Slots of the providers placement returns a candidate for, in slot order."""
     n = state.capacity
     ok = state.alive.copy()
     for rc, amount in query.resources:
-        cols = state.columns(rc)
-        if cols is None:
+        fits = _fits(state, rc, amount, config)
+        if fits is None:
             return np.zeros(0, dtype=np.int64)
-        want = cols.used + amount
-        ok &= cols.has
-        ok &= cols.min_unit <= amount
-        ok &= cols.max_unit >= amount
-        ok &= np.remainder(amount, cols.step) == 0
-        ok &= want <= cols.avail
-        if config.optimize_for_wide_provider_trees:
-            ok &= amount <= cols.cap
-        else:
-            ok &= want <= cols.cap
+        ok &= fits
     # a trait no provider carries has no mask: any-of over nothing matches nothing
     for any_of in query.required:
         ok &= _any_of([state.trait_mask(t) for t in any_of], n)
@@ -180,7 +215,7 @@ def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswer
     why = state_reason(state)
     if why is not None:
         return why
-    for rc, _ in query.resources:
+    for rc in query.resource_classes:
         if not state.resource_class_known(rc):
             return Unanswered("unknown_resource_class", rc)
     for t in sorted(query.trait_names):
@@ -190,12 +225,14 @@ def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswer
         raise ValueError("randomize_allocation_candidates needs a random source")
 
     mappings = query.microversion >= (1, 34)
-    if any(state.member_holds(rc) for rc, _ in query.resources):
-        combos = cast(Sequence[Combination],
-                      _limited(list(tree_combinations(state, query, config)), query, config, rng))
-        return _tree_body(state, combos, query.resources, mappings)
-    slots: Any = _limited(matching_slots(state, query, config), query, config, rng)
-    return state.body(slots, query.resources, mappings)
+    if query.groups:
+        entries: list[Candidate] = list(_merged(state, query, config))
+    elif any(state.member_holds(rc) for rc, _ in query.resources):
+        entries = [_single(query, root, combo) for root, combo in tree_combinations(state, query, config)]
+    else:
+        slots: Any = _limited(matching_slots(state, query, config), query, config, rng)
+        return state.body(slots, query.resources, mappings)
+    return _body(state, cast(Sequence[Candidate], _limited(entries, query, config, rng)), mappings)
 
 
 _T = TypeVar("_T")
@@ -245,17 +282,8 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
     held = roots >= 0
     at = np.where(held, roots, 0)
     common = state.alive & held
-    if query.root_required or query.root_forbidden:
-        anchors = state.alive & ~state.member
-        for t in query.root_required:
-            m = state.trait_mask(t)
-            if m is None:
-                return
-            anchors = anchors & m
-        for t in query.root_forbidden:
-            m = state.trait_mask(t)
-            if m is not None:
-                anchors = anchors & ~m
+    anchors = _anchors(state, query)
+    if anchors is not None:
         common &= anchors[at]
     if query.member_of:
         inside = np.ones(n, dtype=np.bool_)
@@ -277,15 +305,10 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
         common &= roots == root
     serving: list[BoolArray] = []
     for rc, amount in query.resources:
-        cols = state.columns(rc)
-        if cols is None:
+        fits = _fits(state, rc, amount, config)
+        if fits is None:
             return
-        want = cols.used + amount
-        ok = common & cols.has & (cols.min_unit <= amount) & (cols.max_unit >= amount)
-        ok &= np.remainder(amount, cols.step) == 0
-        ok &= want <= cols.avail
-        ok &= (amount <= cols.cap) if config.optimize_for_wide_provider_trees else (want <= cols.cap)
-        serving.append(ok)
+        serving.append(common & fits)
     # the trees with a provider for every class (placement's merge_common_trees)
     trees = np.ones(n, dtype=np.bool_)
     for ok in serving:
@@ -310,21 +333,124 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
             yield root, combo
 
 
-def _tree_body(state: ProviderState, combos: Sequence[Combination],
-               resources: tuple[tuple[str, int], ...], mappings: bool) -> dict[str, Any]:
-    """The response body of the tree path: an allocation request per combination, and the
+#: one allocation request: its tree's root slot, the amounts it claims per (provider slot,
+#: class), and each group's providers ("" the unsuffixed group's) for its mappings
+Candidate = tuple[int, tuple[tuple[int, str, int], ...], tuple[tuple[str, tuple[int, ...]], ...]]
+#: one group's share of a candidate: what it claims, and its providers
+_Part = tuple[tuple[tuple[int, str, int], ...], tuple[int, ...]]
+
+
+def _single(query: CandidateQuery, root: int, combo: tuple[int, ...]) -> Candidate:
+    """The candidate of one product of the unsuffixed group alone."""
+    claimed = tuple((slot, rc, amount) for slot, (rc, amount) in zip(combo, query.resources, strict=True))
+    return root, claimed, (("", tuple(dict.fromkeys(combo))),)
+
+
+def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | None,
+                config: PlacementConfig = PlacementConfig()) -> IntArray:
+    """The providers one suffixed group can take, each alone (placement's
+    ``get_provider_ids_matching`` and ``_alloc_candidates_single_provider``): room for every
+    class of the group, its required traits, no forbidden trait, in every ``member_of`` set
+    and in no forbidden aggregate -- all on the provider itself --, in ``in_tree``'s tree, and
+    an anchor root."""
+    n = state.capacity
+    roots = state.root_slot
+    ok = state.alive & (roots >= 0)
+    for rc, amount in group.resources:
+        fits = _fits(state, rc, amount, config)
+        if fits is None:
+            return np.zeros(0, dtype=np.int64)
+        ok &= fits
+    for any_of in group.required:
+        ok &= _any_of([state.trait_mask(t) for t in any_of], n)
+    for t in group.forbidden:
+        m = state.trait_mask(t)
+        if m is not None:
+            ok &= ~m
+    for any_aggs in group.member_of:
+        ok &= _any_of([state.aggregate_mask(a) for a in any_aggs], n)
+    if group.forbidden_aggregates:
+        ok &= ~_any_of([state.aggregate_mask(a) for a in group.forbidden_aggregates], n)
+    if group.in_tree is not None:
+        p = state.get(group.in_tree)
+        root = None if p is None else state.slot_of(p.root_provider_uuid)
+        if root is None:
+            return np.zeros(0, dtype=np.int64)
+        ok &= roots == root
+    if anchors is not None:
+        ok &= anchors[np.where(roots >= 0, roots, 0)]
+    return np.flatnonzero(ok)
+
+
+def _merged(state: ProviderState, query: CandidateQuery, config: PlacementConfig) -> Iterator[Candidate]:
+    """A request with suffixed groups (placement's ``_merge_candidates``): within each tree,
+    every product of one candidate per group; under ``group_policy=isolate`` the suffixed
+    groups on distinct providers; the amounts on one provider and class summed, and checked
+    again against its capacity and max_unit (with ``optimize_for_wide_provider_trees``,
+    against its capacity alone, usage left out)."""
+    per_group: list[tuple[str, dict[int, list[_Part]]]] = []
+    if query.resources:
+        unsuffixed: dict[int, list[_Part]] = {}
+        if state.nested:
+            singles = (_single(query, root, combo) for root, combo in tree_combinations(state, query, config))
+        else:  # no tree: placement's single-provider path for the unsuffixed group too
+            singles = (_single(query, slot, (slot,) * len(query.resources))
+                       for slot in matching_slots(state, query, config).tolist())
+        for root, claimed, ((_, providers),) in singles:
+            unsuffixed.setdefault(root, []).append((claimed, providers))
+        per_group.append(("", unsuffixed))
+    anchors = _anchors(state, query)
+    roots = state.root_slot
+    for group in query.groups:
+        by_root: dict[int, list[_Part]] = {}
+        for slot in group_slots(state, group, anchors, config).tolist():
+            claimed = tuple((slot, rc, amount) for rc, amount in group.resources)
+            by_root.setdefault(int(roots[slot]), []).append((claimed, (slot,)))
+        per_group.append((group.suffix, by_root))
+    trees = set(per_group[0][1]).intersection(*(set(by_root) for _, by_root in per_group[1:]))
+    isolate = query.group_policy == "isolate"
+    granular = len(query.groups)
+    for root in sorted(trees):
+        for parts in itertools.product(*(by_root[root] for _, by_root in per_group)):
+            if isolate and len({part[1][0] for (suffix, _), part in zip(per_group, parts, strict=True)
+                                if suffix}) != granular:
+                continue
+            amounts: dict[tuple[int, str], int] = {}
+            for claimed, _ in parts:
+                for slot, rc, amount in claimed:
+                    amounts[slot, rc] = amounts.get((slot, rc), 0) + amount
+            if any(_exceeds(state, slot, rc, amount, config) for (slot, rc), amount in amounts.items()):
+                continue
+            yield (root, tuple((slot, rc, amount) for (slot, rc), amount in amounts.items()),
+                   tuple((suffix, providers) for (suffix, _), (_, providers) in zip(per_group, parts,
+                                                                                    strict=True)))
+
+
+def _exceeds(state: ProviderState, slot: int, rc: str, amount: int, config: PlacementConfig) -> bool:
+    """placement's merge check of the amounts the groups of one candidate claim together."""
+    cols = state.columns(rc)
+    assert cols is not None
+    if amount > cols.max_unit[slot]:
+        return True
+    used = 0 if config.optimize_for_wide_provider_trees else int(cols.used[slot])
+    return bool(used + amount > cols.cap[slot])
+
+
+def _body(state: ProviderState, candidates: Sequence[Candidate], mappings: bool) -> dict[str, Any]:
+    """The response body of candidates across providers: an allocation request each, and the
     summaries of every provider of their trees."""
     requests = []
-    for _, combo in combos:
+    for _, claimed, groups in candidates:
         allocations: dict[str, Any] = {}
-        for slot, (rc, amount) in zip(combo, resources, strict=True):
+        for slot, rc, amount in claimed:
             u = state.provider_at(slot).uuid
             allocations.setdefault(u, {"resources": {}})["resources"][rc] = amount
         ar: dict[str, Any] = {"allocations": allocations}
         if mappings:
-            ar["mappings"] = {"": list(allocations)}
+            ar["mappings"] = {suffix: list(dict.fromkeys(state.provider_at(slot).uuid for slot in providers))
+                              for suffix, providers in groups}
         requests.append(ar)
-    trees = dict.fromkeys(state.provider_at(root).uuid for root, _ in combos)
+    trees = dict.fromkeys(state.provider_at(root).uuid for root, _, _ in candidates)
     return {"allocation_requests": requests, "provider_summaries": state.tree_summaries(trees)}
 
 
@@ -335,5 +461,5 @@ def answer(state: ProviderState, querystring: str, microversion: str = "1.36",
     return allocation_candidates(state, parse_querystring(querystring, microversion), config, rng)
 
 
-__all__ = ["Combination", "PlacementConfig", "RandomSource", "allocation_candidates", "answer",
-           "matching_slots", "state_reason", "tree_combinations"]
+__all__ = ["Candidate", "Combination", "PlacementConfig", "RandomSource", "allocation_candidates",
+           "answer", "group_slots", "matching_slots", "state_reason", "tree_combinations"]

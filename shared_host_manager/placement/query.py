@@ -26,10 +26,13 @@ answer does not cover:
     an aggregate or provider uuid not in lowercase 8-4-4-4-12 form (MariaDB
     compares uuids case-insensitively, SQLite does not), or such a uuid held
     in the state
-``granular_group``
-    a suffixed group (``resources1``, ``required_NET`` ...)
 ``same_subtree``
     the ``same_subtree`` parameter
+``repeated_class``
+    a resource class asked for by more than one group, with a ``group_policy``
+    other than ``none``: placement 16 then adds one group's amount into the
+    object of another candidate's (``copy_arr_if_needed`` copies only under
+    ``none``), so its answer depends on the order it builds candidates in
 ``unknown_resource_class`` / ``unknown_trait``
     a name placement may not define (its answer: 400)
 ``sharing_provider``
@@ -63,7 +66,7 @@ NOVA_MICROVERSION = "1.36"
 
 REASONS = (
     "microversion", "unknown_parameter", "invalid_request", "duplicate_parameter",
-    "noncanonical_uuid", "granular_group", "same_subtree", "unknown_resource_class",
+    "noncanonical_uuid", "same_subtree", "repeated_class", "unknown_resource_class",
     "unknown_trait", "sharing_provider", "no_feed", "stale",
 )
 
@@ -83,8 +86,25 @@ class Unanswered:
 
 
 @dataclass(frozen=True)
+class GroupQuery:
+    """One suffixed (granular) request group: its resources all from one provider."""
+
+    suffix: str
+    #: (resource class, amount) in the querystring's order
+    resources: tuple[tuple[str, int], ...]
+    #: each set is any-of; the sets are all-of
+    required: tuple[frozenset[str], ...] = ()
+    forbidden: frozenset[str] = frozenset()
+    #: each set is any-of; the sets are all-of
+    member_of: tuple[frozenset[str], ...] = ()
+    forbidden_aggregates: frozenset[str] = frozenset()
+    in_tree: str | None = None
+
+
+@dataclass(frozen=True)
 class CandidateQuery:
-    """One request of the unsuffixed group, as placement's RequestGroup and RequestWideParams hold it."""
+    """One request, as placement's RequestGroups and RequestWideParams hold it: the unsuffixed
+    group's fields (no resources: there is none), the suffixed groups, the request-wide ones."""
 
     microversion: tuple[int, int]
     #: (resource class, amount) in the querystring's order
@@ -102,6 +122,13 @@ class CandidateQuery:
     group_policy: str | None = None
     #: every trait and resource class name the request names (placement looks each one up)
     trait_names: frozenset[str] = field(default=frozenset(), compare=False)
+    #: the suffixed groups, by suffix
+    groups: tuple[GroupQuery, ...] = ()
+
+    @property
+    def resource_classes(self) -> list[str]:
+        """Every class any group asks for, in the order asked."""
+        return [rc for rc, _ in self.resources] + [rc for g in self.groups for rc, _ in g.resources]
 
 
 class _Refused(Exception):
@@ -195,17 +222,62 @@ def _member_of(value: str) -> tuple[frozenset[str], frozenset[str]]:
     return required, forbidden
 
 
+def _group(suffix: str, keys: Mapping[str, list[str]], version: tuple[int, int]
+           ) -> tuple[GroupQuery, set[str]]:
+    """One request group's parameters (placement's RequestGroup._parse_request_items and its
+    checks), and the trait names it uses."""
+    if "resources" not in keys:
+        # resourceless: only a group named in same_subtree may be (placement's 400)
+        raise _Refused("invalid_request", f"group {suffix!r} without resources{suffix}")
+    resources: dict[str, int] = {}
+    for value in keys["resources"]:
+        # every occurrence is parsed; the last one wins (placement's loop over the items)
+        resources = _resources(value)
+
+    names: set[str] = set()
+    required: list[frozenset[str]] = []
+    forbidden: set[str] = set()
+    if "required" in keys:
+        any_traits = version >= (1, 39)
+        # before 1.39 only the last required parameter counts
+        values = keys["required"] if any_traits else keys["required"][-1:]
+        for value in values:
+            rts, fts = _traits(value, allow_any_traits=any_traits)
+            required += rts
+            forbidden |= fts
+        for any_of in required:
+            if all(t in forbidden for t in any_of):
+                raise _Refused("invalid_request", f"required{suffix} and forbidden: {sorted(any_of)}")
+        names |= forbidden | {t for s in required for t in s}
+
+    member_of: list[frozenset[str]] = []
+    forbidden_aggs: set[str] = set()
+    for value in keys.get("member_of", ()):
+        req_aggs, forb_aggs = _member_of(value)
+        if req_aggs:
+            member_of.append(req_aggs)
+        forbidden_aggs |= forb_aggs
+
+    in_tree = None
+    for value in keys.get("in_tree", ()):
+        in_tree = value.strip()
+        _check_uuid(in_tree, "in_tree")
+    return GroupQuery(suffix, tuple(resources.items()), tuple(required), frozenset(forbidden),
+                      tuple(member_of), frozenset(forbidden_aggs), in_tree), names
+
+
 def _parse(pairs: list[tuple[str, str]], version: tuple[int, int]) -> CandidateQuery:
     keys: dict[str, list[str]] = {}
     for k, v in pairs:
         keys.setdefault(k, []).append(v)
-    for k in keys:
+    by_suffix: dict[str, dict[str, list[str]]] = {}
+    for k, values in keys.items():
         m = _GROUP_KEY.match(k)
-        if k in _REQUEST_WIDE or (m and not m.group(2)):
+        if k in _REQUEST_WIDE:
             continue
-        if m:
-            raise _Refused("granular_group", f"suffixed group key {k!r}")
-        raise _Refused("unknown_parameter", f"{k!r} is not a parameter at {version[0]}.{version[1]}")
+        if not m:
+            raise _Refused("unknown_parameter", f"{k!r} is not a parameter at {version[0]}.{version[1]}")
+        by_suffix.setdefault(m.group(2) or "", {})[m.group(1)] = values
     if "same_subtree" in keys:
         raise _Refused("same_subtree", "same_subtree")
     for k in ("limit", "group_policy", "root_required"):
@@ -236,48 +308,29 @@ def _parse(pairs: list[tuple[str, str]], version: tuple[int, int]) -> CandidateQ
             raise _Refused("invalid_request", f"root_required conflicts: {sorted(conflicts)}")
         names |= root_required | root_forbidden
 
-    if "resources" not in keys:
-        # at >= 1.36 an unsuffixed group without resources (or no group at all) is a 400
+    if not by_suffix:
+        # at >= 1.36 no request group at all is a 400
         raise _Refused("invalid_request", "no resources parameter")
-    resources: dict[str, int] = {}
-    for value in keys["resources"]:
-        # every occurrence is parsed; the last one wins (placement's loop over the items)
-        resources = _resources(value)
+    groups: dict[str, GroupQuery] = {}
+    for suffix in sorted(by_suffix):
+        groups[suffix], group_names = _group(suffix, by_suffix[suffix], version)
+        names |= group_names
+    if group_policy is None and len(groups) - ("" in groups) > 1:
+        raise _Refused("invalid_request", "group_policy is required with more than one suffixed group")
 
-    required: list[frozenset[str]] = []
-    forbidden: set[str] = set()
-    if "required" in keys:
-        any_traits = version >= (1, 39)
-        # before 1.39 only the last required parameter counts
-        values = keys["required"] if any_traits else keys["required"][-1:]
-        for value in values:
-            rts, fts = _traits(value, allow_any_traits=any_traits)
-            required += rts
-            forbidden |= fts
-        for any_of in required:
-            if all(t in forbidden for t in any_of):
-                raise _Refused("invalid_request", f"required and forbidden: {sorted(any_of)}")
-        names |= forbidden | {t for s in required for t in s}
-
-    member_of: list[frozenset[str]] = []
-    forbidden_aggs: set[str] = set()
-    for value in keys.get("member_of", ()):
-        req_aggs, forb_aggs = _member_of(value)
-        if req_aggs:
-            member_of.append(req_aggs)
-        forbidden_aggs |= forb_aggs
-
-    in_tree = None
-    for value in keys.get("in_tree", ()):
-        in_tree = value.strip()
-        _check_uuid(in_tree, "in_tree")
-
+    if group_policy != "none" and len(groups) > 1:
+        asked = [rc for g in groups.values() for rc, _ in g.resources]
+        repeated = sorted({rc for rc in asked if asked.count(rc) > 1})
+        if repeated:
+            raise _Refused("repeated_class", f"{', '.join(repeated)} in more than one group")
+    main = groups.pop("", None) or GroupQuery("", ())
     return CandidateQuery(
-        microversion=version, resources=tuple(resources.items()), required=tuple(required),
-        forbidden=frozenset(forbidden), member_of=tuple(member_of),
-        forbidden_aggregates=frozenset(forbidden_aggs), in_tree=in_tree,
+        microversion=version, resources=main.resources, required=main.required,
+        forbidden=main.forbidden, member_of=main.member_of,
+        forbidden_aggregates=main.forbidden_aggregates, in_tree=main.in_tree,
         root_required=frozenset(root_required), root_forbidden=frozenset(root_forbidden),
-        limit=limit, group_policy=group_policy, trait_names=frozenset(names))
+        limit=limit, group_policy=group_policy, trait_names=frozenset(names),
+        groups=tuple(groups.values()))
 
 
 def parse_querystring(querystring: str, microversion: str | tuple[int, int] = NOVA_MICROVERSION
@@ -329,5 +382,5 @@ def querystring_of(params: Mapping[str, str | list[str]]) -> str:
 
 
 __all__ = ["MICROVERSION_MAX", "MICROVERSION_MIN", "NOVA_MICROVERSION", "REASONS", "CandidateQuery",
-           "Unanswered", "parse_microversion", "parse_querystring", "query_of_resource_request",
-           "querystring_of"]
+           "GroupQuery", "Unanswered", "parse_microversion", "parse_querystring",
+           "query_of_resource_request", "querystring_of"]

@@ -9,7 +9,7 @@ gives the scheduler's view.
 * the same tuple from memory as nova's own ``get_allocation_candidates`` for requests made by
   nova from request specs: standard resource classes, required and forbidden traits,
   ``member_of``, ``root_required=!COMPUTE_STATUS_DISABLED``, ``limit``;
-* a request memory does not answer (a granular group), no feed, a stale view, the option
+* a request memory does not answer (a class asked twice), no feed, a stale view, the option
   off: nova's own query, counted by reason;
 * a claim placement refuses because the view was behind: nova's manager goes on to the next
   host, the provider is read back into the view, and the next answer does not offer it;
@@ -288,10 +288,13 @@ def test_what_memory_does_not_answer_goes_to_placement_counted_by_reason(placeme
     ours = rc.SharedReportClient(placement.adapter(), view=view, from_memory=True)
     novas = report.SchedulerReportClient(placement.adapter())
     ctx = nova_context.get_admin_context()
-    granular = resources_of(spec(extra_specs={"resources1:VCPU": "1", "trait1:HW_CPU_X86_AVX2": "required"}))
-    assert "resources1=" in granular.to_querystring()
-    assert normal(ours.get_allocation_candidates(ctx, granular)) == \
-        normal(novas.get_allocation_candidates(ctx, granular))
+    # VCPU asked in two groups under isolate: placement's answer depends on the order it builds
+    # candidates in (query.py, repeated_class)
+    repeated = resources_of(spec(extra_specs={"resources1:VCPU": "1", "resources2:VCPU": "1",
+                                              "group_policy": "isolate"}))
+    assert "resources2=VCPU" in repeated.to_querystring()
+    assert normal(ours.get_allocation_candidates(ctx, repeated)) == \
+        normal(novas.get_allocation_candidates(ctx, repeated))
     view.stale = True
     ours.get_allocation_candidates(ctx, resources_of(spec()))
     view.stale, view.fed = False, False
@@ -301,9 +304,22 @@ def test_what_memory_does_not_answer_goes_to_placement_counted_by_reason(placeme
     none = rc.SharedReportClient(placement.adapter(), view_provider=lambda: None, from_memory=True)
     none.get_allocation_candidates(ctx, resources_of(spec()))
     assert ours.from_memory == 0 and ours.from_placement == 3
-    assert ours.by_reason == {"granular_group": 1, "stale": 1, "no_feed": 1}
+    assert ours.by_reason == {"repeated_class": 1, "stale": 1, "no_feed": 1}
     assert ours.requests["allocation_candidates"] == ours.placement_queries == 3
     assert dict(off.by_reason) == {"disabled": 1} and dict(none.by_reason) == {"no_view": 1}
+
+
+def test_a_suffixed_group_is_answered_from_memory_as_placement_answers_it(placement, world):
+    view = MemoryView(world)
+    ours = rc.SharedReportClient(placement.adapter(), view=view, from_memory=True)
+    novas = report.SchedulerReportClient(placement.adapter())
+    ctx = nova_context.get_admin_context()
+    granular = resources_of(spec(extra_specs={"resources1:VCPU": "1", "trait1:HW_CPU_X86_AVX2": "required"}))
+    assert "resources1=VCPU" in granular.to_querystring()
+    mine = ours.get_allocation_candidates(ctx, granular)
+    assert ours.from_memory == 1 and ours.from_placement == 0
+    assert mine[0] and normal(mine) == normal(novas.get_allocation_candidates(ctx, granular))
+    assert all(set(a["mappings"]) == {"", "1"} for a in mine[0])
 
 
 def test_placement_views_no_feed_and_stale_go_to_placement(placement, world):

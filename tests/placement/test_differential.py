@@ -46,6 +46,7 @@ import random
 import uuid
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 import numpy as np
 import pytest
@@ -201,6 +202,8 @@ def tree_request_st(draw: Any) -> tuple[str, str]:
         pairs.append(("root_required", anchor))
     if draw(st.integers(0, 4)) == 0:
         pairs.append(("limit", str(draw(st.integers(1, 3)))))
+    if not any(k == "group_policy" for k, _ in pairs):
+        pairs += draw(granular_st(["VCPU", "VGPU", "SRIOV_NET_VF", "SRIOV_NET_VF"], TRAITS))
     return urlencode(sorted(pairs)), mv
 
 
@@ -209,6 +212,33 @@ options_st = st.fixed_dictionaries({
     "max_candidates": st.sampled_from([-1, -1, -1, 1, 2]),
     "optimize": st.booleans(),
 })
+
+
+@st.composite
+def granular_st(draw: Any, classes: list[str], names: list[str]) -> list[tuple[str, str]]:
+    """Suffixed groups now and then (nova's PCI devices in placement, ports' bandwidth, a
+    flavor's numbered groups): one or two classes each, their own traits, aggregates and
+    in_tree, and group_policy (left out now and then with two groups: placement's 400)."""
+    pairs: list[tuple[str, str]] = []
+    suffixes = draw(st.lists(st.sampled_from(["1", "2", "_PCI", "-port"]), unique=True, max_size=2))
+    if draw(st.integers(0, 2)) == 0:
+        return []
+    for suffix in suffixes:
+        rcs = draw(st.lists(st.sampled_from(classes), unique=True, min_size=1,
+                            max_size=2 if draw(st.integers(0, 3)) == 0 else 1))
+        pairs.append((f"resources{suffix}", ",".join(f"{rc}:{draw(st.sampled_from([1, 1, 2]))}"
+                                                     for rc in sorted(rcs))))
+        if draw(st.integers(0, 2)) == 0:
+            trait = draw(st.sampled_from(names))
+            pairs.append((f"required{suffix}", draw(st.sampled_from([trait, "!" + trait]))))
+        if draw(st.integers(0, 3)) == 0:
+            agg = draw(st.sampled_from(AGGS))
+            pairs.append((f"member_of{suffix}", draw(st.sampled_from([agg, "!" + agg]))))
+        if draw(st.integers(0, 5)) == 0:
+            pairs.append((f"in_tree{suffix}", draw(st.sampled_from(UUIDS[:3] + MEMBER_UUIDS[:3]))))
+    if len(suffixes) > 1 and draw(st.integers(0, 5)) > 0 or suffixes and draw(st.booleans()):
+        pairs.append(("group_policy", draw(st.sampled_from(["none", "isolate"]))))
+    return pairs
 
 
 @st.composite
@@ -246,9 +276,11 @@ def request_st(draw: Any) -> tuple[str, str]:
     if draw(st.integers(0, 5)) == 0:
         pairs.append(("group_policy", draw(st.sampled_from(["none", "isolate"]))))
     # now and then something placement refuses or that memory leaves to it
+    if not any(k == "group_policy" for k, _ in pairs):
+        pairs += draw(granular_st(RCS + ["VGPU"], names))
     odd = draw(st.integers(0, 14))
     if odd == 0:
-        pairs.append(("resources1", "VCPU:1"))
+        pairs.append(("required1", "CUSTOM_FAST"))  # resourceless outside same_subtree: 400
     elif odd == 1:
         pairs.append(("limit", "0"))
     elif odd == 2:
@@ -389,6 +421,8 @@ def compare(p: RealPlacement, state: ProviderState, qs: str, mv: str, opts: Mapp
             assert status == 400 or (status == 200 and not body["allocation_requests"]), (qs, mem, body)
         return mem.reason
     assert status == 200, (qs, mv, status, body)
+    mine_query = parse_querystring(qs, mv)
+    assert not isinstance(mine_query, Unanswered)
     # every candidate: no limit, no max_allocation_candidates, no shuffling
     query = parse_querystring(qs, mv)
     assert not isinstance(query, Unanswered)
@@ -402,6 +436,8 @@ def compare(p: RealPlacement, state: ProviderState, qs: str, mv: str, opts: Mapp
         OUTCOMES["trees"] = OUTCOMES.get("trees", 0) + 1
     if any(len(a["allocations"]) > 1 for a in mem["allocation_requests"]):
         OUTCOMES["across_a_tree"] = OUTCOMES.get("across_a_tree", 0) + 1
+    if mine_query.groups and mem["allocation_requests"]:
+        OUTCOMES["granular"] = OUTCOMES.get("granular", 0) + 1
     if len(mine) == len(all_cands):
         assert sorted(map(canonical, mine)) == sorted(map(canonical, theirs)), (qs, mv, mem, body)
         assert summaries(mem) == summaries(body), (qs, mv, mem, body)
@@ -507,6 +543,32 @@ FOUND: list[dict[str, Any]] = [
                   (f"member_of={AGGS[1]}&resources=VCPU%3A1%2CVGPU%3A1", "1.36"),
                   ("required=%21CUSTOM_SLOW&resources=VGPU%3A1", "1.36"),
                   ("limit=1&resources=VGPU%3A3", "1.36")]},
+    # suffixed groups: each on one provider (its own traits and aggregates, not its root's),
+    # isolate on distinct providers, amounts of one provider summed and checked again, a
+    # request with no unsuffixed group; a tree and a flat provider holding everything
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)}, {}, [], [AGGS[0]]),
+               _prov(UUIDS[1], {"VCPU": _inv(8), "SRIOV_NET_VF": _inv(4)}, {"SRIOV_NET_VF": 1}),
+               {**_prov(MEMBER_UUIDS[2], {"SRIOV_NET_VF": _inv(4)}, {}, ["CUSTOM_FAST"], [AGGS[1]]),
+                "parent_provider_uuid": UUIDS[0], "root_provider_uuid": UUIDS[0]},
+               {**_prov(MEMBER_UUIDS[3], {"SRIOV_NET_VF": _inv(2)}, {"SRIOV_NET_VF": 1}),
+                "parent_provider_uuid": UUIDS[0], "root_provider_uuid": UUIDS[0]}],
+     "opts": PLAIN,
+     "requests": [(urlencode(q), "1.36") for q in (
+         {"resources": "VCPU:1", "resources1": "SRIOV_NET_VF:1"},
+         {"resources": "VCPU:1", "resources1": "SRIOV_NET_VF:1", "resources2": "SRIOV_NET_VF:1",
+          "group_policy": "isolate"},
+         {"resources": "VCPU:1", "resources1": "SRIOV_NET_VF:1", "resources2": "SRIOV_NET_VF:1",
+          "group_policy": "none"},
+         {"resources1": "SRIOV_NET_VF:2", "resources2": "SRIOV_NET_VF:2", "group_policy": "none"},
+         {"resources": "VCPU:1", "resources_PCI": "SRIOV_NET_VF:1", "required_PCI": "CUSTOM_FAST"},
+         {"resources": "VCPU:1", "resources_PCI": "SRIOV_NET_VF:1", "member_of_PCI": AGGS[0]},
+         {"resources": "VCPU:1", "resources_PCI": "SRIOV_NET_VF:1", "member_of_PCI": "!" + AGGS[1],
+          "in_tree_PCI": MEMBER_UUIDS[3]},
+         {"resources": "VCPU:1", "resources1": "SRIOV_NET_VF:1", "limit": "1",
+          "root_required": "!COMPUTE_STATUS_DISABLED"},
+         {"resources": "VCPU:1", "resources1": "SRIOV_NET_VF:1", "resources2": "VCPU:1",
+          "group_policy": "isolate"},
+     )]},
     # an unknown trait behind a member_of that matches nothing: placement answers 200, empty
     {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)})], "opts": PLAIN,
      "requests": [(f"member_of={AGGS[0]}&required={UNKNOWN_TRAIT}&resources=VCPU%3A1", "1.36")]},
@@ -552,5 +614,6 @@ def test_outcomes_cover_every_kind() -> None:
     assert OUTCOMES.get("all", 0) > 0 and OUTCOMES.get("cut", 0) > 0, OUTCOMES
     assert OUTCOMES.get("invalid_request", 0) > 0, OUTCOMES
     # provider trees: answered with their members summarised, and with a root's and a
-    # member's classes in one allocation request
+    # member's classes in one allocation request; suffixed groups answered with candidates
     assert OUTCOMES.get("trees", 0) > 0 and OUTCOMES.get("across_a_tree", 0) > 0, OUTCOMES
+    assert OUTCOMES.get("granular", 0) > 0, OUTCOMES

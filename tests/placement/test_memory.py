@@ -151,8 +151,14 @@ def test_state_outside_the_covered_set() -> None:
     ("resources=VCPU:1", "1.35", "microversion"),
     ("resources=VCPU:1", "latest", "microversion"),
     ("resources=VCPU:1&colour=blue", "1.36", "unknown_parameter"),
-    ("resources1=VCPU:1&resources=VCPU:1", "1.36", "granular_group"),
-    ("resources=VCPU:1&required_NET=CUSTOM_X", "1.36", "granular_group"),
+    # suffixed groups: placement's 400s (a resourceless group outside same_subtree, no
+    # group_policy with two of them)
+    ("resources=VCPU:1&required_NET=CUSTOM_X", "1.36", "invalid_request"),
+    ("resources1=VCPU:1&resources2=VCPU:1", "1.36", "invalid_request"),
+    ("resources1=VCPU:1&required1=CUSTOM_X,!CUSTOM_X", "1.36", "invalid_request"),
+    ("required=CUSTOM_X&resources1=VCPU:1", "1.36", "invalid_request"),
+    ("resources=VCPU:1&resources1=VCPU:1", "1.36", "repeated_class"),
+    ("resources=VCPU:1&resources1=VGPU:1&resources2=VCPU:1&group_policy=isolate", "1.36", "repeated_class"),
     ("resources=VCPU:1&same_subtree=_A,_B", "1.36", "same_subtree"),
     ("resources=VCPU:1&limit=2&limit=3", "1.36", "duplicate_parameter"),
     ("resources=VCPU:1&root_required=CUSTOM_A&root_required=CUSTOM_B", "1.36", "duplicate_parameter"),
