@@ -5,10 +5,10 @@ return exactly the JSON object placement returns (parsed: lists and dicts),
 or an :class:`~.query.Unanswered` when the state or the query is outside the
 covered set (see :mod:`.query` for the reasons).
 
-The covered set: every request of microversion 1.36 to 1.39 without
-``same_subtree``, while no sharing provider is held, and without a class
-asked by several groups under a ``group_policy`` other than ``none`` (see
-:mod:`.query`).  placement's code paths are reproduced:
+The covered set: every request of microversion 1.36 to 1.39 while no
+sharing provider is held, but one asking a class in several groups under a
+``group_policy`` other than ``none`` (see :mod:`.query`).  placement's code
+paths are reproduced:
 
 * **roots** -- a request without suffixed groups: without provider trees
   placement takes ``get_provider_ids_matching`` and
@@ -47,8 +47,11 @@ asked by several groups under a ``group_policy`` other than ``none`` (see
   unsuffixed group as above; within each tree every product of one
   candidate per group (placement's ``_merge_candidates``), under
   ``group_policy=isolate`` with the suffixed groups on distinct providers,
-  the amounts one provider gives several groups summed and checked again
-  (:func:`_merged`); mappings per group suffix.
+  the amounts one provider gives several groups summed and checked again,
+  each ``same_subtree`` set's providers under one of them (:func:`_merged`);
+  a resourceless group (``same_subtree`` only) takes a provider its traits
+  or aggregates select, wherever it is in the tree (placement's tree filter
+  is in its capacity query); mappings per group suffix.
 
 Then, on both paths: one provider summary per provider of every answered
 tree (every inventory's capacity and usage, its traits, its parent and root:
@@ -351,11 +354,16 @@ def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | No
     """The providers one suffixed group can take, each alone (placement's
     ``get_provider_ids_matching`` and ``_alloc_candidates_single_provider``): room for every
     class of the group, its required traits, no forbidden trait, in every ``member_of`` set
-    and in no forbidden aggregate -- all on the provider itself --, in ``in_tree``'s tree, and
-    an anchor root."""
+    and in no forbidden aggregate -- all on the provider itself --, in ``in_tree``'s tree (a
+    group with resources; a resourceless one only needs ``in_tree`` to exist), and an anchor
+    root."""
     n = state.capacity
     roots = state.root_slot
     ok = state.alive & (roots >= 0)
+    if not group.resources and not (group.required or group.member_of):
+        # placement keeps the providers its trait and aggregate filters found, and a
+        # resourceless group with neither found none (get_provider_ids_matching)
+        return np.zeros(0, dtype=np.int64)
     for rc, amount in group.resources:
         fits = _fits(state, rc, amount, config)
         if fits is None:
@@ -376,7 +384,8 @@ def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | No
         root = None if p is None else state.slot_of(p.root_provider_uuid)
         if root is None:
             return np.zeros(0, dtype=np.int64)
-        ok &= roots == root
+        if group.resources:  # placement's tree filter is in its capacity query alone
+            ok &= roots == root
     if anchors is not None:
         ok &= anchors[np.where(roots >= 0, roots, 0)]
     return np.flatnonzero(ok)
@@ -385,9 +394,10 @@ def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | No
 def _merged(state: ProviderState, query: CandidateQuery, config: PlacementConfig) -> Iterator[Candidate]:
     """A request with suffixed groups (placement's ``_merge_candidates``): within each tree,
     every product of one candidate per group; under ``group_policy=isolate`` the suffixed
-    groups on distinct providers; the amounts on one provider and class summed, and checked
-    again against its capacity and max_unit (with ``optimize_for_wide_provider_trees``,
-    against its capacity alone, usage left out)."""
+    groups on distinct providers; each ``same_subtree`` set's providers under one of them; the
+    amounts on one provider and class summed, and checked again against its capacity and
+    max_unit (with ``optimize_for_wide_provider_trees``, against its capacity alone, usage
+    left out)."""
     per_group: list[tuple[str, dict[int, list[_Part]]]] = []
     if query.resources:
         unsuffixed: dict[int, list[_Part]] = {}
@@ -415,6 +425,8 @@ def _merged(state: ProviderState, query: CandidateQuery, config: PlacementConfig
             if isolate and len({part[1][0] for (suffix, _), part in zip(per_group, parts, strict=True)
                                 if suffix}) != granular:
                 continue
+            if query.same_subtrees and not _same_subtrees(state, query, per_group, parts):
+                continue
             amounts: dict[tuple[int, str], int] = {}
             for claimed, _ in parts:
                 for slot, rc, amount in claimed:
@@ -424,6 +436,37 @@ def _merged(state: ProviderState, query: CandidateQuery, config: PlacementConfig
             yield (root, tuple((slot, rc, amount) for (slot, rc), amount in amounts.items()),
                    tuple((suffix, providers) for (suffix, _), (_, providers) in zip(per_group, parts,
                                                                                     strict=True)))
+
+
+def _same_subtrees(state: ProviderState, query: CandidateQuery,
+                   per_group: list[tuple[str, dict[int, list[_Part]]]], parts: tuple[_Part, ...]) -> bool:
+    """Every ``same_subtree`` set's providers under one of them (placement's
+    ``_satisfies_same_subtree``)."""
+    chosen = {suffix: providers for (suffix, _), (_, providers) in zip(per_group, parts, strict=True)}
+    for suffixes in query.same_subtrees:
+        slots = {slot for suffix in suffixes for slot in chosen[suffix]}
+        if len(slots) == 1:
+            continue
+        common: set[int] | None = None
+        for slot in slots:
+            lineage = _ancestors(state, slot)
+            common = lineage if common is None else common & lineage
+        if not common or not common & slots:
+            return False
+    return True
+
+
+def _ancestors(state: ProviderState, slot: int) -> set[int]:
+    """``slot`` and the slots of every provider above it."""
+    lineage = {slot}
+    parent = state.provider_at(slot).parent_provider_uuid
+    while parent is not None:
+        up = state.slot_of(parent)
+        if up is None:
+            break
+        lineage.add(up)
+        parent = state.provider_at(up).parent_provider_uuid
+    return lineage
 
 
 def _exceeds(state: ProviderState, slot: int, rc: str, amount: int, config: PlacementConfig) -> bool:

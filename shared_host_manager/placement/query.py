@@ -26,8 +26,6 @@ answer does not cover:
     an aggregate or provider uuid not in lowercase 8-4-4-4-12 form (MariaDB
     compares uuids case-insensitively, SQLite does not), or such a uuid held
     in the state
-``same_subtree``
-    the ``same_subtree`` parameter
 ``repeated_class``
     a resource class asked for by more than one group, with a ``group_policy``
     other than ``none``: placement 16 then adds one group's amount into the
@@ -66,7 +64,7 @@ NOVA_MICROVERSION = "1.36"
 
 REASONS = (
     "microversion", "unknown_parameter", "invalid_request", "duplicate_parameter",
-    "noncanonical_uuid", "same_subtree", "repeated_class", "unknown_resource_class",
+    "noncanonical_uuid", "repeated_class", "unknown_resource_class",
     "unknown_trait", "sharing_provider", "no_feed", "stale",
 )
 
@@ -87,7 +85,8 @@ class Unanswered:
 
 @dataclass(frozen=True)
 class GroupQuery:
-    """One suffixed (granular) request group: its resources all from one provider."""
+    """One suffixed (granular) request group: its resources all from one provider (none: a
+    resourceless group, named in ``same_subtree``)."""
 
     suffix: str
     #: (resource class, amount) in the querystring's order
@@ -124,6 +123,8 @@ class CandidateQuery:
     trait_names: frozenset[str] = field(default=frozenset(), compare=False)
     #: the suffixed groups, by suffix
     groups: tuple[GroupQuery, ...] = ()
+    #: each set of suffixes: their providers all under one of them
+    same_subtrees: tuple[frozenset[str], ...] = ()
 
     @property
     def resource_classes(self) -> list[str]:
@@ -222,15 +223,15 @@ def _member_of(value: str) -> tuple[frozenset[str], frozenset[str]]:
     return required, forbidden
 
 
-def _group(suffix: str, keys: Mapping[str, list[str]], version: tuple[int, int]
-           ) -> tuple[GroupQuery, set[str]]:
+def _group(suffix: str, keys: Mapping[str, list[str]], version: tuple[int, int],
+           subtree: frozenset[str]) -> tuple[GroupQuery, set[str]]:
     """One request group's parameters (placement's RequestGroup._parse_request_items and its
     checks), and the trait names it uses."""
-    if "resources" not in keys:
+    if "resources" not in keys and suffix not in subtree:
         # resourceless: only a group named in same_subtree may be (placement's 400)
         raise _Refused("invalid_request", f"group {suffix!r} without resources{suffix}")
     resources: dict[str, int] = {}
-    for value in keys["resources"]:
+    for value in keys.get("resources", ()):
         # every occurrence is parsed; the last one wins (placement's loop over the items)
         resources = _resources(value)
 
@@ -278,8 +279,13 @@ def _parse(pairs: list[tuple[str, str]], version: tuple[int, int]) -> CandidateQ
         if not m:
             raise _Refused("unknown_parameter", f"{k!r} is not a parameter at {version[0]}.{version[1]}")
         by_suffix.setdefault(m.group(2) or "", {})[m.group(1)] = values
-    if "same_subtree" in keys:
-        raise _Refused("same_subtree", "same_subtree")
+    same_subtrees: list[frozenset[str]] = []
+    for value in keys.get("same_subtree", ()):
+        suffixes = frozenset(part.strip() for part in value.split(","))
+        if "" in suffixes:
+            raise _Refused("invalid_request", "same_subtree: the unsuffixed group")
+        same_subtrees.append(suffixes)
+    subtree = frozenset().union(*same_subtrees)
     for k in ("limit", "group_policy", "root_required"):
         if len(keys.get(k, ())) > 1:
             raise _Refused("duplicate_parameter", f"{k} given {len(keys[k])} times")
@@ -308,12 +314,15 @@ def _parse(pairs: list[tuple[str, str]], version: tuple[int, int]) -> CandidateQ
             raise _Refused("invalid_request", f"root_required conflicts: {sorted(conflicts)}")
         names |= root_required | root_forbidden
 
-    if not by_suffix:
-        # at >= 1.36 no request group at all is a 400
+    if not any("resources" in group for group in by_suffix.values()):
+        # at >= 1.36 no request group, or none with resources, is a 400
         raise _Refused("invalid_request", "no resources parameter")
+    unknown = sorted(subtree - set(by_suffix))
+    if unknown:
+        raise _Refused("invalid_request", f"same_subtree names no group: {unknown}")
     groups: dict[str, GroupQuery] = {}
     for suffix in sorted(by_suffix):
-        groups[suffix], group_names = _group(suffix, by_suffix[suffix], version)
+        groups[suffix], group_names = _group(suffix, by_suffix[suffix], version, subtree)
         names |= group_names
     if group_policy is None and len(groups) - ("" in groups) > 1:
         raise _Refused("invalid_request", "group_policy is required with more than one suffixed group")
@@ -330,7 +339,7 @@ def _parse(pairs: list[tuple[str, str]], version: tuple[int, int]) -> CandidateQ
         forbidden_aggregates=main.forbidden_aggregates, in_tree=main.in_tree,
         root_required=frozenset(root_required), root_forbidden=frozenset(root_forbidden),
         limit=limit, group_policy=group_policy, trait_names=frozenset(names),
-        groups=tuple(groups.values()))
+        groups=tuple(groups.values()), same_subtrees=tuple(same_subtrees))
 
 
 def parse_querystring(querystring: str, microversion: str | tuple[int, int] = NOVA_MICROVERSION

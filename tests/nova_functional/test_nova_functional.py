@@ -297,8 +297,8 @@ def test_nova_functional_selection_passes_with_the_drop_in():
         assert replayed["replay_checked"] >= 0.8 * (replayed["replayed_decisions"]
                                                      - replayed["replay_other_code"]), replayed
     # the fixture's placement feed fed every drop-in scheduler: allocation candidates come from
-    # memory except for the request shapes placement keeps (same_subtree, a class in several
-    # groups under isolate)
+    # memory except for the request shapes placement keeps (a class in several groups under
+    # isolate, names the feed's copy does not know yet)
     cands = summary["candidates"]
     assert cands["from_memory"] >= 0.8 * (cands["from_memory"] + cands["from_placement"]), cands
     assert not set(cands["by_reason"]) & {"stale", "error"}, cands

@@ -223,7 +223,17 @@ def granular_st(draw: Any, classes: list[str], names: list[str]) -> list[tuple[s
     suffixes = draw(st.lists(st.sampled_from(["1", "2", "_PCI", "-port"]), unique=True, max_size=2))
     if draw(st.integers(0, 2)) == 0:
         return []
+    # same_subtree over the groups (a resourceless one among them now and then, which only
+    # same_subtree allows), now and then naming a group that does not exist
+    subtree = len(suffixes) > 1 and draw(st.integers(0, 2)) == 0
+    resourceless = suffixes[-1] if subtree and draw(st.booleans()) else None
+    if subtree:
+        named = suffixes + (["_nowhere"] if draw(st.integers(0, 9)) == 0 else [])
+        pairs.append(("same_subtree", ",".join(named)))
     for suffix in suffixes:
+        if suffix == resourceless:
+            pairs.append((f"required{suffix}", draw(st.sampled_from(names))))
+            continue
         rcs = draw(st.lists(st.sampled_from(classes), unique=True, min_size=1,
                             max_size=2 if draw(st.integers(0, 3)) == 0 else 1))
         pairs.append((f"resources{suffix}", ",".join(f"{rc}:{draw(st.sampled_from([1, 1, 2]))}"
@@ -568,6 +578,26 @@ FOUND: list[dict[str, Any]] = [
           "root_required": "!COMPUTE_STATUS_DISABLED"},
          {"resources": "VCPU:1", "resources1": "SRIOV_NET_VF:1", "resources2": "VCPU:1",
           "group_policy": "isolate"},
+     )]},
+    # same_subtree: the groups' providers under one of them (a grandchild under its parent, not
+    # a sibling), a resourceless group placed by its trait alone
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)}),
+               {**_prov(MEMBER_UUIDS[4], {"SRIOV_NET_VF": _inv(4)}, {}, ["CUSTOM_FAST"]),
+                "parent_provider_uuid": UUIDS[0], "root_provider_uuid": UUIDS[0]},
+               {**_prov(MEMBER_UUIDS[5], {"VGPU": _inv(4)}),
+                "parent_provider_uuid": MEMBER_UUIDS[4], "root_provider_uuid": UUIDS[0]},
+               {**_prov(MEMBER_UUIDS[6], {"VGPU": _inv(2)}, {}, ["CUSTOM_SLOW"]),
+                "parent_provider_uuid": UUIDS[0], "root_provider_uuid": UUIDS[0]}],
+     "opts": PLAIN,
+     "requests": [(urlencode(q), mv) for q, mv in (
+         ({"resources_A": "SRIOV_NET_VF:1", "resources_B": "VGPU:1", "same_subtree": "_A,_B",
+           "group_policy": "none"}, "1.36"),
+         ({"resources": "VCPU:1", "required_X": "CUSTOM_SLOW", "resources_B": "VGPU:1",
+           "same_subtree": "_X,_B", "group_policy": "isolate"}, "1.36"),
+         ({"resources": "VCPU:1", "required_X": "CUSTOM_SLOW", "resources_B": "VGPU:1",
+           "same_subtree": "_X,_B", "group_policy": "none"}, "1.36"),
+         ({"resources": "VCPU:1", "required_X": "CUSTOM_FAST", "resources_B": "VGPU:1",
+           "same_subtree": "_B,_X", "group_policy": "isolate"}, "1.39"),
      )]},
     # an unknown trait behind a member_of that matches nothing: placement answers 200, empty
     {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)})], "opts": PLAIN,
