@@ -152,7 +152,7 @@ def _anchors(state: ProviderState, query: CandidateQuery) -> BoolArray | None:
     the request names no root trait."""
     if not (query.root_required or query.root_forbidden):
         return None
-    anchors = state.alive & ~state.member
+    anchors = state.alive & ~state.member if state.nested else state.alive.copy()
     for t in query.root_required:
         m = state.trait_mask(t)
         if m is None:
@@ -163,45 +163,6 @@ def _anchors(state: ProviderState, query: CandidateQuery) -> BoolArray | None:
         if m is not None:
             anchors = anchors & ~m
     return anchors
-
-
-def matching_slots(state: ProviderState, query: CandidateQuery,
-                   config: PlacementConfig = PlacementConfig()) -> np.ndarray:
-    """Slots of the providers placement returns a candidate for, in slot order."""
-    n = state.capacity
-    ok = state.alive.copy()
-    for rc, amount in query.resources:
-        fits = _fits(state, rc, amount, config)
-        if fits is None:
-            return np.zeros(0, dtype=np.int64)
-        ok &= fits
-    # a trait no provider carries has no mask: any-of over nothing matches nothing
-    for any_of in query.required:
-        ok &= _any_of([state.trait_mask(t) for t in any_of], n)
-    for t in query.forbidden | query.root_forbidden:
-        m = state.trait_mask(t)
-        if m is not None:
-            ok &= ~m
-    for t in query.root_required:
-        m = state.trait_mask(t)
-        if m is None:
-            return np.zeros(0, dtype=np.int64)
-        ok &= m
-    for any_aggs in query.member_of:
-        ok &= _any_of([state.aggregate_mask(a) for a in any_aggs], n)
-    if query.forbidden_aggregates:
-        ok &= ~_any_of([state.aggregate_mask(a) for a in query.forbidden_aggregates], n)
-    if query.in_tree is not None:
-        p = state.get(query.in_tree)
-        if p is None:
-            return np.zeros(0, dtype=np.int64)
-        root = state.slot_of(p.root_provider_uuid)
-        if root is None:
-            return np.zeros(0, dtype=np.int64)
-        only = np.zeros(n, dtype=np.bool_)
-        only[root] = True
-        ok &= only
-    return np.flatnonzero(ok)
 
 
 def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswered,
@@ -230,11 +191,13 @@ def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswer
     mappings = query.microversion >= (1, 34)
     if query.groups:
         entries: list[Candidate] = list(_merged(state, query, config))
-    elif any(state.member_holds(rc) for rc, _ in query.resources):
+    elif any(state.member_holds(rc) for rc, _ in query.main.resources):
         entries = [_single(query, root, combo) for root, combo in tree_combinations(state, query, config)]
     else:
-        slots: Any = _limited(matching_slots(state, query, config), query, config, rng)
-        return state.body(slots, query.resources, mappings)
+        # roots alone: one vector answer (see the module docstring)
+        slots: Any = _limited(group_slots(state, query.main, _anchors(state, query), config),
+                              query, config, rng)
+        return state.body(slots, query.main.resources, mappings)
     return _body(state, cast(Sequence[Candidate], _limited(entries, query, config, rng)), mappings)
 
 
@@ -280,6 +243,7 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
     (``_get_trees_with_traits``) keeps every tree that has such a product, so it changes
     nothing here.
     """
+    group = query.main
     n = state.capacity
     roots = state.root_slot
     held = roots >= 0
@@ -288,26 +252,26 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
     anchors = _anchors(state, query)
     if anchors is not None:
         common &= anchors[at]
-    if query.member_of:
+    if group.member_of:
         inside = np.ones(n, dtype=np.bool_)
-        for any_aggs in query.member_of:
+        for any_aggs in group.member_of:
             inside &= _any_of([state.aggregate_mask(a) for a in any_aggs], n)
         common &= inside | inside[at]
-    if query.forbidden_aggregates:
-        bad = _any_of([state.aggregate_mask(a) for a in query.forbidden_aggregates], n)
+    if group.forbidden_aggregates:
+        bad = _any_of([state.aggregate_mask(a) for a in group.forbidden_aggregates], n)
         common &= ~bad & ~bad[at]
-    for t in query.forbidden:
+    for t in group.forbidden:
         m = state.trait_mask(t)
         if m is not None:
             common &= ~m
-    if query.in_tree is not None:
-        p = state.get(query.in_tree)
+    if group.in_tree is not None:
+        p = state.get(group.in_tree)
         root = None if p is None else state.slot_of(p.root_provider_uuid)
         if root is None:
             return
         common &= roots == root
     serving: list[BoolArray] = []
-    for rc, amount in query.resources:
+    for rc, amount in group.resources:
         fits = _fits(state, rc, amount, config)
         if fits is None:
             return
@@ -329,9 +293,9 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
         by_class.append(servers)
     for root in np.flatnonzero(trees).tolist():
         for combo in itertools.product(*(servers[root] for servers in by_class)):
-            if query.required:
+            if group.required:
                 carried = frozenset().union(*(state.provider_at(slot).traits for slot in set(combo)))
-                if not all(any_of & carried for any_of in query.required):
+                if not all(any_of & carried for any_of in group.required):
                     continue
             yield root, combo
 
@@ -345,21 +309,25 @@ _Part = tuple[tuple[tuple[int, str, int], ...], tuple[int, ...]]
 
 def _single(query: CandidateQuery, root: int, combo: tuple[int, ...]) -> Candidate:
     """The candidate of one product of the unsuffixed group alone."""
-    claimed = tuple((slot, rc, amount) for slot, (rc, amount) in zip(combo, query.resources, strict=True))
+    claimed = tuple((slot, rc, amount) for slot, (rc, amount) in zip(combo, query.main.resources,
+                                                                       strict=True))
     return root, claimed, (("", tuple(dict.fromkeys(combo))),)
 
 
 def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | None,
                 config: PlacementConfig = PlacementConfig()) -> IntArray:
-    """The providers one suffixed group can take, each alone (placement's
-    ``get_provider_ids_matching`` and ``_alloc_candidates_single_provider``): room for every
+    """The providers one group can take, each alone, in slot order (placement's
+    ``get_provider_ids_matching`` and ``_alloc_candidates_single_provider``, which serve a
+    suffixed group, and the unsuffixed one where it is answered on roots): room for every
     class of the group, its required traits, no forbidden trait, in every ``member_of`` set
     and in no forbidden aggregate -- all on the provider itself --, in ``in_tree``'s tree (a
     group with resources; a resourceless one only needs ``in_tree`` to exist), and an anchor
     root."""
     n = state.capacity
     roots = state.root_slot
-    ok = state.alive & (roots >= 0)
+    # without trees every provider is its own root (the hot path: spare the indexing)
+    trees = bool(state.nested)
+    ok = state.alive & (roots >= 0) if trees else state.alive.copy()
     if not group.resources and not (group.required or group.member_of):
         # placement keeps the providers its trait and aggregate filters found, and a
         # resourceless group with neither found none (get_provider_ids_matching)
@@ -387,7 +355,7 @@ def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | No
         if group.resources:  # placement's tree filter is in its capacity query alone
             ok &= roots == root
     if anchors is not None:
-        ok &= anchors[np.where(roots >= 0, roots, 0)]
+        ok &= anchors[np.where(roots >= 0, roots, 0)] if trees else anchors
     return np.flatnonzero(ok)
 
 
@@ -399,17 +367,17 @@ def _merged(state: ProviderState, query: CandidateQuery, config: PlacementConfig
     max_unit (with ``optimize_for_wide_provider_trees``, against its capacity alone, usage
     left out)."""
     per_group: list[tuple[str, dict[int, list[_Part]]]] = []
-    if query.resources:
+    anchors = _anchors(state, query)
+    if query.main.resources:
         unsuffixed: dict[int, list[_Part]] = {}
         if state.nested:
             singles = (_single(query, root, combo) for root, combo in tree_combinations(state, query, config))
         else:  # no tree: placement's single-provider path for the unsuffixed group too
-            singles = (_single(query, slot, (slot,) * len(query.resources))
-                       for slot in matching_slots(state, query, config).tolist())
+            singles = (_single(query, slot, (slot,) * len(query.main.resources))
+                       for slot in group_slots(state, query.main, anchors, config).tolist())
         for root, claimed, ((_, providers),) in singles:
             unsuffixed.setdefault(root, []).append((claimed, providers))
         per_group.append(("", unsuffixed))
-    anchors = _anchors(state, query)
     roots = state.root_slot
     for group in query.groups:
         by_root: dict[int, list[_Part]] = {}
@@ -505,4 +473,4 @@ def answer(state: ProviderState, querystring: str, microversion: str = "1.36",
 
 
 __all__ = ["Candidate", "Combination", "PlacementConfig", "RandomSource", "allocation_candidates",
-           "answer", "group_slots", "matching_slots", "state_reason", "tree_combinations"]
+           "answer", "group_slots", "state_reason", "tree_combinations"]

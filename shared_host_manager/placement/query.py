@@ -85,8 +85,9 @@ class Unanswered:
 
 @dataclass(frozen=True)
 class GroupQuery:
-    """One suffixed (granular) request group: its resources all from one provider (none: a
-    resourceless group, named in ``same_subtree``)."""
+    """One request group: a suffixed (granular) one takes its resources from one provider
+    (none: a resourceless group, named in ``same_subtree``); the unsuffixed one (suffix "")
+    from one tree."""
 
     suffix: str
     #: (resource class, amount) in the querystring's order
@@ -103,18 +104,11 @@ class GroupQuery:
 @dataclass(frozen=True)
 class CandidateQuery:
     """One request, as placement's RequestGroups and RequestWideParams hold it: the unsuffixed
-    group's fields (no resources: there is none), the suffixed groups, the request-wide ones."""
+    group (no resources: there is none), the suffixed groups, the request-wide parameters."""
 
     microversion: tuple[int, int]
-    #: (resource class, amount) in the querystring's order
-    resources: tuple[tuple[str, int], ...]
-    #: each set is any-of; the sets are all-of
-    required: tuple[frozenset[str], ...] = ()
-    forbidden: frozenset[str] = frozenset()
-    #: each set is any-of; the sets are all-of
-    member_of: tuple[frozenset[str], ...] = ()
-    forbidden_aggregates: frozenset[str] = frozenset()
-    in_tree: str | None = None
+    #: the unsuffixed group (suffix ""): its resources from one tree, not one provider
+    main: GroupQuery
     root_required: frozenset[str] = frozenset()
     root_forbidden: frozenset[str] = frozenset()
     limit: int | None = None
@@ -129,7 +123,7 @@ class CandidateQuery:
     @property
     def resource_classes(self) -> list[str]:
         """Every class any group asks for, in the order asked."""
-        return [rc for rc, _ in self.resources] + [rc for g in self.groups for rc, _ in g.resources]
+        return [rc for g in (self.main, *self.groups) for rc, _ in g.resources]
 
 
 class _Refused(Exception):
@@ -334,9 +328,7 @@ def _parse(pairs: list[tuple[str, str]], version: tuple[int, int]) -> CandidateQ
             raise _Refused("repeated_class", f"{', '.join(repeated)} in more than one group")
     main = groups.pop("", None) or GroupQuery("", ())
     return CandidateQuery(
-        microversion=version, resources=main.resources, required=main.required,
-        forbidden=main.forbidden, member_of=main.member_of,
-        forbidden_aggregates=main.forbidden_aggregates, in_tree=main.in_tree,
+        microversion=version, main=main,
         root_required=frozenset(root_required), root_forbidden=frozenset(root_forbidden),
         limit=limit, group_policy=group_policy, trait_names=frozenset(names),
         groups=tuple(groups.values()), same_subtrees=tuple(same_subtrees))

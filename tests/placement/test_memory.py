@@ -196,15 +196,15 @@ def test_parser_reads_as_placement_does() -> None:
                           f"&member_of=in:{AGG}&member_of=!{uuid(9)}&in_tree=%20{uuid(3)}%20", "1.36")
     assert not isinstance(q, Unanswered)
     # the last resources wins; before 1.39 only the last required counts; in_tree is stripped
-    assert q.resources == (("MEMORY_MB", 5), ("DISK_GB", 1))
-    assert q.required == (frozenset({"CUSTOM_C"}),) and q.forbidden == frozenset()
-    assert q.member_of == (frozenset({AGG}),) and q.forbidden_aggregates == {uuid(9)}
-    assert q.in_tree == uuid(3)
+    assert q.main.resources == (("MEMORY_MB", 5), ("DISK_GB", 1))
+    assert q.main.required == (frozenset({"CUSTOM_C"}),) and q.main.forbidden == frozenset()
+    assert q.main.member_of == (frozenset({AGG}),) and q.main.forbidden_aggregates == {uuid(9)}
+    assert q.main.in_tree == uuid(3)
     q = parse_querystring("resources=VCPU:1&required=!!CUSTOM_A,CUSTOM_B"
                           "&required=in:CUSTOM_C,CUSTOM_D", "placement 1.39")
     assert not isinstance(q, Unanswered)
-    assert q.required == (frozenset({"CUSTOM_B"}), frozenset({"CUSTOM_C", "CUSTOM_D"}))
-    assert q.forbidden == {"CUSTOM_A"}
+    assert q.main.required == (frozenset({"CUSTOM_B"}), frozenset({"CUSTOM_C", "CUSTOM_D"}))
+    assert q.main.forbidden == {"CUSTOM_A"}
 
 
 def test_unknown_names() -> None:
@@ -278,7 +278,7 @@ def test_nova_resource_request() -> None:
     spec.root_forbidden.add("COMPUTE_STATUS_DISABLED")
     q = query_of_resource_request(utils.ResourceRequest.from_request_spec(spec))
     assert not isinstance(q, Unanswered)
-    assert dict(q.resources) == {"DISK_GB": 10, "MEMORY_MB": 1024, "VCPU": 2}
-    assert q.required == (frozenset({"HW_CPU_X86_AVX2"}),) and q.forbidden == {"CUSTOM_SLOW"}
+    assert dict(q.main.resources) == {"DISK_GB": 10, "MEMORY_MB": 1024, "VCPU": 2}
+    assert q.main.required == (frozenset({"HW_CPU_X86_AVX2"}),) and q.main.forbidden == {"CUSTOM_SLOW"}
     assert q.root_forbidden == {"COMPUTE_STATUS_DISABLED"} and q.limit == 1000
     assert q.microversion == (1, 36)
