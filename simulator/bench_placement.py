@@ -155,6 +155,7 @@ def _agrees(mine: Any, status: int, theirs: Any, full: Any) -> bool:
     def key(areq: Any) -> str:  # placement's mappings are sets
         mappings = {g: sorted(rps) for g, rps in areq.get("mappings", {}).items()}
         return json.dumps({**areq, "mappings": mappings}, sort_keys=True)
+
     everything = {key(a) for a in full["allocation_requests"]}
     if len(mine["allocation_requests"]) != len(theirs["allocation_requests"]):
         return False
@@ -162,10 +163,12 @@ def _agrees(mine: Any, status: int, theirs: Any, full: Any) -> bool:
         return False
     if len(theirs["allocation_requests"]) < len(everything):
         return True
+
     # nothing cut: the same summaries, every member of a candidate's tree among them
     # (placement's traits are a set)
     def summaries(body: Any) -> dict[str, Any]:
         return {u: {**s, "traits": sorted(s["traits"])} for u, s in body["provider_summaries"].items()}
+
     return summaries(mine) == summaries(theirs)
 
 
@@ -254,7 +257,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m simulator.bench_p
     parser.add_argument("--memory-requests", type=int, default=2000)
     parser.add_argument("--placement-requests", type=int, default=30)
     parser.add_argument("--trees", type=float, default=0.0, metavar="F",
-                        help="share of compute nodes with a vGPU child provider (0 to 1; default 0)")
+                        help="share of compute nodes with a vGPU child provider, and of requests "
+                             "for a vGPU (0 to 1; default 0)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     args = parser.parse_args(argv)
