@@ -147,21 +147,30 @@ def _fits(state: ProviderState, rc: str, amount: int, config: PlacementConfig) -
     return ok
 
 
+def _carrying_any(state: ProviderState, traits: frozenset[str]) -> BoolArray:
+    """The providers carrying any of ``traits`` (none when no provider carries one)."""
+    return _any_of([state.trait_mask(t) for t in traits], state.capacity)
+
+
+def _tree_of(state: ProviderState, in_tree: str) -> int | None:
+    """The root slot of ``in_tree``'s tree, or None when the provider or its root is not held."""
+    p = state.get(in_tree)
+    return None if p is None else state.slot_of(p.root_provider_uuid)
+
+
 def _anchors(state: ProviderState, query: CandidateQuery) -> BoolArray | None:
     """The root providers ``root_required`` admits (placement's anchor roots), or None when
     the request names no root trait."""
     if not (query.root_required or query.root_forbidden):
         return None
-    anchors = state.alive & ~state.member if state.nested else state.alive.copy()
+    anchors = state.alive & ~state.member if state.has_trees else state.alive.copy()
     for t in query.root_required:
         m = state.trait_mask(t)
         if m is None:
             return np.zeros(state.capacity, dtype=np.bool_)
         anchors = anchors & m
-    for t in query.root_forbidden:
-        m = state.trait_mask(t)
-        if m is not None:
-            anchors = anchors & ~m
+    if query.root_forbidden:
+        anchors = anchors & ~_carrying_any(state, query.root_forbidden)
     return anchors
 
 
@@ -260,13 +269,10 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
     if group.forbidden_aggregates:
         bad = _any_of([state.aggregate_mask(a) for a in group.forbidden_aggregates], n)
         common &= ~bad & ~bad[at]
-    for t in group.forbidden:
-        m = state.trait_mask(t)
-        if m is not None:
-            common &= ~m
+    if group.forbidden:
+        common &= ~_carrying_any(state, group.forbidden)
     if group.in_tree is not None:
-        p = state.get(group.in_tree)
-        root = None if p is None else state.slot_of(p.root_provider_uuid)
+        root = _tree_of(state, group.in_tree)
         if root is None:
             return
         common &= roots == root
@@ -326,7 +332,7 @@ def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | No
     n = state.capacity
     roots = state.root_slot
     # without trees every provider is its own root (the hot path: spare the indexing)
-    trees = bool(state.nested)
+    trees = state.has_trees
     ok = state.alive & (roots >= 0) if trees else state.alive.copy()
     if not group.resources and not (group.required or group.member_of):
         # placement keeps the providers its trait and aggregate filters found, and a
@@ -338,18 +344,15 @@ def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | No
             return np.zeros(0, dtype=np.int64)
         ok &= fits
     for any_of in group.required:
-        ok &= _any_of([state.trait_mask(t) for t in any_of], n)
-    for t in group.forbidden:
-        m = state.trait_mask(t)
-        if m is not None:
-            ok &= ~m
+        ok &= _carrying_any(state, any_of)
+    if group.forbidden:
+        ok &= ~_carrying_any(state, group.forbidden)
     for any_aggs in group.member_of:
         ok &= _any_of([state.aggregate_mask(a) for a in any_aggs], n)
     if group.forbidden_aggregates:
         ok &= ~_any_of([state.aggregate_mask(a) for a in group.forbidden_aggregates], n)
     if group.in_tree is not None:
-        p = state.get(group.in_tree)
-        root = None if p is None else state.slot_of(p.root_provider_uuid)
+        root = _tree_of(state, group.in_tree)
         if root is None:
             return np.zeros(0, dtype=np.int64)
         if group.resources:  # placement's tree filter is in its capacity query alone
@@ -370,7 +373,7 @@ def _merged(state: ProviderState, query: CandidateQuery, config: PlacementConfig
     anchors = _anchors(state, query)
     if query.main.resources:
         unsuffixed: dict[int, list[_Part]] = {}
-        if state.nested:
+        if state.has_trees:
             singles = (_single(query, root, combo) for root, combo in tree_combinations(state, query, config))
         else:  # no tree: placement's single-provider path for the unsuffixed group too
             singles = (_single(query, slot, (slot,) * len(query.main.resources))
@@ -413,13 +416,7 @@ def _same_subtrees(state: ProviderState, query: CandidateQuery,
     chosen = {suffix: providers for (suffix, _), (_, providers) in zip(per_group, parts, strict=True)}
     for suffixes in query.same_subtrees:
         slots = {slot for suffix in suffixes for slot in chosen[suffix]}
-        if len(slots) == 1:
-            continue
-        common: set[int] | None = None
-        for slot in slots:
-            lineage = _ancestors(state, slot)
-            common = lineage if common is None else common & lineage
-        if not common or not common & slots:
+        if len(slots) > 1 and not set.intersection(*(_ancestors(state, s) for s in slots)) & slots:
             return False
     return True
 

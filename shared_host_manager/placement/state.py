@@ -64,8 +64,8 @@ Life cycle of one provider::
     delete(uuid) -> gone (slot freed for the next new provider)
 
 Tree members (providers with a parent: a vGPU, a PCI device, a network
-device's bandwidth) are held like any other and counted in ``nested``; each
-root knows its members, so an answer summarises every provider of a
+device's bandwidth) are held like any other (``has_trees``); each root knows
+its members, so an answer summarises every provider of a
 candidate's tree, as placement does, and each provider knows its root's
 slot (``root_slot``), for a request of a class a member holds (see
 :mod:`.candidates`).  Providers outside the covered set (a sharing
@@ -273,7 +273,6 @@ class ProviderState:
         # uuid, and a mask of their slots: a request for a class no member holds is answered
         # as on root providers alone, with every member of a candidate's tree summarised;
         # another one product by product within each tree
-        self.nested: set[str] = set()
         self._members: dict[str, set[int]] = {}
         self.member: BoolArray = np.zeros(self._capacity, dtype=np.bool_)
         #: the slot of each provider's root (its own for a root; -1: the root is not held)
@@ -408,10 +407,15 @@ class ProviderState:
     def columns(self, rc: str) -> _Columns | None:
         return self._cols.get(rc)
 
+    @property
+    def has_trees(self) -> bool:
+        """Whether some provider has a parent (placement's ``_has_provider_trees``)."""
+        return bool(self._members)
+
     def member_holds(self, rc: str) -> bool:
         """Whether some tree member has an inventory of ``rc``."""
         cols = self._cols.get(rc)
-        return bool(self.nested) and cols is not None and bool((cols.has & self.member).any())
+        return self.has_trees and cols is not None and bool((cols.has & self.member).any())
 
     def trait_mask(self, name: str) -> BoolArray | None:
         return self._trait_masks.get(name)
@@ -555,7 +559,6 @@ class ProviderState:
         for a in p.aggregates:
             self._mask(self._agg_masks, a)[slot] = True
         if p.nested:
-            self.nested.add(p.uuid)
             self._members.setdefault(p.root_provider_uuid, set()).add(slot)
             self.member[slot] = True
             self.root_slot[slot] = self._slot.get(p.root_provider_uuid, -1)
@@ -581,7 +584,6 @@ class ProviderState:
         for a in p.aggregates:
             self._agg_masks[a][slot] = False
         if p.nested:
-            self.nested.discard(p.uuid)
             members = self._members[p.root_provider_uuid]
             members.discard(slot)
             if not members:

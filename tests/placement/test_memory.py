@@ -129,7 +129,7 @@ def test_tree_members_are_summarised_with_their_root() -> None:
     s.apply(prov(1, gen=2))
     assert uuids(answer(s, "resources=VGPU:1")) == [uuid(3)]
     s.delete(uuid(3))
-    assert not s.nested and uuids(answer(s, "resources=VCPU:1")) == [uuid(1), uuid(2)]
+    assert not s.has_trees and uuids(answer(s, "resources=VCPU:1")) == [uuid(1), uuid(2)]
     assert sorted(answer(s, "resources=VCPU:1")["provider_summaries"]) == [uuid(1), uuid(2)]  # type: ignore[index]
 
 
