@@ -33,6 +33,12 @@ the flavor's classes, in the unsuffixed group as nova puts a flavor's
 ``resources:VGPU=1``).  placement then takes its tree code path for every
 request, and memory answers both kinds: the others as on roots, the vGPU
 ones by combining each tree's root and child.
+With ``--shared-storage F``, each zone has a storage pool: a sharing provider
+(``MISC_SHARES_VIA_AGGREGATE``) with a DISK_GB inventory in the zone's
+aggregate, and a share F of the compute nodes have no DISK_GB of their own
+(their disk is the pool's).  placement takes its sharing code path for every
+request then, and each compute node of a zone offers its own disk, where it
+has one, and the pool's.
 
 Run it as ``python -m simulator.bench_placement`` (options: ``--help``).
 """
@@ -66,14 +72,28 @@ COMPUTE_TRAITS = ["COMPUTE_NET_ATTACH_INTERFACE", "COMPUTE_VOLUME_ATTACH_WITH_TA
                   "COMPUTE_SECURITY_UEFI_SECURE_BOOT", "COMPUTE_ADDRESS_SPACE_PASSTHROUGH",
                   "COMPUTE_ADDRESS_SPACE_EMULATED"]
 ZONES = [str(uuid_mod.UUID(int=0xA9 << 120 | i)) for i in range(10)]
+SHARING = "MISC_SHARES_VIA_AGGREGATE"
 ISOLATED = str(uuid_mod.UUID(int=0xB9 << 120 | 1))
 FLAVORS = [(1, 512, 1), (1, 2048, 20), (2, 4096, 40), (4, 8192, 80), (8, 16384, 160), (16, 65536, 320)]
 
 
-def providers(n: int, rng: random.Random, trees: float = 0.0) -> list[dict[str, Any]]:
+def providers(n: int, rng: random.Random, trees: float = 0.0,
+              shared_storage: float = 0.0) -> list[dict[str, Any]]:
     """``n`` compute-node providers as nova's resource tracker reports them, a share ``trees``
-    of them with a vGPU child provider (placed right after its root)."""
-    out = []
+    of them with a vGPU child provider (placed right after its root); with ``shared_storage``,
+    a storage pool per zone and that share of the compute nodes without a disk of their own."""
+    out: list[dict[str, Any]] = []
+    if shared_storage:
+        for z, zone in enumerate(ZONES):
+            disk = 50 * n
+            out.append({
+                "uuid": str(uuid_mod.UUID(int=rng.getrandbits(128), version=4)),
+                "name": f"pool-{z}", "generation": 1,
+                "inventories": {"DISK_GB": {"total": disk, "reserved": 0, "min_unit": 1, "max_unit": disk,
+                                            "step_size": 1, "allocation_ratio": 1.0}},
+                "usages": {"DISK_GB": int(disk * rng.random() * 0.8)},
+                "traits": [SHARING], "aggregates": [zone],
+            })
     for i in range(n):
         vcpus = rng.choice([32, 48, 64, 96, 128])
         mem = rng.choice([131072, 262144, 393216, 524288])
@@ -84,6 +104,7 @@ def providers(n: int, rng: random.Random, trees: float = 0.0) -> list[dict[str, 
         if rng.random() < 0.02:
             traits.append("COMPUTE_STATUS_DISABLED")
         aggs = [ZONES[i % len(ZONES)]] + ([ISOLATED] if rng.random() < 0.05 else [])
+        diskless = shared_storage and rng.random() < shared_storage
         out.append({
             "uuid": str(uuid_mod.UUID(int=rng.getrandbits(128), version=4)),
             "name": f"compute-{i:05d}", "generation": 1,
@@ -99,6 +120,8 @@ def providers(n: int, rng: random.Random, trees: float = 0.0) -> list[dict[str, 
                        "DISK_GB": int(disk * fill * 0.8)},
             "traits": sorted(traits), "aggregates": aggs,
         })
+        if diskless:
+            del out[-1]["inventories"]["DISK_GB"], out[-1]["usages"]["DISK_GB"]
         if trees and rng.random() < trees:
             root = out[-1]["uuid"]
             vgpus = rng.choice([4, 8, 16])
@@ -173,14 +196,14 @@ def _agrees(mine: Any, status: int, theirs: Any, full: Any) -> bool:
 
 
 def run(counts: list[int], db: str, memory_requests: int, placement_requests: int, seed: int,
-        progress: Callable[[str], None], trees: float = 0.0) -> dict[str, Any]:
+        progress: Callable[[str], None], trees: float = 0.0, shared_storage: float = 0.0) -> dict[str, Any]:
     from simulator.placement_real import RealPlacement, server_url
 
     result: dict[str, Any] = {"database": db, "microversion": "1.36", "limit": 1000, "trees": trees,
-                              "sizes": []}
+                              "shared_storage": shared_storage, "sizes": []}
     for n in counts:
         rng = random.Random(seed + n)
-        provs = providers(n, rng, trees)
+        provs = providers(n, rng, trees, shared_storage)
         qs = requests(max(memory_requests, placement_requests), rng, trees)
         t0 = time.perf_counter()
         state = ProviderState.from_dict({"providers": provs})
@@ -235,6 +258,9 @@ def run(counts: list[int], db: str, memory_requests: int, placement_requests: in
 def format_table(result: dict[str, Any]) -> str:
     trees = (f"; {result['trees']:.0%} of them with a vGPU child provider, {result['trees']:.0%} "
              f"of the requests for a vGPU") if result.get("trees") else ""
+    if result.get("shared_storage"):
+        trees += (f"; a storage pool per zone (sharing provider), {result['shared_storage']:.0%} of the "
+                  f"compute nodes without a disk of their own")
     lines = [f"GET /allocation_candidates at {result['microversion']}, limit={result['limit']}; "
              f"placement on {result['database']} (in-process WSGI){trees}",
              f"{'providers':>9} {'clock':>5} {'memory med':>10} {'p99':>8} {'placement med':>13} "
@@ -259,13 +285,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m simulator.bench_p
     parser.add_argument("--trees", type=float, default=0.0, metavar="F",
                         help="share of compute nodes with a vGPU child provider, and of requests "
                              "for a vGPU (0 to 1; default 0)")
+    parser.add_argument("--shared-storage", type=float, default=0.0, metavar="F",
+                        help="a storage pool (sharing provider of DISK_GB) per zone, and the share of "
+                             "compute nodes without a disk of their own (0 to 1; default 0: no pools)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     args = parser.parse_args(argv)
-    if not 0.0 <= args.trees <= 1.0:
-        parser.error("--trees must be between 0 and 1")
+    for name in ("trees", "shared_storage"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be between 0 and 1")
     result = run(args.providers, args.db, args.memory_requests, args.placement_requests, args.seed,
-                 progress=lambda text: print(text, file=sys.stderr), trees=args.trees)
+                 progress=lambda text: print(text, file=sys.stderr), trees=args.trees,
+                 shared_storage=args.shared_storage)
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -86,9 +86,10 @@ runs. 0 leaves Python's default.
 (nova-scheduler) Answer the scheduler's GET /allocation_candidates from the
 scheduler's copy of placement's resource providers (fed by the placement feed
 through the stream) when that copy answers it exactly, and ask placement only
-otherwise: a request outside the covered set (while a sharing provider is
-held, or a resource class asked by several groups under a group_policy other
-than none), no feed yet, or a copy older than the feed allows.
+otherwise: a request outside the covered set (a resource class asked by
+several groups under a group_policy other than none, or suffixed groups beside
+an unsuffixed part only sharing providers serve), no feed yet, or a copy older
+than the feed allows.
 Each answer's source and each fallback's reason are counted
 (shm_allocation_candidates_total). The claim still goes to placement, which
 stays the arbiter; a claim it refuses has the providers concerned read back

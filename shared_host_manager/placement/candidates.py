@@ -5,10 +5,12 @@ return exactly the JSON object placement returns (parsed: lists and dicts),
 or an :class:`~.query.Unanswered` when the state or the query is outside the
 covered set (see :mod:`.query` for the reasons).
 
-The covered set: every request of microversion 1.36 to 1.39 while no
-sharing provider is held, but one asking a class in several groups under a
-``group_policy`` other than ``none`` (see :mod:`.query`).  placement's code
-paths are reproduced:
+The covered set: every request of microversion 1.36 to 1.39, but one asking
+a class in several groups under a ``group_policy`` other than ``none``, one
+with suffixed groups whose unsuffixed candidate several trees borrow from
+sharing providers alone, and any while a sharing provider is a tree member
+(see :mod:`.query`).  placement's code paths are
+reproduced:
 
 * **roots** -- a request without suffixed groups: without provider trees
   placement takes ``get_provider_ids_matching`` and
@@ -51,12 +53,21 @@ paths are reproduced:
   each ``same_subtree`` set's providers under one of them (:func:`_merged`);
   a resourceless group (``same_subtree`` only) takes a provider its traits
   or aggregates select, wherever it is in the tree (placement's tree filter
-  is in its capacity query); mappings per group suffix.
+  is in its capacity query); mappings per group suffix;
+* **sharing providers** (``MISC_SHARES_VIA_AGGREGATE``: a storage pool's
+  DISK_GB, say): while one is held placement takes the tree path for the
+  unsuffixed group, where a sharing provider also serves a class in the tree
+  of every provider in one of its aggregates (``anchors_for_sharing_providers``),
+  and a suffixed group's sharing provider is offered to each of those trees
+  too (``_alloc_candidates_single_provider``); one allocation request lent to
+  several trees is one candidate (placement's sets).  A request whose classes
+  no sharing provider holds keeps the vector answer.
 
-Then, on both paths: one provider summary per provider of every answered
-tree (every inventory's capacity and usage, its traits, its parent and root:
-microversion >= 1.29, so all of them here; ``_build_provider_summaries``
-over the trees, ``_merge_candidates``, ``limit_results``); ``[placement]
+Then, on every path: one provider summary per provider of the tree of each
+provider a candidate claims from (every inventory's capacity and usage, its
+traits, its parent and root: microversion >= 1.29, so all of them here;
+``_build_provider_summaries`` over the trees, ``_merge_candidates``,
+``limit_results``); ``[placement]
 max_allocation_candidates`` stops the generation after that many, then
 ``limit`` keeps ``limit`` of them -- a random sample when
 ``randomize_allocation_candidates`` is set, the first ones otherwise -- and
@@ -77,7 +88,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
 
@@ -115,9 +126,13 @@ class PlacementConfig:
 
 def state_reason(state: ProviderState) -> Unanswered | None:
     """Why no request can be answered from this state, or None."""
-    if state.sharing:
-        return Unanswered("sharing_provider", f"{len(state.sharing)} sharing provider(s), e.g. "
-                          f"{min(state.sharing)}")
+    for u in state.sharing:
+        p = state.get(u)
+        if p is not None and p.nested:
+            # placement summarises the trees of the roots it nominated, so a request that
+            # nominates a tree member's sharing provider but not its root fails with a 500
+            # (KeyError in _alloc_candidates_multiple_providers)
+            return Unanswered("sharing_provider", f"sharing provider {u} is a tree member")
     if state.noncanonical:
         return Unanswered("noncanonical_uuid", f"provider or aggregate uuid of {min(state.noncanonical)}")
     return None
@@ -156,6 +171,18 @@ def _tree_of(state: ProviderState, in_tree: str) -> int | None:
     """The root slot of ``in_tree``'s tree, or None when the provider or its root is not held."""
     p = state.get(in_tree)
     return None if p is None else state.slot_of(p.root_provider_uuid)
+
+
+def _lent_to(state: ProviderState, slot: int) -> BoolArray:
+    """The roots a sharing provider lends its inventory to (placement's
+    ``anchors_for_sharing_providers``): the root of every provider in one of its aggregates,
+    its own among them; none when it is in no aggregate."""
+    near = _any_of([state.aggregate_mask(a) for a in state.provider_at(slot).aggregates],
+                   state.capacity) & state.alive
+    roots = state.root_slot[near]
+    to = np.zeros(state.capacity, dtype=np.bool_)
+    to[roots[roots >= 0]] = True
+    return to
 
 
 def _anchors(state: ProviderState, query: CandidateQuery) -> BoolArray | None:
@@ -199,18 +226,51 @@ def allocation_candidates(state: ProviderState, query: CandidateQuery | Unanswer
 
     mappings = query.microversion >= (1, 34)
     if query.groups:
-        entries: list[Candidate] = list(_merged(state, query, config))
-    elif any(state.member_holds(rc) for rc, _ in query.main.resources):
-        entries = [_single(query, root, combo) for root, combo in tree_combinations(state, query, config)]
+        merged = _merged(state, query, config)
+        if isinstance(merged, Unanswered):
+            return merged
+        found = _distinct(merged, _claim_key)
+    elif any(state.member_holds(rc) or state.sharing_holds(rc) for rc, _ in query.main.resources):
+        # a product's providers, class by class, say all placement compares of its request
+        found = (_single(query, root, combo) for root, combo in
+                 _distinct(tree_combinations(state, query, config), lambda c: c[1]))
     else:
         # roots alone: one vector answer (see the module docstring)
         slots: Any = _limited(group_slots(state, query.main, _anchors(state, query), config),
                               query, config, rng)
         return state.body(slots, query.main.resources, mappings)
+    entries = list(itertools.islice(found, _needed(query, config)))
     return _body(state, cast(Sequence[Candidate], _limited(entries, query, config, rng)), mappings)
 
 
+def _needed(query: CandidateQuery, config: PlacementConfig) -> int | None:
+    """How many candidates the answer can use (None: all): ``max_allocation_candidates``, and
+    without randomize a smaller ``limit`` (the first ones are kept; placement's order is that
+    of its sets, so any of them are placement's first)."""
+    cap = config.max_allocation_candidates if config.max_allocation_candidates >= 0 else None
+    if query.limit and not config.randomize_allocation_candidates:
+        cap = query.limit if cap is None else min(cap, query.limit)
+    return cap
+
+
 _T = TypeVar("_T")
+
+
+def _distinct(candidates: Iterable[_T], key: Callable[[_T], Any]) -> Iterator[_T]:
+    """The candidates, each allocation request once (the first): placement keeps them in sets,
+    where a sharing provider's request lent to several roots is one (``AllocationRequest.__eq__``
+    compares claims and mappings, not the anchor)."""
+    seen: set[Any] = set()
+    for c in candidates:
+        k = key(c)
+        if k not in seen:
+            seen.add(k)
+            yield c
+
+
+def _claim_key(c: Candidate) -> Any:
+    """What placement compares of an allocation request: its claims and its mappings."""
+    return frozenset(c[1]), tuple((suffix, frozenset(providers)) for suffix, providers in c[2])
 
 
 def _limited(candidates: Sequence[_T] | npt.NDArray[Any], query: CandidateQuery,
@@ -246,9 +306,12 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
     Per requested class, a provider of a tree can serve it when it passes the capacity
     filter (SQL) and the merge step's check, it or its root is in every ``member_of`` set,
     neither it nor its root is in a forbidden aggregate, it has no forbidden trait, its
-    root is an anchor (``root_required``) and, with ``in_tree``, in that tree.  Each
-    product of one such provider per class is a candidate when the providers in it
-    together carry every required any-of set.  placement's tree-wide trait prefilter
+    root is an anchor (``root_required``) and, with ``in_tree``, in that tree.  A sharing
+    provider that passes the same tests, and is itself in every ``member_of`` set, serves
+    the class in each tree it lends to (:func:`_lent_to`) whose root is an anchor and in no
+    forbidden aggregate -- not under ``in_tree``.  Each product of one such provider per
+    class is a candidate, its tree's root its anchor, when the providers in it together
+    carry every required any-of set.  placement's tree-wide trait prefilter
     (``_get_trees_with_traits``) keeps every tree that has such a product, so it changes
     nothing here.
     """
@@ -258,6 +321,8 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
     held = roots >= 0
     at = np.where(held, roots, 0)
     common = state.alive & held
+    # a sharing provider's tests on itself alone, for the trees it lends to
+    lending = state.alive.copy()
     anchors = _anchors(state, query)
     if anchors is not None:
         common &= anchors[at]
@@ -266,39 +331,58 @@ def tree_combinations(state: ProviderState, query: CandidateQuery,
         for any_aggs in group.member_of:
             inside &= _any_of([state.aggregate_mask(a) for a in any_aggs], n)
         common &= inside | inside[at]
+        lending &= inside
+    bad = None
     if group.forbidden_aggregates:
         bad = _any_of([state.aggregate_mask(a) for a in group.forbidden_aggregates], n)
         common &= ~bad & ~bad[at]
+        lending &= ~bad
     if group.forbidden:
-        common &= ~_carrying_any(state, group.forbidden)
+        unwanted = _carrying_any(state, group.forbidden)
+        common &= ~unwanted
+        lending &= ~unwanted
+    lenders = state.sharing_slots()
     if group.in_tree is not None:
         root = _tree_of(state, group.in_tree)
         if root is None:
             return
         common &= roots == root
+        lenders = []
+    lenders = [s for s in lenders if lending[s]]
     serving: list[BoolArray] = []
+    # per class, the sharing providers serving it and the roots each lends it to
+    lent: list[list[tuple[int, BoolArray]]] = []
     for rc, amount in group.resources:
         fits = _fits(state, rc, amount, config)
         if fits is None:
             return
         serving.append(common & fits)
+        lent.append([])
+        for s in lenders:
+            if fits[s]:
+                to = _lent_to(state, s)
+                if anchors is not None:
+                    to &= anchors
+                if bad is not None:
+                    to &= ~bad
+                lent[-1].append((s, to))
     # the trees with a provider for every class (placement's merge_common_trees)
     trees = np.ones(n, dtype=np.bool_)
-    for ok in serving:
+    for ok, lenders_of_class in zip(serving, lent, strict=True):
         has = np.zeros(n, dtype=np.bool_)
         has[roots[ok]] = True
+        for _, to in lenders_of_class:
+            has |= to
         trees &= has
-    if not trees.any():
-        return
-    by_class: list[dict[int, list[int]]] = []
-    for ok in serving:
-        ok = ok & trees[at]
-        servers: dict[int, list[int]] = {}
-        for slot, root in zip(np.flatnonzero(ok).tolist(), roots[ok].tolist(), strict=True):
-            servers.setdefault(root, []).append(slot)
-        by_class.append(servers)
+    # each tree's providers per class, tree by tree (a limit reads only the first trees)
     for root in np.flatnonzero(trees).tolist():
-        for combo in itertools.product(*(servers[root] for servers in by_class)):
+        tree = state.tree_slots(root)
+        choices = []
+        for ok, lenders_of_class in zip(serving, lent, strict=True):
+            mine = [slot for slot in tree if ok[slot]]
+            mine += [s for s, to in lenders_of_class if to[root] and s not in mine]
+            choices.append(mine)
+        for combo in itertools.product(*choices):
             if group.required:
                 carried = frozenset().union(*(state.provider_at(slot).traits for slot in set(combo)))
                 if not all(any_of & carried for any_of in group.required):
@@ -362,32 +446,59 @@ def group_slots(state: ProviderState, group: GroupQuery, anchors: BoolArray | No
     return np.flatnonzero(ok)
 
 
-def _merged(state: ProviderState, query: CandidateQuery, config: PlacementConfig) -> Iterator[Candidate]:
+def _merged(state: ProviderState, query: CandidateQuery,
+            config: PlacementConfig) -> Iterator[Candidate] | Unanswered:
     """A request with suffixed groups (placement's ``_merge_candidates``): within each tree,
     every product of one candidate per group; under ``group_policy=isolate`` the suffixed
     groups on distinct providers; each ``same_subtree`` set's providers under one of them; the
     amounts on one provider and class summed, and checked again against its capacity and
     max_unit (with ``optimize_for_wide_provider_trees``, against its capacity alone, usage
-    left out)."""
+    left out).
+
+    A suffixed group's sharing provider also serves every other tree it lends to whose root
+    is an anchor (placement's ``_alloc_candidates_single_provider``).  An unsuffixed
+    candidate of sharing providers alone that several trees borrow is left to placement
+    (``sharing_provider``): placement keeps it once, under whichever tree its set iteration
+    meets first, and merges it with that tree's groups only."""
     per_group: list[tuple[str, dict[int, list[_Part]]]] = []
     anchors = _anchors(state, query)
     if query.main.resources:
         unsuffixed: dict[int, list[_Part]] = {}
-        if state.has_trees:
+        if state.has_trees or state.sharing:
             singles = (_single(query, root, combo) for root, combo in tree_combinations(state, query, config))
         else:  # no tree: placement's single-provider path for the unsuffixed group too
             singles = (_single(query, slot, (slot,) * len(query.main.resources))
                        for slot in group_slots(state, query.main, anchors, config).tolist())
+        borrowed_by: dict[Any, int] = {}
         for root, claimed, ((_, providers),) in singles:
+            if state.sharing and borrowed_by.setdefault(frozenset(claimed), root) != root:
+                return Unanswered("sharing_provider", "an unsuffixed candidate of sharing providers "
+                                  "alone, lent to several trees, with suffixed groups")
             unsuffixed.setdefault(root, []).append((claimed, providers))
         per_group.append(("", unsuffixed))
     roots = state.root_slot
+    lenders = state.sharing_slots()
     for group in query.groups:
         by_root: dict[int, list[_Part]] = {}
         for slot in group_slots(state, group, anchors, config).tolist():
             claimed = tuple((slot, rc, amount) for rc, amount in group.resources)
             by_root.setdefault(int(roots[slot]), []).append((claimed, (slot,)))
+        if lenders:
+            for slot in np.intersect1d(group_slots(state, group, None, config), lenders).tolist():
+                claimed = tuple((slot, rc, amount) for rc, amount in group.resources)
+                to = _lent_to(state, slot)
+                if anchors is not None:
+                    to &= anchors
+                to[roots[slot]] = False  # its own tree's entry is the one above
+                for a in np.flatnonzero(to).tolist():
+                    by_root.setdefault(a, []).append((claimed, (slot,)))
         per_group.append((group.suffix, by_root))
+    return _merge_products(state, query, config, per_group)
+
+
+def _merge_products(state: ProviderState, query: CandidateQuery, config: PlacementConfig,
+                    per_group: list[tuple[str, dict[int, list[_Part]]]]) -> Iterator[Candidate]:
+    """:func:`_merged`'s products, tree by tree."""
     trees = set(per_group[0][1]).intersection(*(set(by_root) for _, by_root in per_group[1:]))
     isolate = query.group_policy == "isolate"
     granular = len(query.groups)
@@ -446,7 +557,8 @@ def _exceeds(state: ProviderState, slot: int, rc: str, amount: int, config: Plac
 
 def _body(state: ProviderState, candidates: Sequence[Candidate], mappings: bool) -> dict[str, Any]:
     """The response body of candidates across providers: an allocation request each, and the
-    summaries of every provider of their trees."""
+    summaries of every provider of the trees of the providers they claim from (a borrowing
+    tree whose own providers claim nothing is not summarised: ``_merge_candidates``)."""
     requests = []
     for _, claimed, groups in candidates:
         allocations: dict[str, Any] = {}
@@ -458,7 +570,8 @@ def _body(state: ProviderState, candidates: Sequence[Candidate], mappings: bool)
             ar["mappings"] = {suffix: list(dict.fromkeys(state.provider_at(slot).uuid for slot in providers))
                               for suffix, providers in groups}
         requests.append(ar)
-    trees = dict.fromkeys(state.provider_at(root).uuid for root, _, _ in candidates)
+    trees = dict.fromkeys(state.provider_at(slot).root_provider_uuid
+                          for _, claimed, _ in candidates for slot, _, _ in claimed)
     return {"allocation_requests": requests, "provider_summaries": state.tree_summaries(trees)}
 
 

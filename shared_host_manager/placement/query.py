@@ -34,8 +34,10 @@ answer does not cover:
 ``unknown_resource_class`` / ``unknown_trait``
     a name placement may not define (its answer: 400)
 ``sharing_provider``
-    the state holds a sharing provider: placement takes another code path
-    for every request then
+    a request with suffixed groups whose unsuffixed candidate is made of
+    sharing providers alone and lent to several trees (placement keeps it
+    once, under whichever tree its set iteration meets first), or any request
+    while a sharing provider is a tree member (placement may fail with 500)
 ``no_feed`` / ``stale``
     a scheduler's :class:`~.view.PlacementView` has received nothing from the
     placement feed yet, or the feed's source has been silent or down longer

@@ -68,9 +68,11 @@ device's bandwidth) are held like any other (``has_trees``); each root knows
 its members, so an answer summarises every provider of a
 candidate's tree, as placement does, and each provider knows its root's
 slot (``root_slot``), for a request of a class a member holds (see
-:mod:`.candidates`).  Providers outside the covered set (a sharing
-provider, a non-canonical uuid) are held and counted too: while any is
-held, the candidates refuse every request with that reason.
+:mod:`.candidates`).  Sharing providers (``MISC_SHARES_VIA_AGGREGATE``)
+are held like any other and listed (``sharing``): placement lends their
+inventory to the trees of their aggregates.  A provider with a
+non-canonical uuid is held and counted too: while any is held, the
+candidates refuse every request with that reason.
 """
 
 from __future__ import annotations
@@ -416,6 +418,20 @@ class ProviderState:
         """Whether some tree member has an inventory of ``rc``."""
         cols = self._cols.get(rc)
         return self.has_trees and cols is not None and bool((cols.has & self.member).any())
+
+    def tree_slots(self, root: int) -> list[int]:
+        """The slots of the providers of the tree of the root in slot ``root``, the root first."""
+        members = self._members.get(self._uuid_col[root])
+        return [root, *sorted(members)] if members else [root]
+
+    def sharing_slots(self) -> list[int]:
+        """The slots of the sharing providers held, in slot order."""
+        return sorted(self._slot[u] for u in self.sharing)
+
+    def sharing_holds(self, rc: str) -> bool:
+        """Whether some sharing provider has an inventory of ``rc``."""
+        cols = self._cols.get(rc)
+        return cols is not None and any(bool(cols.has[s]) for s in self.sharing_slots())
 
     def trait_mask(self, name: str) -> BoolArray | None:
         return self._trait_masks.get(name)

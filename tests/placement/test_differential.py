@@ -14,9 +14,14 @@ of their own) -- created through placement's REST API, and placement options
 (randomize_allocation_candidates, max_allocation_candidates,
 optimize_for_wide_provider_trees); then nova-style requests at 1.36 (nova
 34's) and 1.39, with names placement does not know and malformed values
-mixed in.  A second test draws only tree worlds (compute-node-like roots with
-one or two members each) and requests for a root's and a member's classes
-together, each filter now and then: placement's tree path, product by product.
+mixed in; now and then a root is a sharing provider.  A second test draws only
+tree worlds (compute-node-like roots with one or two members each) and requests
+for a root's and a member's classes together, each filter now and then:
+placement's tree path, product by product.  A third draws sharing worlds
+(compute nodes, and storage pools carrying ``MISC_SHARES_VIA_AGGREGATE`` in
+their aggregates, now and then a tree member) and requests for a compute
+node's classes and a pool's, in the unsuffixed group or a suffixed one of its
+own: placement's sharing paths.
 
 For each request:
 
@@ -68,6 +73,9 @@ from simulator.placement_real import RealPlacement, server_available, server_url
 UUIDS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(1, 7)]
 #: tree members' uuids (two per root at most)
 MEMBER_UUIDS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(0x11, 0x1d)]
+#: sharing providers' uuids
+SHARED_UUIDS = [f"{i:08x}-0000-4000-8000-{i:012x}" for i in range(0x21, 0x24)]
+SHARING = "MISC_SHARES_VIA_AGGREGATE"
 #: a uuid no provider has (in_tree to nowhere)
 STRANGER = "99999999-0000-4000-8000-999999999999"
 AGGS = ["aaaaaaaa-0000-4000-8000-000000000001", "aaaaaaaa-0000-4000-8000-000000000002",
@@ -128,6 +136,9 @@ def world_st(draw: Any) -> list[dict[str, Any]]:
     parents before their children."""
     uuids = draw(st.lists(st.sampled_from(UUIDS), unique=True, max_size=6))
     world = [draw(provider_st(u)) for u in sorted(uuids)]
+    for prov in world:
+        if draw(st.integers(0, 5)) == 0:  # now and then a sharing provider
+            prov["traits"] = sorted({*prov["traits"], SHARING})
     if world and draw(st.booleans()):
         free = list(MEMBER_UUIDS)
         for root in list(world):
@@ -177,12 +188,106 @@ def tree_world_st(draw: Any) -> list[dict[str, Any]]:
     return world
 
 
+#: a storage pool's inventory: room for any small request
+pool_st = st.fixed_dictionaries({
+    "total": st.integers(10, 100), "reserved": st.just(0), "min_unit": st.just(1),
+    "max_unit": st.just(2147483647), "step_size": st.just(1), "allocation_ratio": st.just(1.0),
+})
+
+
+@st.composite
+def sharing_world_st(draw: Any) -> list[dict[str, Any]]:
+    """Compute-node-like roots (VCPU and MEMORY_MB, now and then DISK_GB of their own, now and
+    then a member) and one to three sharing providers of DISK_GB or CUSTOM_GOLD (now and then
+    VCPU too, or a tree member themselves), in zero to two aggregates each."""
+    world: list[dict[str, Any]] = []
+    free = list(MEMBER_UUIDS)
+    roots = sorted(draw(st.lists(st.sampled_from(UUIDS), unique=True, min_size=1, max_size=4)))
+    for root in roots:
+        rcs = ["VCPU", "MEMORY_MB"] + (["DISK_GB"] if draw(st.integers(0, 3)) == 0 else [])
+        world.append({"uuid": root, "name": "cn-" + root[:8],
+                      "inventories": {rc: draw(roomy_st) for rc in rcs},
+                      "usages": {rc: u for rc in ("VCPU",) if (u := draw(st.sampled_from([0, 0, 1, 3])))},
+                      "traits": draw(st.lists(st.sampled_from(TRAITS), unique=True, max_size=2)),
+                      "aggregates": draw(st.lists(st.sampled_from(AGGS[:2]), unique=True, max_size=2))})
+        if draw(st.integers(0, 3)) == 0:
+            u = free.pop(0)
+            world.append({"uuid": u, "name": "dev-" + u[:8], "parent_provider_uuid": root,
+                          "root_provider_uuid": root,
+                          "inventories": {rc: draw(roomy_st) for rc in draw(
+                              st.lists(st.sampled_from(["VGPU", "DISK_GB"]), unique=True, min_size=1))},
+                          "usages": {},
+                          "traits": draw(st.lists(st.sampled_from(TRAITS), unique=True, max_size=1)),
+                          "aggregates": draw(st.lists(st.sampled_from(AGGS), unique=True, max_size=1))})
+    for u in sorted(draw(st.lists(st.sampled_from(SHARED_UUIDS), unique=True, min_size=1, max_size=3))):
+        rcs = draw(st.lists(st.sampled_from(["DISK_GB", "DISK_GB", "CUSTOM_GOLD", "VCPU"]), unique=True,
+                            min_size=1, max_size=2))
+        parent = draw(st.sampled_from([None] * 9 + roots[:1]))
+        world.append({"uuid": u, "name": "share-" + u[:8], "parent_provider_uuid": parent,
+                      "root_provider_uuid": parent or u,
+                      "inventories": {rc: draw(st.one_of(pool_st, pool_st, roomy_st)) for rc in rcs},
+                      "usages": {rc: 1 for rc in rcs if draw(st.integers(0, 3)) == 0},
+                      "traits": sorted({SHARING, *draw(st.lists(st.sampled_from(TRAITS), unique=True,
+                                                                max_size=1))}),
+                      "aggregates": draw(st.lists(st.sampled_from(AGGS), unique=True,
+                                                  min_size=draw(st.sampled_from([0, 1, 1, 1])), max_size=2))})
+    # parents before their children
+    return sorted(world, key=lambda p: p.get("parent_provider_uuid") is not None)
+
+
+@st.composite
+def sharing_request_st(draw: Any) -> tuple[str, str]:
+    """A flavor's request on a sharing world: a compute node's classes and a shared one, each of
+    the filters now and then, suffixed groups for a shared class now and then."""
+    mv = draw(st.sampled_from(["1.36", "1.39"]))
+    rcs = draw(st.lists(st.sampled_from(["VCPU", "VCPU", "MEMORY_MB", "DISK_GB", "DISK_GB", "CUSTOM_GOLD",
+                                         "VGPU"]), unique=True, min_size=1, max_size=3))
+    pairs = [("resources", ",".join(f"{rc}:{draw(st.sampled_from([1, 1, 1, 2]))}" for rc in sorted(rcs)))]
+    if draw(st.integers(0, 3)) == 0:
+        pairs.append(("required", draw(st.sampled_from(TRAITS + [SHARING]))))
+    if draw(st.integers(0, 3)) == 0:
+        pairs.append(("required", "!" + draw(st.sampled_from(TRAITS + [SHARING]))))
+    if draw(st.integers(0, 2)) == 0:
+        pairs.append(("member_of", "in:" + ",".join(sorted(draw(
+            st.lists(st.sampled_from(AGGS), unique=True, min_size=1, max_size=2))))))
+    if draw(st.integers(0, 4)) == 0:
+        pairs.append(("member_of", "!in:" + draw(st.sampled_from(AGGS))))
+    if draw(st.integers(0, 5)) == 0:
+        pairs.append(("in_tree", draw(st.sampled_from(UUIDS[:4] + SHARED_UUIDS[:2]))))
+    if draw(st.integers(0, 2)) == 0:
+        pairs.append(("root_required", draw(st.sampled_from(["!COMPUTE_STATUS_DISABLED", "HW_CPU_X86_AVX2",
+                                                              "!" + SHARING]))))
+    if draw(st.integers(0, 4)) == 0:
+        pairs.append(("limit", str(draw(st.integers(1, 3)))))
+    kind = draw(st.integers(0, 5))
+    if kind == 0:
+        pairs += draw(granular_st(["VCPU", "DISK_GB", "CUSTOM_GOLD", "DISK_GB"], TRAITS + [SHARING]))
+    elif kind == 1:
+        # a shared class in a suffixed group of its own (a volume's or a port's request group),
+        # beside a compute node's plain request
+        rcs = ["VCPU"] + (["MEMORY_MB"] if draw(st.booleans()) else [])
+        pairs = [("resources", ",".join(f"{rc}:1" for rc in rcs))]
+        if draw(st.integers(0, 3)) == 0:
+            pairs.append(("root_required", "!COMPUTE_STATUS_DISABLED"))
+        policy = draw(st.sampled_from(["none", "isolate"]))
+        shared = draw(st.lists(st.sampled_from(["DISK_GB", "CUSTOM_GOLD"]), unique=True, min_size=1))
+        if policy == "isolate":
+            shared = [rc for rc in shared if rc not in rcs]
+        for i, rc in enumerate(shared, 1):
+            pairs.append((f"resources{i}", f"{rc}:1"))
+            if draw(st.integers(0, 3)) == 0:
+                pairs.append((f"member_of{i}", draw(st.sampled_from(AGGS))))
+            if draw(st.integers(0, 4)) == 0:
+                pairs.append((f"required{i}", draw(st.sampled_from([SHARING, "!" + SHARING, "CUSTOM_FAST"]))))
+        if shared:
+            pairs.append(("group_policy", policy))
+    return urlencode(sorted(pairs)), mv
+
+
 @st.composite
 def tree_request_st(draw: Any) -> tuple[str, str]:
     """A flavor's request on a tree world: a root's classes and a member's, small amounts, and
     each of the filters now and then."""
-    from urllib.parse import urlencode
-
     mv = draw(st.sampled_from(["1.36", "1.39"]))
     rcs = draw(st.lists(st.sampled_from(["VCPU", "MEMORY_MB", "VGPU", "VGPU", "SRIOV_NET_VF"]),
                         unique=True, min_size=1, max_size=3))
@@ -301,8 +406,6 @@ def request_st(draw: Any) -> tuple[str, str]:
         pairs.append(("color", "blue"))
     elif odd == 5:
         pairs.append(("root_required", "in:HW_CPU_X86_AVX2"))
-    from urllib.parse import urlencode
-
     return urlencode(sorted(pairs)), mv
 
 
@@ -311,7 +414,7 @@ def request_st(draw: Any) -> tuple[str, str]:
 #: worlds drawn per backend (plus the explicit examples); SHM_PLACEMENT_EXAMPLES scales both up for
 #: a longer hunt.  Each world costs some 15 REST calls of placement (~30 ms each unloaded)
 SCALE = int(os.environ.get("SHM_PLACEMENT_EXAMPLES", "1"))
-EXAMPLES = {"sqlite": 12 * SCALE, "mariadb": 6 * SCALE, "trees": 8 * SCALE}
+EXAMPLES = {"sqlite": 12 * SCALE, "mariadb": 6 * SCALE, "trees": 8 * SCALE, "sharing": 8 * SCALE}
 
 
 def _start(backend: str) -> RealPlacement:
@@ -448,6 +551,9 @@ def compare(p: RealPlacement, state: ProviderState, qs: str, mv: str, opts: Mapp
         OUTCOMES["across_a_tree"] = OUTCOMES.get("across_a_tree", 0) + 1
     if mine_query.groups and mem["allocation_requests"]:
         OUTCOMES["granular"] = OUTCOMES.get("granular", 0) + 1
+    # a sharing provider's inventory claimed beside another tree's
+    if any(len({_root(state, u) for u in a["allocations"]}) > 1 for a in mem["allocation_requests"]):
+        OUTCOMES["borrowed"] = OUTCOMES.get("borrowed", 0) + 1
     if len(mine) == len(all_cands):
         assert sorted(map(canonical, mine)) == sorted(map(canonical, theirs)), (qs, mv, mem, body)
         assert summaries(mem) == summaries(body), (qs, mv, mem, body)
@@ -465,6 +571,12 @@ def compare(p: RealPlacement, state: ProviderState, qs: str, mv: str, opts: Mapp
 
 
 OUTCOMES: dict[str, int] = {}
+
+
+def _root(state: ProviderState, u: str) -> str:
+    p = state.get(u)
+    assert p is not None
+    return p.root_provider_uuid
 
 
 def run_world(p: RealPlacement, world: list[dict[str, Any]], opts: Mapping[str, Any],
@@ -599,6 +711,44 @@ FOUND: list[dict[str, Any]] = [
          ({"resources": "VCPU:1", "required_X": "CUSTOM_FAST", "resources_B": "VGPU:1",
            "same_subtree": "_B,_X", "group_policy": "isolate"}, "1.39"),
      )]},
+    # sharing providers: a pool lends DISK_GB to the trees of its aggregate, itself among them
+    # (one request however many trees borrow it), not past a forbidden aggregate, an anchor
+    # filter or in_tree; a suffixed group's pool serves the borrowing trees too; a tree member
+    # of a pool is summarised beside its root (an own disk offered beside the pool's)
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(8), "MEMORY_MB": _inv(64)}, {}, [], [AGGS[0]]),
+               _prov(UUIDS[1], {"VCPU": _inv(8), "MEMORY_MB": _inv(64), "DISK_GB": _inv(20)}, {},
+                     ["COMPUTE_STATUS_DISABLED"], [AGGS[0], AGGS[1]]),
+               _prov(UUIDS[2], {"VCPU": _inv(8), "MEMORY_MB": _inv(64)}),
+               {**_prov(MEMBER_UUIDS[0], {"VGPU": _inv(2)}), "parent_provider_uuid": UUIDS[0],
+                "root_provider_uuid": UUIDS[0]},
+               _prov(SHARED_UUIDS[0], {"DISK_GB": _inv(100)}, {"DISK_GB": 10}, [SHARING, "CUSTOM_FAST"],
+                     [AGGS[0], AGGS[2]]),
+               _prov(SHARED_UUIDS[1], {"CUSTOM_GOLD": _inv(4)}, {}, [SHARING, "COMPUTE_STATUS_DISABLED"],
+                     [AGGS[1]])],
+     "opts": PLAIN,
+     "requests": [(urlencode(q), "1.36") for q in (
+         {"resources": "VCPU:1,MEMORY_MB:8,DISK_GB:10"},
+         {"resources": "DISK_GB:10"},
+         {"resources": "VCPU:1,DISK_GB:10", "root_required": "!COMPUTE_STATUS_DISABLED"},
+         {"resources": "VCPU:1,DISK_GB:10", "member_of": "!" + AGGS[1]},
+         {"resources": "VCPU:1,DISK_GB:10", "member_of": "!" + AGGS[2]},
+         {"resources": "VCPU:1", "resources1": "CUSTOM_GOLD:1", "group_policy": "isolate"},
+         {"resources1": "CUSTOM_GOLD:1", "root_required": "!COMPUTE_STATUS_DISABLED"},
+         {"resources": "VCPU:1,DISK_GB:10", "required": "CUSTOM_FAST"},
+         {"resources": "VCPU:1,DISK_GB:10", "required": "!CUSTOM_FAST"},
+         {"resources": "VCPU:1,DISK_GB:10", "in_tree": UUIDS[0]},
+         {"resources": "VCPU:1,VGPU:1,DISK_GB:10", "limit": "1"},
+         {"resources": "VCPU:1", "resources1": "DISK_GB:10", "group_policy": "none"},
+         {"resources": "DISK_GB:10", "resources1": "VCPU:1", "group_policy": "none"},
+     )]},
+    # ... but a pool that is a tree member: placement fails with 500 on a request that
+    # nominates it without its root (disabled here), so every request goes to placement
+    {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)}, {}, ["COMPUTE_STATUS_DISABLED"]),
+               _prov(UUIDS[1], {"VCPU": _inv(8)}, {}, [], [AGGS[0]]),
+               {**_prov(SHARED_UUIDS[0], {"DISK_GB": _inv(10)}, {}, [SHARING], [AGGS[0]]),
+                "parent_provider_uuid": UUIDS[0], "root_provider_uuid": UUIDS[0]}],
+     "opts": PLAIN,
+     "requests": [("resources=DISK_GB%3A1%2CVCPU%3A1&root_required=%21COMPUTE_STATUS_DISABLED", "1.36")]},
     # an unknown trait behind a member_of that matches nothing: placement answers 200, empty
     {"world": [_prov(UUIDS[0], {"VCPU": _inv(8)})], "opts": PLAIN,
      "requests": [(f"member_of={AGGS[0]}&required={UNKNOWN_TRAIT}&resources=VCPU%3A1", "1.36")]},
@@ -637,6 +787,16 @@ def test_tree_candidates_equal_placement(placements: _OneAtATime, world: list[di
     run_world(placements.get("sqlite"), world, opts, requests)
 
 
+@pytest.mark.slow
+@settings(max_examples=EXAMPLES["sharing"], **_SETTINGS)
+@given(world=sharing_world_st(), opts=options_st,
+       requests=st.lists(sharing_request_st(), min_size=1, max_size=8))
+def test_sharing_candidates_equal_placement(placements: _OneAtATime, world: list[dict[str, Any]],
+                                            opts: dict[str, Any], requests: list[tuple[str, str]]) -> None:
+    """Every world with sharing providers, most requests for a class they hold."""
+    run_world(placements.get("sqlite"), world, opts, requests)
+
+
 def test_outcomes_cover_every_kind() -> None:
     """The drawn requests reached every comparison: full equality, a cut, a refusal."""
     if not OUTCOMES:
@@ -647,3 +807,5 @@ def test_outcomes_cover_every_kind() -> None:
     # member's classes in one allocation request; suffixed groups answered with candidates
     assert OUTCOMES.get("trees", 0) > 0 and OUTCOMES.get("across_a_tree", 0) > 0, OUTCOMES
     assert OUTCOMES.get("granular", 0) > 0, OUTCOMES
+    # sharing providers: a tree's request with a sharing provider's inventory answered
+    assert OUTCOMES.get("borrowed", 0) > 0, OUTCOMES

@@ -133,13 +133,49 @@ def test_tree_members_are_summarised_with_their_root() -> None:
     assert sorted(answer(s, "resources=VCPU:1")["provider_summaries"]) == [uuid(1), uuid(2)]  # type: ignore[index]
 
 
+def test_sharing_provider_lends_to_the_trees_of_its_aggregates() -> None:
+    s = ProviderState()
+    for i in (1, 2):
+        s.apply({**prov(i), "aggregates": [AGG]})
+    s.apply(prov(3))
+    s.apply({"uuid": uuid(9), "name": "nfs", "generation": 1, "inventories": {"DISK_GB": {"total": 100}},
+             "traits": ["MISC_SHARES_VIA_AGGREGATE"], "aggregates": [AGG]})
+    assert s.sharing_holds("DISK_GB") and not s.sharing_holds("VCPU")
+    body = answer(s, "resources=VCPU:1,DISK_GB:10")
+    assert not isinstance(body, Unanswered)
+    assert sorted(sorted(a["allocations"]) for a in body["allocation_requests"]) == [
+        [uuid(1), uuid(9)], [uuid(2), uuid(9)]]
+    assert sorted(body["provider_summaries"]) == [uuid(1), uuid(2), uuid(9)]
+    # lent to three trees (its own among them), the same request once
+    body = answer(s, "resources=DISK_GB:10")
+    assert not isinstance(body, Unanswered)
+    assert [a["allocations"] for a in body["allocation_requests"]] == [
+        {uuid(9): {"resources": {"DISK_GB": 10}}}]
+    assert sorted(body["provider_summaries"]) == [uuid(9)]
+    # a suffixed group's sharing provider serves the trees it lends to
+    body = answer(s, "resources=VCPU:1&resources1=DISK_GB:10&group_policy=none")
+    assert not isinstance(body, Unanswered)
+    assert sorted(a["mappings"]["1"] == [uuid(9)] for a in body["allocation_requests"]) == [True, True]
+    # ... but an unsuffixed candidate several trees borrow is merged by placement under one of
+    # them only (its sets decide which)
+    r = answer(s, "resources=DISK_GB:10&resources1=VCPU:1&group_policy=none")
+    assert isinstance(r, Unanswered) and r.reason == "sharing_provider"
+    # in_tree keeps a request in its tree: nothing is borrowed
+    assert uuids(answer(s, "resources=VCPU:1,DISK_GB:10&in_tree=" + uuid(1))) == []
+    # a sharing provider in a tree: placement may fail (500), so nothing is answered
+    s.apply({"uuid": uuid(10), "name": "nfs2", "generation": 1, "parent_provider_uuid": uuid(3),
+             "root_provider_uuid": uuid(3), "inventories": {"DISK_GB": {"total": 100}},
+             "traits": ["MISC_SHARES_VIA_AGGREGATE"], "aggregates": [AGG]})
+    r = answer(s, "resources=VCPU:1")
+    assert isinstance(r, Unanswered) and r.reason == "sharing_provider"
+    s.delete(uuid(10))
+    assert uuids(answer(s, "resources=VCPU:1")) == [uuid(1), uuid(2), uuid(3)]
+
+
 def test_state_outside_the_covered_set() -> None:
     s = ProviderState()
     s.apply(prov(1))
-    s.apply(prov(3, traits=["MISC_SHARES_VIA_AGGREGATE"]))
-    r = answer(s, "resources=VCPU:1")
-    assert isinstance(r, Unanswered) and r.reason == "sharing_provider"
-    s.apply(prov(3, gen=2))
+    s.apply(prov(3))
     s.apply(prov(4, aggregates=[AGG.upper()]))
     r = answer(s, "resources=VCPU:1")
     assert isinstance(r, Unanswered) and r.reason == "noncanonical_uuid"
