@@ -11,9 +11,10 @@ What it measures, per provider count (``--providers``, default 1 000 and 10 000)
   SQLite (a file) or MariaDB (``--db mariadb``: 127.0.0.1:3306) holding the
   same providers (bulk-loaded into placement's tables);
 
-each request timed on its own, wall clock and CPU time of this thread (the
-latter is what the target is read on when the machine is shared: other
-processes' load does not count), medians and p99, and the ratio of
+each request timed on its own (memory under the garbage-collector threshold
+the scheduler runs with, ``--gc-young-threshold``), wall clock and CPU time
+of this thread (the latter is what the target is read on when the machine is
+shared: other processes' load does not count), medians and p99, and the ratio of
 placement's to memory's.  Before timing, every request's two answers are
 compared (the number of candidates and every memory candidate among
 placement's full set; the bodies are equal when nothing is cut).
@@ -56,6 +57,7 @@ import uuid as uuid_mod
 from collections.abc import Callable
 from typing import Any
 
+from shared_host_manager.gc_threshold import YOUNG_THRESHOLD, tuned
 from shared_host_manager.placement import ProviderState, Unanswered, answer
 
 CPU_TRAITS = ["HW_CPU_X86_AVX", "HW_CPU_X86_AVX2", "HW_CPU_X86_SSE42", "HW_CPU_X86_AVX512F",
@@ -196,11 +198,13 @@ def _agrees(mine: Any, status: int, theirs: Any, full: Any) -> bool:
 
 
 def run(counts: list[int], db: str, memory_requests: int, placement_requests: int, seed: int,
-        progress: Callable[[str], None], trees: float = 0.0, shared_storage: float = 0.0) -> dict[str, Any]:
+        progress: Callable[[str], None], trees: float = 0.0, shared_storage: float = 0.0,
+        gc_young_threshold: int = YOUNG_THRESHOLD) -> dict[str, Any]:
     from simulator.placement_real import RealPlacement, server_url
 
     result: dict[str, Any] = {"database": db, "microversion": "1.36", "limit": 1000, "trees": trees,
-                              "shared_storage": shared_storage, "sizes": []}
+                              "shared_storage": shared_storage, "gc_young_threshold": gc_young_threshold,
+                              "sizes": []}
     for n in counts:
         rng = random.Random(seed + n)
         provs = providers(n, rng, trees, shared_storage)
@@ -227,11 +231,14 @@ def run(counts: list[int], db: str, memory_requests: int, placement_requests: in
             for q in qs[:50]:
                 answer(state, q)
             mem_wall, mem_cpu, returned = [], [], []
-            for q in (qs * (1 + memory_requests // len(qs)))[:memory_requests]:
-                w, c, body = _timed(functools.partial(answer, state, q))
-                mem_wall.append(w)
-                mem_cpu.append(c)
-                returned.append(len(body["allocation_requests"]))
+            # under the collector threshold nova-scheduler-shared runs with (placement's own
+            # process keeps Python's default)
+            with tuned(gc_young_threshold):
+                for q in (qs * (1 + memory_requests // len(qs)))[:memory_requests]:
+                    w, c, body = _timed(functools.partial(answer, state, q))
+                    mem_wall.append(w)
+                    mem_cpu.append(c)
+                    returned.append(len(body["allocation_requests"]))
             progress(f"{n} providers: memory done")
             pl_wall, pl_cpu = [], []
             for q in qs[:placement_requests]:
@@ -288,6 +295,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m simulator.bench_p
     parser.add_argument("--shared-storage", type=float, default=0.0, metavar="F",
                         help="a storage pool (sharing provider of DISK_GB) per zone, and the share of "
                              "compute nodes without a disk of their own (0 to 1; default 0: no pools)")
+    parser.add_argument("--gc-young-threshold", type=int, default=YOUNG_THRESHOLD, metavar="N",
+                        help="Python's first collector threshold while memory is timed, as "
+                             "[shared_host_manager] gc_young_threshold sets it in the scheduler "
+                             f"(default {YOUNG_THRESHOLD}; 0: Python's default)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     args = parser.parse_args(argv)
@@ -296,7 +307,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m simulator.bench_p
             parser.error(f"--{name.replace('_', '-')} must be between 0 and 1")
     result = run(args.providers, args.db, args.memory_requests, args.placement_requests, args.seed,
                  progress=lambda text: print(text, file=sys.stderr), trees=args.trees,
-                 shared_storage=args.shared_storage)
+                 shared_storage=args.shared_storage, gc_young_threshold=args.gc_young_threshold)
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as f:
