@@ -12,11 +12,13 @@ Three pure parts, no I/O:
   query on that state, or the reason the state or the query is outside the
   covered set.
 
-The covered set: every request of microversions 1.36 (nova 34's) to 1.39 on
+The covered set: every request of microversions 1.36 (nova 34's) to 1.39, on
 provider trees and sharing providers, with suffixed groups, ``same_subtree``
-and ``group_policy``, but the few :mod:`.candidates` names.  Everything else
-returns an :class:`~.query.Unanswered` with a reason the caller sends to
-placement and counts.
+and ``group_policy``, except the few kinds :mod:`.candidates` lists (where
+placement's own answer depends on its iteration order, or is an error) and
+names the state does not know.  A request outside it returns an
+:class:`~.query.Unanswered` with a reason the caller sends to placement and
+counts.
 """
 
 from shared_host_manager.placement.candidates import PlacementConfig, allocation_candidates, answer
