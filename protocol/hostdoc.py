@@ -28,7 +28,8 @@ Namespaces
 ``builds``      ``{instance_uuid: {}}``: builds the host has received and not finished,
                 whose usage ``*_used`` may not include yet (nova-compute queues builds
                 behind its build slots).  A scheduler's pending claim of an instance
-                listed here does not expire (design §5.2).
+                listed here does not expire; one whose instance leaves the list without
+                being counted retires at once, "dropped" (design §5.2).
 ``aggregates``  ``{aggregate_uuid: {"name": str, "metadata": {str: str}, "id"?: int}}``.
 ``stats``       free-form ``{str: str}`` (nova's ComputeNode.stats).
 ``numa``        ``{"cell<id>": NUMA cell}`` (nova's NUMACell primitive).

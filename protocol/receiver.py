@@ -33,6 +33,8 @@ Pending-claim ledger (per source)::
                           |    (a claim whose instance the source's document lists under
                           |     ``builds`` -- received, not counted yet -- is kept: its
                           |     deadline restarts)
+                          |---(the source stops listing the
+                          |    build without counting it)----> retired: "dropped"
                           +---(cancel_claim(): build given up)-> retired: "cancelled"
 
 (A replay that starts at an update log's checkpoint puts back the claims held there,
@@ -101,7 +103,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypedDict
 
-from protocol.document import CanonicalCache, Document, apply_ops, copy_document
+from protocol.document import CanonicalCache, Document, Op, apply_ops, copy_document
 from protocol.errors import LocalProtocolError
 from protocol.hostdoc import BUILDS, INSTANCES, said_goodbye
 from protocol.messages import (
@@ -177,6 +179,7 @@ class Outcome(enum.StrEnum):
     REJECTED = "rejected"
     EPOCH_CHANGED = "epoch_changed"
     EXPIRED = "expired"
+    DROPPED = "dropped"  # the source ended the build it listed without counting the instance
     CANCELLED = "cancelled"  # given up by this scheduler (cancel_claim): the build will not happen
 
 
@@ -356,7 +359,7 @@ STAT_KEYS = (
     "came_up", "goodbyes", "claims_added", "claims_included", "claims_rejected", "claims_expired",
     "claims_epoch_retired", "claims_cancelled", "claim_results_late", "claim_results_foreign",
     "peer_claims", "peer_claims_included", "peer_claims_rejected", "peer_claims_expired",
-    "peer_claims_ignored", "claims_kept_building",
+    "peer_claims_ignored", "claims_kept_building", "claims_dropped",
 )
 
 
@@ -634,6 +637,7 @@ class ReceiverMachine:
         if view._doc_in_cut:
             view.doc = doc = copy_document(doc)
             view._doc_in_cut = False
+        building = _builds_before(view, doc, delta.ops)
         apply_ops(doc, delta.ops)
         view.seq = delta.seq
         view._digest = None
@@ -646,6 +650,8 @@ class ReceiverMachine:
             for claim_id in delta.claims:
                 if claim_id in view.pending:
                     self._retire(view, claim_id, Outcome.INCLUDED)
+        if building:
+            self._drop_ended_builds(view, building)
         if delta.claims and view.peer:
             for claim_id in delta.claims:
                 if claim_id in view.peer:
@@ -689,6 +695,7 @@ class ReceiverMachine:
                                 else "peer_claims_expired")
             view.buffer.clear()
         previous = view.doc
+        building = _builds_before(view, previous, None)
         view.doc = copy_document(snap.doc)
         view._doc_in_cut = False
         view.epoch = snap.epoch
@@ -704,6 +711,8 @@ class ReceiverMachine:
             for claim_id in snap.claims:
                 if claim_id in view.pending:
                     self._retire(view, claim_id, Outcome.INCLUDED)
+        if building:
+            self._drop_ended_builds(view, building)
         if view.peer:
             for claim_id in snap.claims:
                 if claim_id in view.peer:
@@ -967,6 +976,20 @@ class ReceiverMachine:
                     self._changed.add(view.source)
         return out
 
+    def _drop_ended_builds(self, view: SourceView, building: frozenset[str]) -> None:
+        """Retire, as dropped, the pending claims of the instances ``building`` held (the
+        source's ``builds`` before the step) that the step's document neither lists among its
+        builds nor counts: the source ended those builds without them (a compute that refused
+        the build, whose alternate nova's conductor tries), so nothing of them will come."""
+        doc = view.doc
+        assert doc is not None
+        listed = doc.get(BUILDS) or {}
+        counted = doc.get(INSTANCES) or {}
+        ended = {i for i in building if i not in listed and i not in counted}
+        if ended:
+            for claim_id in [c for c, p in view.pending.items() if p.claim.instance in ended]:
+                self._retire(view, claim_id, Outcome.DROPPED)
+
     @staticmethod
     def _building(view: SourceView, claim: Claim) -> bool:
         """The source's document lists the claim's instance among the builds it received
@@ -1041,6 +1064,17 @@ _RECEIVE: dict[type, Callable[[ReceiverMachine, Any, float, list[Send]], None]] 
 __all__ = ["KEEP_RULES", "ChangeFeed", "Event", "Outcome", "PendingClaim", "ReceiverMachine",
            "ReceiverObserver", "ReceiverParams", "ReceiverPolicy", "ResyncRequest", "SourceState",
            "SourceView", "Status"]
+
+
+def _builds_before(view: SourceView, doc: Document | None, ops: list[Op] | None
+                   ) -> frozenset[str]:
+    """The instances ``doc`` lists among its builds, where a step that may change them
+    (``ops`` touching ``builds``, or a whole document: None) meets pending claims; else none."""
+    if not view.pending or doc is None or BUILDS not in doc:
+        return frozenset()
+    if ops is not None and not any(op[1] == BUILDS for op in ops):
+        return frozenset()
+    return frozenset(doc[BUILDS])
 
 
 def _release(usage: dict[str, int], resources: Mapping[str, int]) -> None:

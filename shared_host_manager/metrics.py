@@ -40,7 +40,8 @@ VERSION = "0.1.0"
 
 #: receiver counters with a metric of their own (the rest: shm_receiver_events_total{event})
 _CLAIM_OUTCOMES = {"included": "claims_included", "rejected": "claims_rejected",
-                   "expired": "claims_expired", "cancelled": "claims_cancelled",
+                   "expired": "claims_expired", "dropped": "claims_dropped",
+                   "cancelled": "claims_cancelled",
                    "epoch_changed": "claims_epoch_retired"}
 
 

@@ -164,7 +164,7 @@ class Submitted(NamedTuple):
     claims: list[Claim]
 
 _SUCCESS = (Outcome.ACCEPTED, Outcome.INCLUDED)
-_FAILURE = (Outcome.REJECTED, Outcome.EXPIRED, Outcome.EPOCH_CHANGED)
+_FAILURE = (Outcome.REJECTED, Outcome.EXPIRED, Outcome.DROPPED, Outcome.EPOCH_CHANGED)
 
 
 class RequestTracker:

@@ -63,7 +63,8 @@ class SharedHostManagerFixture(_FixtureBase):
 
     Nothing of nova's private state is touched: public methods of nova's classes
     are wrapped and restored at cleanup, which also stops every service started.
-    ``figures()`` tells what the drop-in served (decisions, host-state requests).
+    ``figures()`` tells what the drop-in served (decisions, host-state requests) and how
+    its schedulers' claims retired (``claims_by_outcome``).
     With ``record_dir`` each scheduler keeps an update log there (closed when it
     stops), which ``shm replay --decisions`` can re-run: :attr:`logs`.
     """
@@ -356,7 +357,14 @@ class SharedHostManagerFixture(_FixtureBase):
                        if id(m.built_cache) in caches)
         return {"decisions": self.decisions, "host_state_requests": requests,
                 "schedulers": schedulers, "placement_feeds": self.feeds_started,
-                **self._candidates()}
+                "claims_by_outcome": self._claims(), **self._candidates()}
+
+    def _claims(self) -> dict[str, int]:
+        """The claims this test's schedulers retired, by outcome (their receivers' counters)."""
+        with self._lock:
+            receivers = [service.cache.receiver for service in self.schedulers]
+        outcomes = ("included", "rejected", "expired", "dropped", "cancelled", "epoch_retired")
+        return {k: sum(r.stats[f"claims_{k}"] for r in receivers) for k in outcomes}
 
     def _candidates(self) -> dict[str, Any]:
         """Allocation candidates of this test's schedulers: from memory, from placement, and

@@ -251,6 +251,12 @@ def test_nova_functional_selection_passes_with_the_drop_in():
                                  for r in shared.values())
                           for k in sorted({k for r in shared.values()
                                            for k in r.get("candidates_by_reason") or {}})}},
+        # the drop-in schedulers' claims by how they retired (a build a compute refused:
+        # dropped with the report that ends it; expired: nothing heard by the deadline)
+        "claims_by_outcome": {k: sum((r.get("claims_by_outcome") or {}).get(k, 0)
+                                     for r in shared.values())
+                              for k in sorted({k for r in shared.values()
+                                               for k in r.get("claims_by_outcome") or {}})},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))

@@ -11,7 +11,8 @@ read hosts from the database (it must not), and how many allocation candidate
 requests its schedulers answered from memory (the placement feed the fixture
 runs on the test's placement database) and from placement, by reason
 (``placement_feeds``, ``candidates_from_memory``, ``candidates_from_placement``,
-``candidates_by_reason``: the fixture's ``figures()``).  Unless ``SHM_NOVA_FUNCTIONAL_REPLAY=0``,
+``candidates_by_reason``: the fixture's ``figures()``), and how its schedulers' claims
+retired (``claims_by_outcome``).  Unless ``SHM_NOVA_FUNCTIONAL_REPLAY=0``,
 every scheduler also keeps an update log, re-run after the test as ``shm replay
 --decisions`` does: the line says how many of nova's decisions were re-run and
 which steps came out differently.

@@ -1,11 +1,11 @@
 """A pending claim whose instance the source lists under ``builds`` (received, not counted
 yet) does not expire by the wall clock: it stays deducted until the source's document
-includes it, and once the source drops the build without it, it expires at the next
-deadline (docs/design.md §5.2, §5.5).  Pure: the clock is an argument."""
+includes it, and once the source drops the build without it, it retires in that step as
+"dropped" (docs/design.md §5.2, §5.5).  Pure: the clock is an argument."""
 
 from __future__ import annotations
 
-from protocol.document import DEL, SET
+from protocol.document import DEL, DROP, SET
 from protocol.hostdoc import BUILDS, INSTANCES
 from protocol.messages import Claim, Delta, Snapshot
 from protocol.receiver import Outcome, ReceiverMachine
@@ -41,14 +41,46 @@ def test_a_claim_listed_among_the_sources_builds_outlives_its_deadline() -> None
     assert ("i-listed", A, Outcome.INCLUDED) in r.drain_outcomes()
 
 
-def test_a_build_dropped_without_the_instance_frees_its_claim_at_the_next_deadline() -> None:
+def test_a_build_dropped_without_the_instance_frees_its_claim_at_once() -> None:
     r = _receiver()
     r.add_claim(_claim("i-1"), 1.0)
     r.receive(Delta(A, E, 1, [[SET, BUILDS, "i-1", {}]], []), 2.0)
     r.tick(31.0)
     assert "i-1" in r.sources[A].pending
     r.receive(Delta(A, E, 2, [[DEL, BUILDS, "i-1"]], []), 40.0)  # the build failed
-    r.tick(60.0)
-    assert "i-1" in r.sources[A].pending  # its restarted deadline (61) is not there yet
-    r.tick(61.0)
-    assert r.sources[A].pending == {} and r.stats["claims_expired"] == 1
+    assert r.sources[A].pending == {} and r.sources[A].pending_usage == {}
+    assert r.stats["claims_dropped"] == 1 and r.stats["claims_expired"] == 0
+    assert r.drain_outcomes() == [("i-1", A, Outcome.DROPPED)]
+
+
+def test_only_the_builds_that_ended_uncounted_are_dropped() -> None:
+    """One report ends three builds: one counted (its claim included), one counted without
+    the delta naming its claim (a sink that does not list claims), one refused; a fourth
+    build goes on and a claim never listed under builds waits for its deadline."""
+    r = _receiver()
+    for instance in ("i-built", "i-counted", "i-refused", "i-queued", "i-unlisted"):
+        r.add_claim(_claim(instance), 1.0)
+    r.receive(Delta(A, E, 1, [[SET, BUILDS, i, {}] for i in
+                              ("i-built", "i-counted", "i-refused", "i-queued")], []), 2.0)
+    r.receive(Delta(A, E, 2, [[DEL, BUILDS, "i-built"], [DEL, BUILDS, "i-counted"],
+                              [DEL, BUILDS, "i-refused"], [SET, INSTANCES, "i-built", {}],
+                              [SET, INSTANCES, "i-counted", {}]], ["i-built"]), 3.0)
+    assert sorted(r.sources[A].pending) == ["i-counted", "i-queued", "i-unlisted"]
+    assert r.drain_outcomes() == [("i-built", A, Outcome.INCLUDED), ("i-refused", A, Outcome.DROPPED)]
+    # the namespace dropped whole (its last build ended) counts the same
+    r.receive(Delta(A, E, 3, [[DROP, BUILDS]], []), 4.0)
+    assert sorted(r.sources[A].pending) == ["i-counted", "i-unlisted"]
+    assert r.stats["claims_dropped"] == 2
+
+
+def test_a_snapshot_without_the_build_drops_its_claim() -> None:
+    """A resync's snapshot of the same epoch that no longer lists a build (its ending delta
+    was lost) drops the claim as the delta would have."""
+    r = _receiver()
+    r.add_claim(_claim("i-1"), 1.0)
+    r.add_claim(_claim("i-2"), 1.0)
+    r.receive(Delta(A, E, 1, [[SET, BUILDS, "i-1", {}], [SET, BUILDS, "i-2", {}]], []), 2.0)
+    doc = {**{ns: dict(v) for ns, v in DOC.items()}, BUILDS: {"i-2": {}}}
+    r.receive(Snapshot(A, E, 5, doc, []), 3.0)
+    assert list(r.sources[A].pending) == ["i-2"]
+    assert r.drain_outcomes() == [("i-1", A, Outcome.DROPPED)]
