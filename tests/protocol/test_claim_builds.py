@@ -5,6 +5,11 @@ includes it, and once the source drops the build without it, it retires in that 
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from protocol.document import DEL, DROP, SET
 from protocol.hostdoc import BUILDS, INSTANCES
 from protocol.messages import Claim, Delta, Snapshot
@@ -84,3 +89,54 @@ def test_a_snapshot_without_the_build_drops_its_claim() -> None:
     r.receive(Snapshot(A, E, 5, doc, []), 3.0)
     assert list(r.sources[A].pending) == ["i-2"]
     assert r.drain_outcomes() == [("i-1", A, Outcome.DROPPED)]
+
+
+_INSTANCES = ("i-1", "i-2")
+_step = st.one_of(
+    st.tuples(st.just("claim"), st.sampled_from(_INSTANCES)),
+    st.tuples(st.just("tick"), st.floats(0.0, 40.0)),
+    st.tuples(st.just("delta"), st.lists(st.one_of(
+        st.tuples(st.sampled_from([SET, DEL]), st.sampled_from([BUILDS, INSTANCES]),
+                  st.sampled_from(_INSTANCES)),
+        st.tuples(st.just(DROP), st.sampled_from([BUILDS, INSTANCES]))), max_size=4),
+        st.lists(st.sampled_from(_INSTANCES), max_size=1)),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_step, max_size=25))
+def test_a_claim_is_dropped_only_when_its_build_ended_uncounted(steps: list[Any]) -> None:
+    """Whatever the source does with its builds and instances: a claim retires once; it is
+    dropped in the step that takes its instance out of ``builds`` without counting it, and
+    only then; a claim whose instance ``builds`` lists never expires; ``pending_usage`` is the
+    sum of the pending claims."""
+    r = _receiver()
+    now, seq, claimed = 1.0, 0, 0
+    for step in steps:
+        view = r.sources[A]
+        doc = view.doc
+        before_builds = set(doc.get(BUILDS) or ())
+        if step[0] == "claim":
+            if step[1] in view.pending:
+                continue
+            r.add_claim(_claim(step[1]), now)
+            claimed += 1
+        elif step[0] == "tick":
+            now += step[1]
+            r.tick(now)
+        else:
+            ops = [[op[0], op[1], op[2], {}] if op[0] == SET else list(op) for op in step[1]]
+            seq += 1
+            r.receive(Delta(A, E, seq, ops, list(step[2])), now)
+        doc = r.sources[A].doc
+        after_builds, counted = set(doc.get(BUILDS) or ()), set(doc.get(INSTANCES) or ())
+        for claim_id, _source, outcome in r.drain_outcomes():
+            if outcome is Outcome.DROPPED:
+                assert step[0] == "delta" and claim_id in before_builds - after_builds - counted
+            if outcome is Outcome.EXPIRED:
+                assert claim_id not in after_builds
+        pending = r.sources[A].pending
+        assert not set(pending) & (before_builds - after_builds - counted)
+        assert r.sources[A].pending_usage == ({"memory_mb": 1024 * len(pending)} if pending else {})
+    retired = sum(r.stats[f"claims_{k}"] for k in ("included", "expired", "dropped"))
+    assert retired + len(r.sources[A].pending) == claimed
