@@ -183,6 +183,12 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"  # given up by this scheduler (cancel_claim): the build will not happen
 
 
+#: the receiver's counter (``stats``) of each outcome that retires a claim
+OUTCOME_STATS: dict[Outcome, str] = {
+    o: f"claims_{'epoch_retired' if o is Outcome.EPOCH_CHANGED else o.value}"
+    for o in Outcome if o is not Outcome.ACCEPTED}
+
+
 @dataclass(slots=True)
 class PendingClaim:
     claim: Claim
@@ -813,7 +819,7 @@ class ReceiverMachine:
     def _retire(self, view: SourceView, claim_id: str, outcome: Outcome) -> None:
         pending = view.pending.pop(claim_id)
         _release(view.pending_usage, pending.claim.resources)
-        self.stats[f"claims_{'epoch_retired' if outcome is Outcome.EPOCH_CHANGED else outcome.value}"] += 1
+        self.stats[OUTCOME_STATS[outcome]] += 1
         self._outcomes.append((claim_id, view.source, outcome))
         self._changed.add(view.source)
         if self._observer is not None:
@@ -1061,7 +1067,7 @@ _RECEIVE: dict[type, Callable[[ReceiverMachine, Any, float, list[Send]], None]] 
 }
 
 
-__all__ = ["KEEP_RULES", "ChangeFeed", "Event", "Outcome", "PendingClaim", "ReceiverMachine",
+__all__ = ["KEEP_RULES", "OUTCOME_STATS", "ChangeFeed", "Event", "Outcome", "PendingClaim", "ReceiverMachine",
            "ReceiverObserver", "ReceiverParams", "ReceiverPolicy", "ResyncRequest", "SourceState",
            "SourceView", "Status"]
 

@@ -27,7 +27,7 @@ from oslo_config import cfg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from protocol.receiver import STAT_KEYS
+from protocol.receiver import OUTCOME_STATS, STAT_KEYS
 from shared_host_manager.service import SchedulerService
 from transport import metrics as transport_metrics
 from transport.base import StreamConsumerStats
@@ -39,10 +39,7 @@ __all__ = ["SchedulerCollector", "health", "serve", "status"]
 VERSION = "0.1.0"
 
 #: receiver counters with a metric of their own (the rest: shm_receiver_events_total{event})
-_CLAIM_OUTCOMES = {"included": "claims_included", "rejected": "claims_rejected",
-                   "expired": "claims_expired", "dropped": "claims_dropped",
-                   "cancelled": "claims_cancelled",
-                   "epoch_changed": "claims_epoch_retired"}
+_CLAIM_OUTCOMES = {outcome.value: key for outcome, key in OUTCOME_STATS.items()}
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -97,8 +94,9 @@ class SchedulerCollector:
         yield events
         claims = CounterMetricFamily(
             "shm_claims", "Claims by outcome: accepted (the arbiter said yes), included (a delta "
-            "carried it), rejected, expired (no word before the deadline), cancelled (given up by "
-            "this scheduler), epoch_changed (the host restarted).", labels=["outcome"])
+            "carried it), rejected, expired (no word before the deadline), dropped (the host ended "
+            "the build without counting it), cancelled (given up by this scheduler), "
+            "epoch_changed (the host restarted).", labels=["outcome"])
         claims.add_metric(["accepted"], f["control"].get("claim_accepted", 0))
         for outcome, key in _CLAIM_OUTCOMES.items():
             claims.add_metric([outcome], rx.get(key, 0))

@@ -361,10 +361,12 @@ class SharedHostManagerFixture(_FixtureBase):
 
     def _claims(self) -> dict[str, int]:
         """The claims this test's schedulers retired, by outcome (their receivers' counters)."""
+        from protocol.receiver import OUTCOME_STATS
+
         with self._lock:
             receivers = [service.cache.receiver for service in self.schedulers]
-        outcomes = ("included", "rejected", "expired", "dropped", "cancelled", "epoch_retired")
-        return {k: sum(r.stats[f"claims_{k}"] for r in receivers) for k in outcomes}
+        return {outcome.value: sum(r.stats[key] for r in receivers)
+                for outcome, key in OUTCOME_STATS.items()}
 
     def _candidates(self) -> dict[str, Any]:
         """Allocation candidates of this test's schedulers: from memory, from placement, and
