@@ -11,12 +11,14 @@ second rose by 5–14 % with the threshold below (docs/benchmarks.md).  With a t
 one decision makes, its objects are freed by reference counting first.
 
 nova-scheduler-shared sets it from ``[shared_host_manager] gc_young_threshold`` when
-its cache starts; ``shm sim``, ``shm bench decisions`` and ``shm bench nova`` set
+its cache starts; ``shm sim``, ``shm bench decisions``, ``shm bench nova`` and ``shm bench
+placement`` set
 :data:`YOUNG_THRESHOLD` for their run.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,4 +47,14 @@ def tuned(young_threshold: int = YOUNG_THRESHOLD) -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-__all__ = ["YOUNG_THRESHOLD", "tune_gc", "tuned"]
+def add_option(parser: argparse.ArgumentParser, timed: str, note: str = "") -> None:
+    """A benchmark's ``--gc-young-threshold N`` (default :data:`YOUNG_THRESHOLD`): the threshold
+    while ``timed`` runs, as nova-scheduler-shared sets it; ``note`` ends the help text."""
+    parser.add_argument(
+        "--gc-young-threshold", type=int, default=YOUNG_THRESHOLD, metavar="N",
+        help=f"Python's first garbage-collector threshold while {timed}, as "
+             "nova-scheduler-shared sets it ([shared_host_manager] gc_young_threshold; "
+             f"default %(default)s; 0: Python's 700){note}")
+
+
+__all__ = ["YOUNG_THRESHOLD", "add_option", "tune_gc", "tuned"]

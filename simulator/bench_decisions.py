@@ -51,7 +51,7 @@ from protocol.messages import Delta
 from shared_host_manager.conf.decision import SchedulerConfig
 from shared_host_manager.decision.engine import FAST, SLOW, DecisionEngine, NoValidHost
 from shared_host_manager.decision.request import Flavor, InstanceGroup, RequestSpec
-from shared_host_manager.gc_threshold import YOUNG_THRESHOLD, tuned
+from shared_host_manager.gc_threshold import add_option, tuned
 from simulator.simulation import MISSING_NOVA, nova_installed
 from simulator.synthetic_hosts import cloud, load_receiver
 
@@ -177,10 +177,7 @@ def main(argv: list[str] | None = None, prog: str = "shm bench decisions") -> in
                         help="slow-path decisions per run (default: about 2 s of work per run)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
-    parser.add_argument("--gc-young-threshold", type=int, default=YOUNG_THRESHOLD, metavar="N",
-                        help="Python's first garbage-collector threshold while deciding, as "
-                             "shm sim and nova-scheduler-shared set it (default %(default)s; "
-                             "0: Python's 700)")
+    add_option(parser, "deciding")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.hosts < 1 or args.runs < 1 or args.decisions < 1:
         parser.error("--hosts, --runs and --decisions must be positive")

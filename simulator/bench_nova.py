@@ -34,7 +34,7 @@ import time
 import warnings
 from typing import Any
 
-from shared_host_manager.gc_threshold import tuned
+from shared_host_manager.gc_threshold import add_option, tuned
 
 DEFAULT_FILTERS = ["ComputeFilter", "ComputeCapabilitiesFilter", "ImagePropertiesFilter",
                    "ServerGroupAntiAffinityFilter", "ServerGroupAffinityFilter"]
@@ -66,11 +66,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--aggregates", type=int, default=0, metavar="N",
                    help="with --decision-only: N host aggregates (availability zones with a "
                         "weight multiplier in their metadata), each host in one of them")
-    p.add_argument("--gc-young-threshold", type=int, default=100000, metavar="N",
-                   help="Python's first garbage-collector threshold while the drop-in decides, "
-                        "as nova-scheduler-shared sets it ([shared_host_manager] gc_young_threshold, "
-                        "default %(default)s; 0: Python's 700). nova's database side always runs "
-                        "with Python's 700, as stock nova-scheduler does")
+    add_option(p, "the drop-in decides", ". nova's database side always runs with Python's "
+               "700, as stock nova-scheduler does")
     p.add_argument("--dir", help="directory for the SQLite files (default: a temporary one)")
     p.add_argument("--record", metavar="DIR",
                    help="also a drop-in whose cache keeps an update log in DIR, with nova's "

@@ -57,7 +57,7 @@ import uuid as uuid_mod
 from collections.abc import Callable
 from typing import Any
 
-from shared_host_manager.gc_threshold import YOUNG_THRESHOLD, tuned
+from shared_host_manager.gc_threshold import YOUNG_THRESHOLD, add_option, tuned
 from shared_host_manager.placement import ProviderState, Unanswered, answer
 
 CPU_TRAITS = ["HW_CPU_X86_AVX", "HW_CPU_X86_AVX2", "HW_CPU_X86_SSE42", "HW_CPU_X86_AVX512F",
@@ -295,10 +295,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m simulator.bench_p
     parser.add_argument("--shared-storage", type=float, default=0.0, metavar="F",
                         help="a storage pool (sharing provider of DISK_GB) per zone, and the share of "
                              "compute nodes without a disk of their own (0 to 1; default 0: no pools)")
-    parser.add_argument("--gc-young-threshold", type=int, default=YOUNG_THRESHOLD, metavar="N",
-                        help="Python's first collector threshold while memory is timed, as "
-                             "[shared_host_manager] gc_young_threshold sets it in the scheduler "
-                             f"(default {YOUNG_THRESHOLD}; 0: Python's default)")
+    add_option(parser, "memory is timed", "; placement keeps Python's default")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     args = parser.parse_args(argv)
