@@ -77,6 +77,8 @@ every feed sees every change once, whoever else drains.
 Input: :meth:`ReceiverMachine.receive` dispatches by the message's type through
 ``_RECEIVE``, a table beside the class (every data item, bare, batched, in a
 resync answer or in a claim's correction, then goes through the same rules).
+A saved view (a state file, a checkpoint) comes back through
+:meth:`ReceiverMachine.restore`: a snapshot, with when its source was last heard.
 
 Planted bugs: the four rules a plausible regression would break (a duplicate
 dropped, a delta past a gap held back, pending claims retired on a new epoch,
@@ -198,7 +200,7 @@ class PendingClaim:
 
 @dataclass(frozen=True, slots=True)
 class ViewCut:
-    """What :meth:`ReceiverMachine.cut` took: the held views, column by column (four lists
+    """What :meth:`ReceiverMachine.cut` took: the held views, column by column (lists
     rather than a tuple a view, so that taking it allocates nothing the garbage collector
     tracks: at 100 000 views, a tuple each set off full collections of the whole heap)."""
 
@@ -206,6 +208,8 @@ class ViewCut:
     epochs: list[int]
     seqs: list[int]
     docs: list[Document]
+    #: when each view's source was last heard (``SourceView.last_heard``, the receiver's clock)
+    heard: list[float]
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -454,7 +458,7 @@ class ReceiverMachine:
         documents are shared with the views, not copied, and a view's next delta copies its
         document before changing it (copy on write), so the cut can be read, packed or
         saved after this step, by another thread, while the machine goes on."""
-        cut = ViewCut([], [], [], [])
+        cut = ViewCut([], [], [], [], [])
         for v in self.sources.values():
             if v.doc is not None:
                 v._doc_in_cut = True
@@ -462,6 +466,7 @@ class ReceiverMachine:
                 cut.epochs.append(v.epoch)
                 cut.seqs.append(v.seq)
                 cut.docs.append(v.doc)
+                cut.heard.append(v.last_heard)
         return cut
 
     def drain_changed(self) -> set[str]:
@@ -513,6 +518,26 @@ class ReceiverMachine:
         if handler is None:
             raise LocalProtocolError(f"a receiver does not handle {type(msg).__name__}")
         handler(self, msg, now, out)
+        return out
+
+    def restore(self, snapshot: Snapshot, now: float, last_heard: float | None = None
+                ) -> list[Send]:
+        """A saved view fed back (a state file, a checkpoint): taken in as the snapshot it
+        is, its source last heard at ``last_heard`` (this clock; None: now) rather than
+        now, so that a source silent for ``down_interval`` by then is DOWN at once and one
+        silent for less goes DOWN when the rest of that interval passes without word, as
+        if this scheduler had never stopped.  A view held before the call keeps its own
+        ``last_heard``: what it heard since is newer."""
+        held = snapshot.source in self.sources
+        out = self.receive(snapshot, now)
+        view = self.sources.get(snapshot.source)
+        if held or view is None or last_heard is None or last_heard >= view.last_heard:
+            return out
+        view.last_heard = last_heard
+        if view.state is not _DOWN and last_heard < now - self.down_interval:
+            self._move(view, Event.SILENT)
+            self.stats["went_down"] += 1
+        self._changed.add(view.source)
         return out
 
     def _batch(self, batch: Batch, now: float, out: list[Send]) -> None:

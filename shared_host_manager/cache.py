@@ -25,17 +25,21 @@ is met or has waited ``fence_timeout``::
 
 Persistence (restart without resyncing everything)::
 
-    cut():       under the lock, every held source's (epoch, seq, document), the
-                 stream offset applied so far (and each cell stream's, design §4.6)
-                 and the origins and cells of the sources, documents shared copy on
-                 write with the receiver (O(sources), nothing packed)
+    cut():       under the lock, every held source's (epoch, seq, document) and how
+                 long it has been silent, the stream offset applied so far (and each
+                 cell stream's, design §4.6) and the origins and cells of the sources,
+                 documents shared copy on write with the receiver (O(sources), nothing
+                 packed), with the wall-clock time of the cut
     dump_state(): cut().pack(), outside the lock -> checksummed msgpack
     save(path):  dump_state() -> a temp file, flushed, then renamed over path
     load(path):  restore_state(): each saved source is fed back as a Snapshot
-                 through the same receiver code; returns the offset to resume the
-                 deployment's stream after (each cell's is in cell_offsets).  A
-                 checkpoint (shared_host_manager.checkpoint) carries the same bytes
-                 and is restored the same way
+                 through the same receiver code (ReceiverMachine.restore), last heard
+                 as long ago as it was silent at the cut plus the wall-clock time
+                 since, so a host that died before the cut is not up again after it;
+                 returns the offset to resume the deployment's stream after (each
+                 cell's is in cell_offsets).  A checkpoint
+                 (shared_host_manager.checkpoint) carries the same bytes and is
+                 restored the same way
 
 Bad input (docs/design.md §6, invariant 6): an undecodable or invalid message is dropped, logged
 with what is known of its sender, and counted in :attr:`invalid` by reason;
@@ -64,7 +68,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import msgpack
 
@@ -151,8 +155,9 @@ class CacheObserver(ReceiverObserver, Protocol):
     def tick(self, now: float, sends: Sequence[Send]) -> None:
         """The receiver's timers ran."""
 
-    def restored(self, snapshot: Snapshot, now: float) -> None:
-        """:meth:`HostStateCache.load` fed a saved source back to the receiver."""
+    def restored(self, snapshot: Snapshot, now: float, last_heard: float | None) -> None:
+        """:meth:`HostStateCache.load` fed a saved source back to the receiver, its source
+        last heard at ``last_heard`` (the receiver's clock; None: not saved, now)."""
 
     def sent(self, to: str | None, message: Message, now: float) -> None:
         """A control message left this scheduler (a claim), without the lock."""
@@ -178,6 +183,7 @@ class HostStateCache:
         *,
         decoder: Decoder | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         recorder: CacheObserver | None = None,
         fence_timeout: float = 1.0,
     ) -> None:
@@ -195,6 +201,9 @@ class HostStateCache:
         self._send = send
         self._decoder = decoder or Decoder()
         self.clock = clock
+        #: the wall-clock time, in seconds: a saved state carries its cut's, so that a
+        #: restore counts the time between (across a restart, or from another scheduler)
+        self.wall_clock = wall_clock
         #: the offset applied on the deployment's stream, and on each cell's (design §4.6)
         self.offset: int | None = None
         self.cell_offsets: dict[str, int] = {}
@@ -551,7 +560,8 @@ class HostStateCache:
             start = time.perf_counter()
             views = self.receiver.cut()
             return StateCut(self.offset, dict(self.cell_offsets), views, dict(self.origins),
-                            dict(self.source_cells), time.perf_counter() - start)
+                            dict(self.source_cells), self.clock(), self.wall_clock(),
+                            time.perf_counter() - start)
 
     def dump_state(self) -> bytes:
         """:meth:`cut`, packed and checksummed: what :meth:`save` writes and a checkpoint
@@ -588,7 +598,9 @@ class HostStateCache:
                 state = msgpack.unpackb(body, raw=False)
             elif state.get("format") != 1:
                 raise ValueError(f"state format {state.get('format')!r}")
-            snapshots = [Snapshot(s, e, q, doc) for s, e, q, doc in state["sources"]
+            silent = _silences(state.get("heard"), len(state["sources"]), self.wall_clock())
+            snapshots = [(Snapshot(s, e, q, doc), quiet)
+                         for (s, e, q, doc), quiet in zip(state["sources"], silent, strict=True)
                          if keep is None or keep(s)]
             offset = state["offset"]
             cell_offsets = state.get("cells") or {}
@@ -604,10 +616,11 @@ class HostStateCache:
             return None
         with self.lock:
             now = self.clock()
-            for snap in snapshots:
-                self.receiver.receive(snap, now)
+            for snap, quiet in snapshots:
+                heard = None if quiet is None else now - quiet
+                self.receiver.restore(snap, now, heard)
                 if self.recorder is not None:
-                    self.recorder.restored(snap, now)
+                    self.recorder.restored(snap, now, heard)
             self.origins.update(state.get("origins") or {})
             self.source_cells.update(source_cells)
             self.offset = offset
@@ -626,6 +639,10 @@ class StateCut:
     views: ViewCut
     origins: dict[str, str]
     source_cells: dict[str, str]
+    #: when the cut was taken: the receiver's clock (the views' ``heard`` are on it), and
+    #: the wall clock's seconds, which the state carries
+    taken: float = 0.0
+    wall: float = 0.0
     #: seconds the cut held the lock (the views' list; the maps' copies take less)
     held_s: float = 0.0
 
@@ -634,16 +651,35 @@ class StateCut:
         packed a view at a time so that the other threads run between views (a single
         call over 100 000 views holds the interpreter for seconds)."""
         packer = msgpack.Packer(use_bin_type=True)
-        parts = [packer.pack_map_header(5),
+        parts = [packer.pack_map_header(6),
                  packer.pack("offset"), packer.pack(self.offset),
                  packer.pack("cells"), packer.pack(self.cells),
                  packer.pack("sources"), packer.pack_array_header(len(self.views))]
         parts.extend(packer.pack(view) for view in self.views.views())
+        taken = self.taken
         parts += [packer.pack("origins"), packer.pack(self.origins),
-                  packer.pack("source_cells"), packer.pack(self.source_cells)]
+                  packer.pack("source_cells"), packer.pack(self.source_cells),
+                  # [wall-clock time of the cut, seconds each source had been silent then]
+                  packer.pack("heard"),
+                  packer.pack([self.wall, [max(0.0, taken - heard) for heard in self.views.heard]])]
         body = b"".join(parts)
         return msgpack.packb({"format": STATE_FORMAT, "state": body, "check": _checksum(body)},
                              use_bin_type=True)
+
+
+def _silences(heard: Any, count: int, wall_now: float) -> list[float | None]:
+    """How long each of a state's ``count`` sources has been silent now, from its ``heard``
+    entry (``[wall-clock time of the cut, [seconds silent then, ...]]``) and the wall clock
+    now; every source None (heard now) for a state saved without one.  A wall clock behind
+    the cut's (another scheduler's clock, or one set back) adds nothing."""
+    if heard is None:
+        return [None] * count
+    if (type(heard) is not list or len(heard) != 2 or type(heard[0]) not in (int, float)
+            or type(heard[1]) is not list or len(heard[1]) != count
+            or not all(type(q) in (int, float) and q >= 0 for q in heard[1])):
+        raise ValueError("heard: not [wall-clock time, a silence per source]")
+    since = max(0.0, wall_now - heard[0])
+    return [q + since for q in heard[1]]
 
 
 def _checksum(body: bytes) -> bytes:

@@ -71,7 +71,7 @@ from compute_reporter.recorder import RecordedReporter, ReporterRecorder
 from compute_reporter.service import ReporterService
 from protocol import codec
 from protocol.messages import Claim, Send, Snapshot
-from protocol.receiver import Outcome, ReceiverMachine
+from protocol.receiver import Outcome, ReceiverMachine, SourceView
 from shared_host_manager.cache import CacheObserver, HostStateCache
 from shared_host_manager.decision.engine import DecisionEngine, DecisionObserver, Selection
 from shared_host_manager.decision.request import RequestSpec, plain_data
@@ -178,8 +178,7 @@ class Recorder(ReporterRecorder, CacheObserver, DecisionObserver):
             self.note(now, f"attached to a running cache holding {len(receiver.sources)} sources")
             for view in list(receiver.sources.values()):
                 if view.doc is not None:
-                    self._append([RESTORE, now, codec.encode(
-                        Snapshot(view.source, view.epoch, view.seq, view.doc))])
+                    self._append(_restore_record(view, now, receiver.down_interval))
 
     def close(self) -> None:
         """Write a last checkpoint (scheduler) and everything buffered; idempotent."""
@@ -231,7 +230,7 @@ class Recorder(ReporterRecorder, CacheObserver, DecisionObserver):
         receiver = self._receiver
         assert receiver is not None
         records: list[list[Any]] = [
-            [RESTORE, now, codec.encode(Snapshot(v.source, v.epoch, v.seq, v.doc))]
+            _restore_record(v, now, receiver.down_interval)
             for v in list(receiver.sources.values()) if v.doc is not None]
         if self._engine is not None:  # so that --decisions re-runs the part's decisions too
             records.append([ENGINE, now, self._engine])
@@ -311,9 +310,12 @@ class Recorder(ReporterRecorder, CacheObserver, DecisionObserver):
     def tick(self, now: float, sends: Sequence[Send]) -> None:
         self._record_step([TICK, now], sends, now)
 
-    def restored(self, snapshot: Snapshot, now: float) -> None:
-        """``cache.load`` fed a saved source back to the receiver."""
-        self._record_step([RESTORE, now, codec.encode(snapshot)], None, now)
+    def restored(self, snapshot: Snapshot, now: float, last_heard: float | None) -> None:
+        """``cache.load`` fed a saved source back to the receiver (last heard then)."""
+        record = [RESTORE, now, codec.encode(snapshot)]
+        if last_heard is not None:
+            record.append(last_heard)
+        self._record_step(record, None, now)
 
     # -- the drop-in's decision log (nova/decision_log.py: its StepObserver) -------------------
 
@@ -396,6 +398,17 @@ class Recorder(ReporterRecorder, CacheObserver, DecisionObserver):
                                   view.digest()])
             out.append([row[0].instance_uuid if row else None, hosts])
         self._append([DECISION_END, now, {"id": did, "rows": out, "error": None}])
+
+
+def _restore_record(view: SourceView, now: float, down_interval: float) -> list[Any]:
+    """A held view as the restore record a part's base (or a late attach) begins with, its
+    source last heard when it was: restored DOWN if it is DOWN, and ACTIVE if it is, even
+    silent past ``down_interval`` already (the receiver's next look for silent views marks
+    it, in the replay as it did here)."""
+    assert view.doc is not None
+    heard = view.last_heard if view.down else max(view.last_heard, now - down_interval)
+    return [RESTORE, now, codec.encode(Snapshot(view.source, view.epoch, view.seq, view.doc)),
+            heard]
 
 
 def _spec_summary(spec: RequestSpec) -> dict[str, Any]:

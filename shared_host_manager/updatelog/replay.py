@@ -531,10 +531,20 @@ class Replayer:
             msg = self._decode(rec, f[0])
             if msg is None:
                 return
-            effects = f[1] if len(f) > 1 else None
+            # a restore's source last heard then (format.py; absent from older logs: now)
+            heard = f[1] if kind == RESTORE and len(f) > 1 and type(f[1]) in (int, float) else None
+            rest = f[2:] if heard is not None else f[1:]
+            effects = rest[0] if rest else None
+            if kind == RESTORE and not isinstance(msg, Snapshot):
+                self._mismatch(rec, "restore", "a restore record holds no snapshot")
+                return
             if tracer is not None:
                 self._control_step(tracer, rec, msg)
-            sends = receiver.receive(msg, now)
+            if kind == RESTORE:
+                assert isinstance(msg, Snapshot)
+                sends = receiver.restore(msg, now, heard)
+            else:
+                sends = receiver.receive(msg, now)
         elif kind == TICK:
             effects = f[0] if f else None
             if tracer is not None:

@@ -177,6 +177,10 @@ class _Crash(Exception):
     """A party raised out of a step (invariant 6); the world records it and goes on."""
 
 
+#: the parties' wall clock at the world's time 0 (a reporter's may go back across a restart)
+WALL_EPOCH = 1.7e9
+
+
 # -- parties ------------------------------------------------------------------------------
 
 class Reporter:
@@ -187,7 +191,7 @@ class Reporter:
         self.state_dir = os.path.join(world.directory, name)
         self._manager: ReporterManager | None = None
         self.pclock = PartyClock(0.0, 1.0)
-        self.wall_offset = 1.7e9
+        self.wall_offset = WALL_EPOCH
         self.params: dict[str, Any] = dict(REPORTER, max_batch_items=world.profile.max_batch_items)
         keyring = Keyring(master=MASTER) if world.profile.signing else None
         self.encoder = Encoder(keyring)
@@ -284,7 +288,8 @@ class Scheduler:
         receiver = ReceiverMachine(self.name, policy=receiver_policy(w.planted),
                                    **RECEIVER)  # type: ignore[arg-type]
         cache = HostStateCache(receiver, self._send, decoder=self.decoder,
-                               clock=lambda: self.local(w.now))
+                               clock=lambda: self.local(w.now),
+                               wall_clock=lambda: WALL_EPOCH + w.now)
         recorder: Recorder | None = None
         if w.record_dir is not None:
             recorder = Recorder(w.record_dir, checkpoint_interval=1.0)

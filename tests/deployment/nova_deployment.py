@@ -700,6 +700,9 @@ class Deployment:
                     log = proc.log.read_bytes()[markers[proc.name]:]
                     return b"Starting " in log
                 wait_until(started, 120, f"{name} started")
+                if self.mode == "dropin" and name in self.metrics_ports:
+                    # the drop-in's own endpoint: its cache is restored and its stream read
+                    self._wait_http(name, f"http://127.0.0.1:{self.metrics_ports[name]}/metrics")
 
     # -- client ----------------------------------------------------------------------------
 
@@ -868,6 +871,20 @@ class Deployment:
         """Placement's usages per provider name."""
         return {rp.name: self.conn.placement.fetch_resource_provider_usages(rp).usages
                 for rp in self.resource_providers()}
+
+    def scheduler_views(self) -> dict[str, str]:
+        """The state of every source the drop-in's scheduler holds (``/status?sources=1``):
+        source (a compute node's uuid, for a compute) -> active, down or syncing."""
+        _, text = http_get(f"http://127.0.0.1:{self.metrics_ports['scheduler']}/status?sources=1",
+                           timeout=10)
+        return {source: view[3] for source, view in json.loads(text)["views"].items()}
+
+    def node_of(self, host: str) -> str:
+        """The uuid of ``host``'s compute node (its hypervisor's id, microversion 2.53)."""
+        for hypervisor in self.conn.compute.hypervisors(details=True):
+            if hypervisor.service_details and hypervisor.service_details.get("host") == host:
+                return str(hypervisor.id)
+        raise DeploymentError(f"no hypervisor of {host}")
 
     def scheduler_metrics(self) -> dict[str, float]:
         """The scheduler's Prometheus samples, ``name{labels}`` -> value."""

@@ -357,9 +357,11 @@ def test_cold_migrate_resize_and_live_migrate(deployment: Any) -> None:
 
 def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
     """A compute killed (SIGKILL) and another stopped (SIGTERM) right after: once nova's API
-    shows both down and SERVICE_DOWN_TIME has passed since the kill, servers requested one
-    by one all go elsewhere, none fails; both start again and come up. In drop-in mode ``shm status
-    --verify`` converges after."""
+    shows both down and SERVICE_DOWN_TIME has passed since the kill, the scheduler restarts
+    (the drop-in restores the newest checkpoint of its view, which must keep the killed
+    compute as long silent as it is), then servers requested one by one all go elsewhere,
+    none fails; both start again and come up. In drop-in mode ``shm status --verify``
+    converges after."""
     dep = deployment
     _clean(dep)
     count = 3
@@ -369,6 +371,9 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
     # the drop-in counts a host as heard when it applies its message: a scheduler behind
     # its stream sees the killed compute up for that much longer than nova's API does
     lag: dict[str, float | None] = {}
+    # drop-in: the killed and the stopped compute's views in the restarted scheduler
+    restored: dict[str, str | None] = {}
+    nodes = {how: dep.node_of(host) for how, host in down.items()} if dep.mode == "dropin" else {}
     try:
         # the kill first: the stop waits for nova-compute's graceful shutdown (seconds)
         dep.kill(down["killed"])
@@ -381,6 +386,10 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
         # the conductor (every report_interval); the drop-in's ComputeFilter counts from the
         # compute's last message on the stream, which a killed compute sent when it died
         time.sleep(max(0.0, SERVICE_DOWN_TIME + 1 - (time.monotonic() - t0)))
+        dep.restart("scheduler")
+        if nodes:
+            views = dep.scheduler_views()
+            restored.update({how: views.get(node) for how, node in nodes.items()})
         lag["at_requests"] = _stream_lag(dep)
         t1 = time.monotonic()
         name = _name()
@@ -413,8 +422,12 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
             dep.delete_servers(booted)
         FIGURES[dep.mode]["down_computes"] = reps
         FIGURES[dep.mode]["down_computes_scheduler_lag_seconds"] = lag
+        if nodes:
+            FIGURES[dep.mode]["down_computes_after_scheduler_restart"] = restored
     bad = [r for r in reps if r["on_host"] or r["errors"]]
     assert not bad, f"servers on a down compute or in ERROR: {bad}"
+    assert all(state == "down" for state in restored.values()), \
+        f"the restarted scheduler holds a down compute as {restored}"
 
 
 def test_a_deleted_compute_gets_nothing_until_it_starts_again(deployment: Any) -> None:

@@ -23,6 +23,7 @@ from protocol.messages import (
     Snapshot,
 )
 from protocol.receiver import Outcome, ReceiverMachine, Status
+from protocol.source_state import SourceState
 
 A = "compute-a"
 B = "compute-b"
@@ -532,3 +533,22 @@ def test_forget_expires_pending_claims() -> None:
     r.tick(100.0)  # the claim's deadline finds nothing
     assert r.drain_outcomes() == []
     r.forget(A)  # twice is harmless
+
+
+def test_restore_keeps_what_a_view_held_before_heard_since():
+    """A saved view restored over one already held: what the receiver heard itself is newer
+    than the save, so the view keeps its own last_heard."""
+    r = ReceiverMachine("s", down_interval=30.0)
+    r.receive(Snapshot("h1", 1, 5, {"compute": {"vcpus": 4}}), 100.0)
+    r.restore(Snapshot("h1", 1, 4, {"compute": {"vcpus": 4}}), 101.0, last_heard=0.0)
+    view = r.sources["h1"]
+    assert view.version == (1, 5) and view.last_heard == 101.0
+    assert view.state is SourceState.ACTIVE
+
+
+def test_restore_of_a_goodbye_stays_down_without_counting_a_silence():
+    r = ReceiverMachine("s", down_interval=30.0)
+    goodbye = {"compute": {"vcpus": 4}, "service": {"stopped": True}}
+    r.restore(Snapshot("h1", 1, 5, goodbye), 100.0, last_heard=0.0)
+    assert r.sources["h1"].state is SourceState.DOWN
+    assert r.stats["went_down"] == 0

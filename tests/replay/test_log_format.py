@@ -384,3 +384,52 @@ def test_peer_claims_in_checkpoints_of_a_whole_session_and_of_a_format_1_log(min
     result = replay(parts)
     assert result.ok and result.checkpoints > 20, result.mismatches[:3]
     assert _peer_ledgers(result.receiver) == _peer_ledgers(old.caches["s1"].receiver)
+
+
+def test_a_restored_views_silence_is_recorded_and_replayed(tmp_path):
+    """A restore record carries when its source was last heard: replayed, the host that died
+    before the state was saved is DOWN again, and the silent one goes DOWN when it did."""
+    from protocol.messages import Snapshot
+
+    wall = [1_700_000_000.0]
+    running = HostStateCache(ReceiverMachine("s0", down_interval=30.0), lambda e, m: None,
+                             clock=lambda: 500.0, wall_clock=lambda: wall[0])
+    for source, at in (("cn-dead", 0.0), ("cn-quiet", 480.0), ("cn-live", 500.0)):
+        running.receiver.receive(Snapshot(source, 1, 1, {"compute": {"vcpus": 4}}), at)
+    running.receiver.tick(500.0)
+    data = running.dump_state()
+    now = [7.0]
+    wall[0] += 5.0
+    fresh = HostStateCache(ReceiverMachine("s0", down_interval=30.0), lambda e, m: None,
+                           clock=lambda: now[0], wall_clock=lambda: wall[0])
+    recorder = Recorder(str(tmp_path), checkpoint_interval=0.1)
+    fresh.set_recorder(recorder)
+    fresh.restore_state(data, "test")
+    for now[0] in (8.0, 9.5, 11.0, 13.0):
+        fresh.tick()
+    live = _live_states(fresh)
+    recorder.close()
+    down = {s for s, v in fresh.receiver.sources.items() if v.down}
+    assert down == {"cn-dead", "cn-quiet"}
+    result = replay(resolve_log(recorder.path))
+    assert result.ok and result.damage is None, result.mismatches[:3]
+    assert _states(result) == live
+    assert {s for s, v in result.receiver.sources.items() if v.down} == down
+
+
+def test_a_later_part_replays_a_source_that_went_silent_before_it_as_down(mini_run):
+    """A part's base restores each view last heard when it was: a host that went silent (and
+    DOWN) before the part began is DOWN in a replay of that part alone, as it was live."""
+    run = mini_run(max_file_bytes=4096, checkpoint_interval=0.1)
+    run.run(10)
+    run.sources.pop("cn03")  # dies without a goodbye: silent from now on
+    run.run(120)
+    live = _live_states(run.caches["s0"])
+    assert run.caches["s0"].receiver.sources["cn03"].down
+    run.close()
+    parts = resolve_log(run.log("s0"))
+    assert len(parts) > 3
+    result = replay(parts[-2:])
+    assert result.ok and result.damage is None, result.mismatches[:3]
+    assert result.receiver.sources["cn03"].down
+    assert _states(result) == live

@@ -36,7 +36,9 @@ def _cache(sent: list | None = None) -> HostStateCache:
     def send(endpoint, msg):
         if sent is not None:
             sent.append((endpoint, msg))
-    return HostStateCache(ReceiverMachine("s0"), send, clock=lambda: 1.0)
+    # a fixed wall clock: two cuts of the same views are the same bytes
+    return HostStateCache(ReceiverMachine("s0"), send, clock=lambda: 1.0,
+                          wall_clock=lambda: 1_700_000_000.0)
 
 
 def _held() -> HostStateCache:

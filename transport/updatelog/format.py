@@ -28,7 +28,8 @@ from 0 across files; headers are not numbered.
 
 Records
 -------
-Fields after the kind (shapes checked by the reader: :data:`RECORD_SHAPES`).
+Fields after the kind (shapes checked by the reader: :data:`RECORD_SHAPES`, and the optional
+fields before the effects: :data:`RECORD_OPTIONAL`).
 ``effects`` is present only when the step produced something: ``{"s": [[to,
 encoded ResyncRequest], ...], "o": [[claim_id, source, outcome], ...]}``.
 
@@ -42,7 +43,9 @@ CLAIM           5  now, encoded Claim[, effects]      (receiver.add_claim)
 RESYNC          6  now, source, full[, effects]       (receiver.request_resync)
 HINT            7  now, source[, effects]             (receiver.add_source_hint)
 FORGET          8  now, source[, effects]             (receiver.forget)
-RESTORE         9  now, encoded Snapshot[, effects]   (cache.load after a restart)
+RESTORE         9  now, encoded Snapshot[, last heard][, effects]  (cache.load after a
+                   restart, and a part's base; last heard, format 4: when the source was
+                   last heard, on the receiver's clock; without it, at ``now``)
 TX             10  now, to, encoded message           (claims sent; a reporter's control casts)
 CANCEL         11  now, source, claim id[, effects]   (receiver.cancel_claim)
 CHECKPOINT     12  now, combined hash (8 bytes), number of views, changed views
@@ -79,12 +82,13 @@ import struct
 from protocol import hashing
 
 #: the format this code writes: 2 lists the peer claims held in checkpoints, 3 records the
-#: cell streams' messages with their cell and offset (RX_CELL_STREAM)
-FORMAT = 3
+#: cell streams' messages with their cell and offset (RX_CELL_STREAM), 4 a restored view's
+#: last heard (RESTORE)
+FORMAT = 4
 
 
 #: the formats this code reads (1: checkpoints without peer claims)
-READABLE_FORMATS = (1, 2, 3)
+READABLE_FORMATS = (1, 2, 3, 4)
 
 
 #: the first format whose checkpoints list the peer claims held
@@ -236,4 +240,10 @@ RECORD_SHAPES: dict[int, tuple[tuple[type, ...], ...]] = {
     NOTE: ((str,),),
     HOST_MANAGER: ((dict,),),
     PUBLISHED: ((bytes,),),
+}
+
+#: kind -> types of the optional fields that may follow its shape's, before the effects (a
+#: field absent from older logs; the effects, a map, are told apart by their type)
+RECORD_OPTIONAL: dict[int, tuple[tuple[type, ...], ...]] = {
+    RESTORE: ((int, float),),
 }

@@ -33,6 +33,7 @@ from transport.updatelog.format import (
     MAGIC,
     MAX_RECORD_BYTES,
     OPT_NUM,
+    RECORD_OPTIONAL,
     RECORD_SHAPES,
     SUFFIX,
 )
@@ -93,9 +94,14 @@ def _check_shape(rec: Any) -> None:
     for i, types in enumerate(shape):
         if not isinstance(rec[2 + i], types):
             raise BadRecord(f"{KIND_NAMES[rec[0]]} record: field {i + 2} is {type(rec[2 + i]).__name__}")
-    if len(rec) > 2 + len(shape) and rec[0] not in (CHECKPOINT,):
-        effects = rec[2 + len(shape)]
-        if type(effects) is not dict:
+    at = 2 + len(shape)
+    for types in RECORD_OPTIONAL.get(rec[0], ()):
+        if len(rec) > at and type(rec[at]) is not dict:
+            if not isinstance(rec[at], types) or type(rec[at]) is bool:
+                raise BadRecord(f"{KIND_NAMES[rec[0]]} record: field {at} is {type(rec[at]).__name__}")
+            at += 1
+    if len(rec) > at and rec[0] not in (CHECKPOINT,):
+        if type(rec[at]) is not dict:
             raise BadRecord(f"{KIND_NAMES[rec[0]]} record: effects must be a map")
 
 
