@@ -5,8 +5,9 @@ from the host-state stream's retained history and ask every source it cannot reb
 snapshot; at 10 000 sources that took 27.7 s and about two resync requests per source.
 Instead, a running scheduler publishes, every ``[cache] checkpoint_interval`` seconds, what
 :meth:`~shared_host_manager.cache.HostStateCache.dump_state` returns (the very bytes a local
-save writes: every held view's source, epoch, seq and document, the host-state stream offset
-applied, the known origins), compressed, on the stream named like the host-state stream plus
+save writes: every held view's source, epoch, seq and document and how long its source had
+been silent, the wall-clock time of the cut, the host-state stream offset applied, the known
+origins), compressed, on the stream named like the host-state stream plus
 ``.checkpoint``.  A newcomer restores the newest one as it restores its own file and reads
 the host-state stream after the checkpoint's offset (design §4.5).
 
