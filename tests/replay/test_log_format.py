@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ulog_harness import RECEIVER_PARAMS, MiniRun
 
+from protocol.messages import Snapshot
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.cache import HostStateCache
 from shared_host_manager.updatelog import recorder as recorder_module
@@ -389,8 +390,6 @@ def test_peer_claims_in_checkpoints_of_a_whole_session_and_of_a_format_1_log(min
 def test_a_restored_views_silence_is_recorded_and_replayed(tmp_path):
     """A restore record carries when its source was last heard: replayed, the host that died
     before the state was saved is DOWN again, and the silent one goes DOWN when it did."""
-    from protocol.messages import Snapshot
-
     wall = [1_700_000_000.0]
     running = HostStateCache(ReceiverMachine("s0", down_interval=30.0), lambda e, m: None,
                              clock=lambda: 500.0, wall_clock=lambda: wall[0])
