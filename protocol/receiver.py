@@ -537,8 +537,7 @@ class ReceiverMachine:
         if view.state is not _DOWN and last_heard < now - self.down_interval:
             self._move(view, Event.SILENT)
             self.stats["went_down"] += 1
-        self._changed.add(view.source)
-        return out
+        return out  # the view is new: the snapshot's step marked it changed
 
     def _batch(self, batch: Batch, now: float, out: list[Send]) -> None:
         for item in batch.items:

@@ -45,6 +45,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +224,14 @@ def _first_runs(nice: bool = False) -> dict[str, Any]:
             "background": nice}
 
 
+def _summed(results: Iterable[dict[str, Any]], key: str) -> dict[str, int]:
+    """The tests' maps under ``key`` (a count per name) summed name by name, names sorted."""
+    total: Counter[str] = Counter()
+    for r in results:
+        total.update(r.get(key) or {})
+    return dict(sorted(total.items()))
+
+
 @pytest.mark.timeout(3600)  # both sides of the selection: minutes, not the suite's 300 s
 def test_nova_functional_selection_passes_with_the_drop_in():
     first = _FIRST.result() if _FIRST is not None else _first_runs()
@@ -247,16 +257,10 @@ def test_nova_functional_selection_passes_with_the_drop_in():
             "tests_with_feed": sum(1 for r in shared.values() if r.get("placement_feeds")),
             "from_memory": sum(r.get("candidates_from_memory", 0) for r in shared.values()),
             "from_placement": sum(r.get("candidates_from_placement", 0) for r in shared.values()),
-            "by_reason": {k: sum((r.get("candidates_by_reason") or {}).get(k, 0)
-                                 for r in shared.values())
-                          for k in sorted({k for r in shared.values()
-                                           for k in r.get("candidates_by_reason") or {}})}},
+            "by_reason": _summed(shared.values(), "candidates_by_reason")},
         # the drop-in schedulers' claims by how they retired (a build a compute refused:
         # dropped with the report that ends it; expired: nothing heard by the deadline)
-        "claims_by_outcome": {k: sum((r.get("claims_by_outcome") or {}).get(k, 0)
-                                     for r in shared.values())
-                              for k in sorted({k for r in shared.values()
-                                               for k in r.get("claims_by_outcome") or {}})},
+        "claims_by_outcome": _summed(shared.values(), "claims_by_outcome"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))
