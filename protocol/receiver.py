@@ -510,45 +510,42 @@ class ReceiverMachine:
 
     # -- input -------------------------------------------------------------------
 
-    def receive(self, msg: Message, now: float) -> list[Send]:
-        """Take one message in; returns the resync requests it calls for."""
+    def receive(self, msg: Message, now: float, heard: float | None = None) -> list[Send]:
+        """Take one message in; returns the resync requests it calls for.
+
+        ``heard``: when the message was sent, on this clock, where that is known to be
+        earlier than now (a message a restarted scheduler reads from the stream's backlog,
+        design §4.4): its source counts as heard then, not now, so that a backlog of a
+        source dead since does not make it eligible again (None, or later than now: now)."""
         out: list[Send] = []
         # by exact type, as the codec builds them (_RECEIVE, below the class)
         handler = _RECEIVE.get(type(msg))
         if handler is None:
             raise LocalProtocolError(f"a receiver does not handle {type(msg).__name__}")
-        handler(self, msg, now, out)
+        handler(self, msg, now, now if heard is None or heard > now else heard, out)
         return out
 
     def restore(self, snapshot: Snapshot, now: float, last_heard: float | None = None
                 ) -> list[Send]:
         """A saved view fed back (a state file, a checkpoint): taken in as the snapshot it
-        is, its source last heard at ``last_heard`` (this clock; None: now) rather than
-        now, so that a source silent for ``down_interval`` by then is DOWN at once and one
-        silent for less goes DOWN when the rest of that interval passes without word, as
-        if this scheduler had never stopped.  A view held before the call keeps its own
-        ``last_heard``: what it heard since is newer."""
-        held = snapshot.source in self.sources
-        out = self.receive(snapshot, now)
-        view = self.sources.get(snapshot.source)
-        if held or view is None or last_heard is None or last_heard >= view.last_heard:
-            return out
-        view.last_heard = last_heard
-        if view.state is not _DOWN and last_heard < now - self.down_interval:
-            self._move(view, Event.SILENT)
-            self.stats["went_down"] += 1
-        return out  # the view is new: the snapshot's step marked it changed
+        is, heard when its source was last heard, ``last_heard`` (this clock; None: now),
+        as :meth:`receive` takes a message of a restart's backlog: a source silent for
+        ``down_interval`` by then is DOWN at once, and one silent for less goes DOWN when
+        the rest of that interval passes without word, as if this scheduler had never
+        stopped.  A view held before the call keeps its own ``last_heard`` if later."""
+        return self.receive(snapshot, now, last_heard)
 
-    def _batch(self, batch: Batch, now: float, out: list[Send]) -> None:
+    def _batch(self, batch: Batch, now: float, heard: float, out: list[Send]) -> None:
         for item in batch.items:
-            self._data(item, now, out)
+            self._data(item, now, heard, out)
 
-    def _resync_answer(self, answer: ResyncAnswer, now: float, out: list[Send]) -> None:
+    def _resync_answer(self, answer: ResyncAnswer, now: float, heard: float,
+                       out: list[Send]) -> None:
         for item in answer.items:
-            self._data(item, now, out)
+            self._data(item, now, heard, out)
         view = self.sources.get(answer.source)
         if view is not None:
-            self._heard(view, now)
+            self._heard(view, now, heard)
             view.resync_sent_at = None  # answered: a further need may ask again at once
             self._settle(view, now, out)
 
@@ -564,18 +561,33 @@ class ReceiverMachine:
         if self._observer is not None:
             self._observer.source_moved(view, event, previous)
 
-    def _view(self, source: str, now: float) -> SourceView:
+    def _view(self, source: str, now: float, heard: float | None = None) -> SourceView:
+        """The view of ``source``, made if there is none: first heard at ``heard`` (None:
+        now)."""
         view = self.sources.get(source)
         if view is None:
-            view = self.sources[source] = SourceView(source, last_heard=now)
+            view = self.sources[source] = SourceView(
+                source, last_heard=now if heard is None else heard)
             self._move(view, Event.FIRST_WORD)
         return view
 
-    def _heard(self, view: SourceView, now: float) -> None:
-        """Any message from a source is proof of life (a delta as much as a heartbeat),
-        unless the document it holds is the source's goodbye (design §4.2)."""
-        view.last_heard = now
-        if view.state is _DOWN and not said_goodbye(view.doc):
+    def _alive(self, view: SourceView, now: float) -> bool:
+        """Heard within ``down_interval`` (tick moves a view that is not DOWN)."""
+        return view.last_heard >= now - self.down_interval
+
+    def _went_silent(self, view: SourceView) -> None:
+        """Not heard for ``down_interval``: DOWN, not eligible."""
+        self._move(view, Event.SILENT)
+        self.stats["went_down"] += 1
+        self._changed.add(view.source)
+
+    def _heard(self, view: SourceView, now: float, heard: float) -> None:
+        """Any message from a source is proof of life (a delta as much as a heartbeat)
+        as of when it was sent, unless the document it holds is the source's goodbye
+        (design §4.2): a message sent ``down_interval`` ago does not bring a view up."""
+        if heard > view.last_heard:
+            view.last_heard = heard
+        if view.state is _DOWN and not said_goodbye(view.doc) and self._alive(view, now):
             self._came_up(view)
 
     def _came_up(self, view: SourceView) -> None:
@@ -589,28 +601,33 @@ class ReceiverMachine:
         self.stats["came_up"] += 1
         self._changed.add(view.source)
 
-    def _data(self, item: DataItem, now: float, out: list[Send]) -> None:
-        view = self._view(item.source, now)
-        self._heard(view, now)
+    def _data(self, item: DataItem, now: float, heard: float, out: list[Send]) -> None:
+        view = self._view(item.source, now, heard)
+        self._heard(view, now, heard)
         if type(item) is Delta:
             self._delta(view, item, now, out)
+            self._goodbye(view, now)
         elif type(item) is Snapshot:
             self._snapshot(view, item, now, out)
+            self._goodbye(view, now)
         else:
             self._heartbeat(view, item, now, out)
-            return
-        self._goodbye(view)
+        if view.state is not _DOWN and not self._alive(view, now):
+            # heard only as of long ago (a restart's backlog, a restored view): DOWN now,
+            # not at the next look for silent views
+            self._went_silent(view)
 
-    def _goodbye(self, view: SourceView) -> None:
+    def _goodbye(self, view: SourceView, now: float) -> None:
         """A source that stopped cleanly says so in its last version (``service.stopped``):
         its view goes DOWN at once instead of after ``down_interval``; a later version
-        without it (the source's next epoch) brings it up (design §4.2)."""
+        without it (the source's next epoch) brings it up, if heard within that interval
+        (design §4.2)."""
         gone = said_goodbye(view.doc)
         if gone and view.state is not _DOWN:
             self._move(view, Event.GOODBYE)
             self.stats["goodbyes"] += 1
             self._changed.add(view.source)
-        elif not gone and view.state is _DOWN and view.doc is not None:
+        elif not gone and view.state is _DOWN and view.doc is not None and self._alive(view, now):
             self._came_up(view)
 
     def _delta(self, view: SourceView, delta: Delta, now: float, out: list[Send]) -> None:
@@ -849,7 +866,7 @@ class ReceiverMachine:
         if self._observer is not None:
             self._observer.claim_resolved(claim_id, view.source, outcome)
 
-    def _peer_claim(self, claim: Claim, now: float, out: list[Send]) -> None:
+    def _peer_claim(self, claim: Claim, now: float, heard: float, out: list[Send]) -> None:
         """A live peer's claim, announced to us: deduct it until its host lists it (module
         docstring).  Not our ledger: it never yields an outcome, and our tracker never sees it."""
         view = self.sources.get(claim.source)
@@ -919,7 +936,8 @@ class ReceiverMachine:
         self.stats[counter] += 1
         self._changed.add(view.source)
 
-    def _claim_result(self, result: ClaimResult, now: float, out: list[Send]) -> None:
+    def _claim_result(self, result: ClaimResult, now: float, heard: float,
+                      out: list[Send]) -> None:
         if result.scheduler != self.name:
             # an answer to another scheduler's claim: none of it is ours to apply, not even
             # its correction (design §7.4); but the host's rejection of a peer claim we hold
@@ -940,10 +958,10 @@ class ReceiverMachine:
         view = self.sources.get(result.source)
         if view is None:
             return
-        self._heard(view, now)
+        self._heard(view, now, heard)
         if result.correction and self.policy.apply_correction(result):
             for item in result.correction:
-                self._data(item, now, out)
+                self._data(item, now, heard, out)
         pending = view.pending.get(result.claim_id)
         if pending is None:
             # An acceptance usually arrives after the delta that listed the claim
@@ -1001,9 +1019,7 @@ class ReceiverMachine:
             limit = now - self.down_interval
             for view in self.sources.values():
                 if view.state is not _DOWN and view.last_heard < limit:
-                    self._move(view, Event.SILENT)
-                    self.stats["went_down"] += 1
-                    self._changed.add(view.source)
+                    self._went_silent(view)
         return out
 
     def _drop_ended_builds(self, view: SourceView, building: frozenset[str]) -> None:
@@ -1080,7 +1096,7 @@ class ReceiverMachine:
 
 #: receive's dispatch, by the message's exact type (the codec builds no subclasses); each
 #: handler takes the message of the type it is listed under
-_RECEIVE: dict[type, Callable[[ReceiverMachine, Any, float, list[Send]], None]] = {
+_RECEIVE: dict[type, Callable[[ReceiverMachine, Any, float, float, list[Send]], None]] = {
     Batch: ReceiverMachine._batch,
     Delta: ReceiverMachine._data,
     Snapshot: ReceiverMachine._data,

@@ -55,7 +55,8 @@ The events, as the receiver reads them:
   without a document, a gap open past ``reorder_timeout``, a buffer overflow, a heartbeat
   ahead, a digest mismatch, ``request_resync()`` or a hint (the request itself is
   rate-limited with back-off);
-* ``silent`` -- nothing heard for ``down_interval`` (checked by ``tick``);
+* ``silent`` -- nothing heard for ``down_interval`` (checked by ``tick``, and at once for a
+  view heard only as of that long ago: a restart's backlog, a restored view);
 * ``goodbye`` -- the held version says the source stopped (``service.stopped``, §4.2);
 * ``up``, ``up_behind``, ``up_no_document`` -- a DOWN view heard again (any item, resync
   answer or claim result) or given a version that no longer says goodbye;

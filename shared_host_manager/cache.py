@@ -142,9 +142,10 @@ class CacheObserver(ReceiverObserver, Protocol):
         """The cache took this observer (before it ingests anything, or with what it holds)."""
 
     def stream(self, body: bytes, offset: int | None, now: float, sends: Sequence[Send],
-               cell: str | None = None) -> None:
+               cell: str | None = None, heard: float | None = None) -> None:
         """A stream message was applied; ``body`` as received, at ``offset`` of the deployment's
-        stream or, with ``cell``, of that cell's."""
+        stream or, with ``cell``, of that cell's; ``heard``: the receiver took it as heard
+        then (a restart's backlog), None: now."""
 
     def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
         """A control message (resync answer, claim result) was applied."""
@@ -258,23 +259,33 @@ class HostStateCache:
 
     def ingest_stream(self, body: bytes, offset: int | None = None, cell: str | None = None,
                       ) -> None:
-        self._ingest_stream([(body, offset)], cell)
+        self._ingest_stream([(body, offset, None)], cell)
 
-    def ingest_stream_batch(self, messages: list[tuple[bytes, int]], cell: str | None = None,
-                            ) -> None:
-        """Stream messages read together, ``(body, offset)`` in stream order,
-        applied under one acquisition of the lock; ``cell``: read from that cell's stream
-        (None: the deployment's).
+    def ingest_stream_batch(self, messages: list[tuple[bytes, int, float | None]],
+                            cell: str | None = None) -> None:
+        """Stream messages read together, ``(body, offset, published at)`` in stream
+        order, applied under one acquisition of the lock; ``cell``: read from that cell's
+        stream (None: the deployment's).
 
         A consumer with a backlog hands it over this way: taking the lock once
         per message made ingest queue behind every decision holding it, and
-        fall further behind the busier the scheduler was."""
+        fall further behind the busier the scheduler was.
+
+        "Published at" is the publisher's wall-clock time for a message of the consumer's
+        backlog (already in the stream when it started: what a restarted scheduler
+        catches up on), None for one published since (``transport.base.OnBatch``).  A
+        backlog message counts as heard when it was published, not now
+        (``ReceiverMachine.receive``'s ``heard``; design §4.4), so that the last
+        heartbeats of a compute that died while this scheduler was down do not make it
+        eligible again; a live one counts as heard when applied, whatever the
+        publisher's clock says."""
         self._ingest_stream(messages, cell)
 
-    def _ingest_stream(self, messages: Sequence[tuple[bytes, int | None]],
+    def _ingest_stream(self, messages: Sequence[tuple[bytes, int | None, float | None]],
                        cell: str | None = None) -> None:
         decoded = []
-        for body, offset in messages:  # outside the lock: decoding is most of the work
+        backlog = False
+        for body, offset, published in messages:  # outside the lock: decoding is most of it
             msg = self._decode(body, _STREAM_TYPES, f"stream offset {offset}")
             if type(msg) is Batch:
                 if msg.origin:
@@ -288,24 +299,28 @@ class HostStateCache:
                 elif source_cells:  # a source heard on the deployment's stream is in no cell
                     for item in msg.items:
                         source_cells.pop(item.source, None)
-            decoded.append((body, offset, msg))
+            backlog |= published is not None
+            decoded.append((body, offset, published, msg))
         sends: list[Send] = []
         with self.lock:
             self.apply_peer_claims()
             receive = self.receiver.receive
             recorder = self.recorder
-            for body, offset, msg in decoded:
+            # the receiver's clock at a publish: now less the wall-clock time since
+            wall_minus_clock = self.wall_clock() - self.clock() if backlog else 0.0
+            for body, offset, published, msg in decoded:
                 now = self.clock()
                 if msg is None:
                     if recorder is not None:
                         # RX_DROPPED's offset is the deployment stream's
                         recorder.dropped(body, "stream", offset if cell is None else None, now)
                 else:
-                    out = receive(msg, now)
+                    heard = None if published is None else min(now, published - wall_minus_clock)
+                    out = receive(msg, now, heard)
                     for listener in self._message_listeners:
                         listener.message_taken(msg)
                     if recorder is not None:
-                        recorder.stream(body, offset, now, out, cell)
+                        recorder.stream(body, offset, now, out, cell, heard)
                     sends.extend(out)
                     self.messages += 1
                     if cell is not None and type(msg) is Snapshot \

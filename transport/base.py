@@ -55,8 +55,11 @@ __all__ = [
 
 #: Called with ``(body, stream_offset)`` for every message, in stream order.
 OnMessage = Callable[[bytes, int], None]
-#: Called with ``[(body, stream_offset), ...]``: messages read together, in stream order.
-OnBatch = Callable[[list[tuple[bytes, int]]], None]
+#: Called with ``[(body, stream_offset, published_at), ...]``: messages read together, in
+#: stream order; ``published_at``, for a message of the consumer's backlog (in the stream
+#: before the consumer started), is the publisher's wall-clock time of the publish, in
+#: seconds; None for a message published since, or where the transport cannot tell.
+OnBatch = Callable[[list[tuple[bytes, int, float | None]]], None]
 #: Called with ``(requested_offset, first_offset_actually_delivered)``.
 OnRetentionGap = Callable[[int, int], None]
 #: Called with the body of every cast that reaches a control server.
@@ -225,7 +228,7 @@ class StreamConsumer(Protocol):
         ``"next"`` only messages published from now on.
 
         ``on_batch``, if given, receives the messages a consumer has read
-        together (a backlog) in one call, as ``(body, offset)`` pairs,
+        together (a backlog) in one call, as ``(body, offset, published_at)``,
         instead of one ``on_message`` call each. Offsets increase but need
         not be contiguous (RabbitMQ puts chunk records into the offset
         space). Same thread and order rules; an exception it raises counts

@@ -34,6 +34,8 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 from transport.base import (
     CastError,
@@ -45,7 +47,7 @@ from transport.base import (
     PublishError,
     validate_offset,
 )
-from transport.streamlog import StreamLog
+from transport.streamlog import Entry, StreamLog
 
 __all__ = [
     "BusStats",
@@ -118,13 +120,17 @@ class InProcessBus:
         stream (None: no count limit).
     :param max_bytes: retention: keep at most this many body bytes per
         stream (None: no byte limit). The newest message is always kept.
+    :param wall_clock: the publish time stamped on every stream message.
     """
 
     def __init__(self, *, threaded: bool = True,
                  stream: str = DEFAULT_STREAM,
                  max_messages: int | None = None,
-                 max_bytes: int | None = DEFAULT_MAX_BYTES) -> None:
+                 max_bytes: int | None = DEFAULT_MAX_BYTES,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.threaded = threaded
+        #: stamps every stream message's publish time (the kombu stream's ``shm-ts``)
+        self.wall_clock = wall_clock
         self.default_stream = stream
         self._max_messages = max_messages
         self._max_bytes = max_bytes
@@ -357,7 +363,7 @@ class InProcessStreamPublisher:
         body = _as_bytes(body)
         stream = self._stream
         with stream.cond:
-            stream.log.append(body)
+            stream.log.append(body, self._bus.wall_clock())
             stream.messages += 1
             stream.bytes += len(body)
             if self._notify:
@@ -382,6 +388,9 @@ class InProcessStreamConsumer:
         self.on_retention_gap = on_retention_gap
         self._on_message: OnMessage | None = None
         self._on_batch: OnBatch | None = None
+        #: the offset of the newest message when this consumer started: the end of its
+        #: backlog, whose publish times on_batch gets (-1: none)
+        self._backlog_end = -1
         self._next = 0
         self._last: int | None = None
         self._running = False
@@ -420,6 +429,7 @@ class InProcessStreamConsumer:
                 self._next = offset
             self._on_message = on_message
             self._on_batch = on_batch
+            self._backlog_end = log.next_offset - 1
             self._running = True
         if self._bus.threaded:
             self._thread = threading.Thread(
@@ -439,10 +449,10 @@ class InProcessStreamConsumer:
             if limit <= 0:
                 break
             with self._stream.cond:
-                expected, start, bodies = self._take(limit)
-            if not bodies:
+                expected, start, entries = self._take(limit)
+            if not entries:
                 break
-            delivered += self._dispatch(expected, start, bodies)
+            delivered += self._dispatch(expected, start, entries)
         return delivered
 
     def stop(self) -> None:
@@ -459,12 +469,12 @@ class InProcessStreamConsumer:
             self._thread = None
 
     # Caller holds the stream lock.
-    def _take(self, limit: int) -> tuple[int, int, list[bytes]]:
+    def _take(self, limit: int) -> tuple[int, int, list[Entry]]:
         expected = self._next
-        start, bodies = self._stream.log.read(expected, limit)
-        self._next = start + len(bodies)
-        self._stream.deliveries += len(bodies)
-        return expected, start, bodies
+        start, entries = self._stream.log.read(expected, limit)
+        self._next = start + len(entries)
+        self._stream.deliveries += len(entries)
+        return expected, start, entries
 
     def _run(self) -> None:
         stream = self._stream
@@ -475,25 +485,25 @@ class InProcessStreamConsumer:
                     cond.wait()
                 if not self._running:
                     return
-                expected, start, bodies = self._take(_BATCH)
-            self._dispatch(expected, start, bodies)
+                expected, start, entries = self._take(_BATCH)
+            self._dispatch(expected, start, entries)
 
     def _dispatch(self, expected: int, start: int,
-                  bodies: list[bytes]) -> int:
+                  entries: list[Entry]) -> int:
         if start > expected:
             self._report_gap(expected, start)
-        if self._on_batch is not None and bodies:
-            return self._dispatch_batch(start, bodies)
+        if self._on_batch is not None and entries:
+            return self._dispatch_batch(start, entries)
         on_message = self._on_message
         assert on_message is not None
         offset = start
-        for body in bodies:
+        for body, _ in entries:
             if not self._running:
                 # stop() from inside on_message: rewind so a restart does
                 # not skip what was fetched but not delivered.
                 with self._stream.cond:
                     self._next = offset
-                    self._stream.deliveries -= start + len(bodies) - offset
+                    self._stream.deliveries -= start + len(entries) - offset
                 break
             try:
                 on_message(body, offset)
@@ -508,18 +518,20 @@ class InProcessStreamConsumer:
         self.delivered += delivered
         return delivered
 
-    def _dispatch_batch(self, start: int, bodies: list[bytes]) -> int:
+    def _dispatch_batch(self, start: int, entries: list[Entry]) -> int:
         assert self._on_batch is not None
         try:
-            self._on_batch([(body, start + i) for i, body in enumerate(bodies)])
+            end = self._backlog_end
+            self._on_batch([(body, offset, published if offset <= end else None)
+                            for offset, (body, published) in enumerate(entries, start)])
         except Exception:
             self.errors += 1
             self._bus._count_handler_error()
             LOG.exception("stream %s: on_batch failed at offsets %d..%d; messages skipped",
-                          self._stream.name, start, start + len(bodies) - 1)
-        self._last = start + len(bodies) - 1
-        self.delivered += len(bodies)
-        return len(bodies)
+                          self._stream.name, start, start + len(entries) - 1)
+        self._last = start + len(entries) - 1
+        self.delivered += len(entries)
+        return len(entries)
 
     def _report_gap(self, requested: int, first: int) -> None:
         self.gaps += 1

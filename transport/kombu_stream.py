@@ -30,6 +30,9 @@ Life cycles managed here:
   (a backlog: a catch-up after a restart, a burst) in one call of up to
   ``_BATCH_MAX`` messages, reading on while more is buffered, so a busy
   scheduler's cache takes its lock once per backlog, not once per message.
+  Before its first attach (at "first" or an offset) such a consumer looks at
+  the stream's tail: the messages up to it are its backlog, handed over with
+  their publish times (``shm-ts``), the later ones without.
 
 Offsets are *not* contiguous message counters: RabbitMQ 3.10 puts
 non-message chunks into the offset space (measured here: 100 messages in
@@ -50,7 +53,9 @@ Observation (docs/design.md §8; read by the metrics endpoint through
 ``stats()``): the publisher also stamps ``shm-ts``, the wall-clock time of
 the ``publish()`` call in nanoseconds -- a transport header, the body is
 untouched -- so a consumer can measure staleness (publish to applied) per
-message and tell how far behind the stream's tail it is.  The tail itself is
+message and tell how far behind the stream's tail it is; ``on_batch`` gets it
+with each message of its backlog (a restarted scheduler counts that as heard
+then, design §4.4).  The tail itself is
 looked at every ``tail_probe_interval`` by a short-lived consumer at
 ``"last"`` on a connection of its own (RabbitMQ 3.10 gives no message count
 for a stream over AMQP 0.9.1: ``queue.declare-ok`` says 0).
@@ -384,10 +389,15 @@ class KombuStreamConsumer:
         self.on_retention_gap = on_retention_gap
         self._on_message: OnMessage | None = None
         self._on_batch: OnBatch | None = None
-        # Messages read but not yet handed to on_batch (consumer thread only),
-        # and their publish stamps (ns; None for an unstamped message).
-        self._pending: list[tuple[bytes, int]] = []
-        self._pending_ts: list[int | None] = []
+        # Messages read but not yet handed to on_batch (consumer thread only), as the
+        # handler gets them, and their publish times (seconds; None for an unstamped
+        # message): the staleness counts them all, the handler gets the backlog's only.
+        self._pending: list[tuple[bytes, int, float | None]] = []
+        self._pending_published: list[float | None] = []
+        #: the offset of the newest message in the stream when this consumer first
+        #: attached: the end of its backlog (-1: none; None: not known, or started at
+        #: "next" or "last")
+        self._backlog_end: int | None = None
         self._spec: OffsetSpec = "first"
         self._last: int | None = None
         self._thread: threading.Thread | None = None
@@ -412,7 +422,8 @@ class KombuStreamConsumer:
         self.staleness = Histogram()
         self._connected = False
         self._since: float | None = None
-        self._last_published_ns: int | None = None
+        #: publish time (wall clock, seconds) of the newest message handed over
+        self._last_published: float | None = None
         self._probe: _TailProbe | None = None
 
     @property
@@ -427,16 +438,15 @@ class KombuStreamConsumer:
         if checked is not None and probe is not None and \
                 time.time() - checked > 3 * self.settings.tail_probe_interval + 5:
             tail = tail_ns = checked = None  # the probe is failing: the lag is unknown
-        applied_ns = self._last_published_ns
+        applied_at = self._last_published
+        tail_at = tail_ns / 1e9 if tail_ns is not None else None
         if last is not None and (tail is None or last >= tail) and checked is not None:
-            tail, tail_ns = last, applied_ns  # we are at (or past) what the probe saw
+            tail, tail_at = last, applied_at  # we are at (or past) what the probe saw
         return StreamConsumerStats(
             connected=self._connected, reconnects=self.reconnects,
             delivered=self.delivered, duplicates=self.duplicates, errors=self.errors,
             retention_gaps=self.gaps, applied_offset=last, tail_offset=tail,
-            tail_checked_at=checked,
-            applied_published_at=applied_ns / 1e9 if applied_ns is not None else None,
-            tail_published_at=tail_ns / 1e9 if tail_ns is not None else None,
+            tail_checked_at=checked, applied_published_at=applied_at, tail_published_at=tail_at,
             state_since=self._since, staleness=self.staleness)
 
     def _set_connected(self, connected: bool) -> None:
@@ -462,7 +472,8 @@ class KombuStreamConsumer:
         self._on_message = on_message
         self._on_batch = on_batch
         self._pending = []
-        self._pending_ts = []
+        self._pending_published = []
+        self._backlog_end = None
         self._spec = offset
         self._stop.clear()
         self._attached.clear()
@@ -556,6 +567,9 @@ class KombuStreamConsumer:
             conn.ensure_connection(max_retries=0)
             channel = conn.channel()
             declare_stream(conn, channel, s.name, s.queue_arguments())
+            if self._first_attach_at is None and self._on_batch is not None \
+                    and self._spec not in ("next", "last"):
+                self._backlog_end = self._look_at_backlog(conn)
             attach_at = self._attach_argument()
             queue = Queue(s.name, no_declare=True,
                           consumer_arguments={HEADER_OFFSET: attach_at})
@@ -582,6 +596,17 @@ class KombuStreamConsumer:
         self._set_connected(True)
         self._attached.set()
         return conn
+
+    def _look_at_backlog(self, conn: Connection) -> int | None:
+        """The offset of the newest message in the stream before the first attach: the end
+        of this consumer's backlog (-1: none; None: not known)."""
+        try:
+            tail, _ = look_at_tail(conn, self.settings.name, _TailProbe._WINDOW, self._stop)
+        except Exception as exc:  # noqa: BLE001 -- without it the backlog is read as live
+            LOG.warning("stream %s: could not look at the tail before attaching (%r): its "
+                        "backlog counts as heard when read", self.settings.name, exc)
+            return None
+        return -1 if tail is None else tail
 
     def _drain(self, conn: Connection, backoff: Backoff) -> None:
         s = self.settings
@@ -615,8 +640,8 @@ class KombuStreamConsumer:
                 return
 
     def _flush_batch(self) -> None:
-        pending, stamps = self._pending, self._pending_ts
-        self._pending, self._pending_ts = [], []
+        pending, published = self._pending, self._pending_published
+        self._pending, self._pending_published = [], []
         if not pending or self._stop.is_set():
             return
         assert self._on_batch is not None
@@ -627,16 +652,16 @@ class KombuStreamConsumer:
             LOG.exception("stream %s: on_batch failed at offsets %d..%d; "
                           "messages skipped", self.settings.name,
                           pending[0][1], pending[-1][1])
-        self._applied(stamps)
+        self._applied(published)
         self._last = pending[-1][1]
         self.delivered += len(pending)
 
-    def _applied(self, stamps: list[int | None]) -> None:
-        """Staleness of messages just handed over (publish stamp to now)."""
-        now = time.time_ns()
-        self.staleness.observe_many(max(0, now - ts) / 1e9 for ts in stamps if ts is not None)
-        if stamps and stamps[-1] is not None:
-            self._last_published_ns = stamps[-1]
+    def _applied(self, published: list[float | None]) -> None:
+        """Staleness of messages just handed over (publish time to now, in seconds)."""
+        now = time.time()
+        self.staleness.observe_many(max(0.0, now - at) for at in published if at is not None)
+        if published and published[-1] is not None:
+            self._last_published = published[-1]
 
     def _flush_ack(self) -> None:
         if self._unacked_tag is not None and self._channel is not None:
@@ -675,10 +700,11 @@ class KombuStreamConsumer:
             self.duplicates += 1
             return
         stamp = headers.get(HEADER_PUBLISHED_AT)
-        stamp = stamp if isinstance(stamp, int) else None
+        published = stamp / 1e9 if isinstance(stamp, int) else None
         if self._on_batch is not None:
-            self._pending.append((message.body, offset))
-            self._pending_ts.append(stamp)
+            backlog = self._backlog_end is not None and offset <= self._backlog_end
+            self._pending.append((message.body, offset, published if backlog else None))
+            self._pending_published.append(published)
             if len(self._pending) >= _BATCH_MAX:
                 self._flush_batch()
             return
@@ -689,7 +715,7 @@ class KombuStreamConsumer:
             self.errors += 1
             LOG.exception("stream %s: on_message failed at offset %d; "
                           "message skipped", self.settings.name, offset)
-        self._applied([stamp])
+        self._applied([published])
         self._last = offset
         self.delivered += 1
 
@@ -774,48 +800,49 @@ class _TailProbe:
         _release(conn)
 
     def _look(self, conn: Connection) -> None:
-        seen: list[tuple[int, int | None]] = []
+        offset, stamp = look_at_tail(conn, self.settings.name, self._WINDOW, self._stop)
+        self.tail = (offset, stamp, time.time())
 
-        def on_message(message: Any) -> None:
-            headers = message.headers or {}
-            offset, stamp = headers.get(HEADER_OFFSET), headers.get(HEADER_PUBLISHED_AT)
-            if isinstance(offset, int):
-                seen.append((offset, stamp if isinstance(stamp, int) else None))
 
-        channel = conn.channel()
-        try:
-            queue = Queue(self.settings.name, no_declare=True,
-                          consumer_arguments={HEADER_OFFSET: "last"})
-            consumer = Consumer(channel, queues=[queue], no_ack=False, auto_declare=False,
-                                on_message=on_message, prefetch_count=self._PREFETCH)
-            consumer.consume()
-            deadline = time.monotonic() + self._WINDOW
-            while time.monotonic() < deadline and not self._stop.is_set():
-                count = len(seen)
-                try:
-                    conn.drain_events(timeout=self._QUIET if seen else 0.1)
-                except TimeoutError:
-                    if seen and len(seen) == count:
-                        break
-            consumer.cancel()
-            self._settle(conn)
-        finally:
-            channel.close()
-        if seen:
-            offset, stamp = max(seen)
-            self.tail = (offset, stamp, time.time())
-        else:  # an empty stream: nothing at the tail
-            self.tail = (None, None, time.time())
+def look_at_tail(conn: Connection, name: str, window: float, stop: threading.Event,
+                 ) -> tuple[int | None, int | None]:
+    """The offset and publish stamp (ns) of the newest message in stream ``name`` (None,
+    None: the stream is empty, or nothing came within ``window`` seconds), read on a channel
+    of its own on ``conn``: consumes at ``"last"`` (the broker sends the last chunk, then
+    whatever arrives) and takes the highest offset seen until deliveries pause."""
+    seen: list[tuple[int, int | None]] = []
 
-    @staticmethod
-    def _settle(conn: Connection) -> None:
-        """Read what the broker sent before it saw the cancel, so that closing the channel
-        does not make py-amqp warn about deliveries during the close."""
+    def on_message(message: Any) -> None:
+        headers = message.headers or {}
+        offset, stamp = headers.get(HEADER_OFFSET), headers.get(HEADER_PUBLISHED_AT)
+        if isinstance(offset, int):
+            seen.append((offset, stamp if isinstance(stamp, int) else None))
+
+    channel = conn.channel()
+    try:
+        queue = Queue(name, no_declare=True, consumer_arguments={HEADER_OFFSET: "last"})
+        consumer = Consumer(channel, queues=[queue], no_ack=False, auto_declare=False,
+                            on_message=on_message, prefetch_count=_TailProbe._PREFETCH)
+        consumer.consume()
+        deadline = time.monotonic() + window
+        while time.monotonic() < deadline and not stop.is_set():
+            count = len(seen)
+            try:
+                conn.drain_events(timeout=_TailProbe._QUIET if seen else 0.1)
+            except TimeoutError:
+                if seen and len(seen) == count:
+                    break
+        consumer.cancel()
+        # read what the broker sent before it saw the cancel, so that closing the channel
+        # does not make py-amqp warn about deliveries during the close
         try:
             while True:
                 conn.drain_events(timeout=0.01)
         except TimeoutError:
             pass
+    finally:
+        channel.close()
+    return max(seen) if seen else (None, None)
 
 
 class KombuStreamDataPlane:

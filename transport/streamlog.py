@@ -2,8 +2,9 @@
 
 Role: the storage behind the in-process data plane, standing in for a
 RabbitMQ stream: every appended body gets the next integer offset
-(contiguous, starting at 0), readers address it by offset, and retention
-drops the oldest entries when a count or byte limit is exceeded.
+(contiguous, starting at 0) and keeps its publish time (the kombu stream's
+``shm-ts`` header), readers address it by offset, and retention drops the
+oldest entries when a count or byte limit is exceeded.
 Life cycle: created empty by the bus, grows by ``append`` and shrinks from
 the head by retention; it holds no threads and no locks (the owner
 serialises access).
@@ -11,7 +12,10 @@ serialises access).
 
 from __future__ import annotations
 
-__all__ = ["StreamLog"]
+__all__ = ["Entry", "StreamLog"]
+
+#: one retained message: its body and its publisher's wall-clock time (None: unknown)
+Entry = tuple[bytes, float | None]
 
 # Dropped entries are only physically removed once they are at least this
 # many and at least half of the list, so retention stays amortised O(1)
@@ -31,7 +35,7 @@ class StreamLog:
             raise ValueError("max_messages must be >= 1 or None")
         if max_bytes is not None and max_bytes < 1:
             raise ValueError("max_bytes must be >= 1 or None")
-        self._items: list[bytes] = []
+        self._items: list[Entry] = []
         self._head = 0          # index in _items of the first retained entry
         self._base = 0          # offset of _items[0]
         self._bytes = 0         # bytes currently retained
@@ -56,11 +60,11 @@ class StreamLog:
     def __len__(self) -> int:
         return len(self._items) - self._head
 
-    def append(self, body: bytes) -> int:
-        """Append *body*, apply retention, return its offset."""
+    def append(self, body: bytes, published_at: float | None = None) -> int:
+        """Append *body*, published at *published_at*, apply retention, return its offset."""
         items = self._items
         offset = self._base + len(items)
-        items.append(body)
+        items.append((body, published_at))
         self._bytes += len(body)
         if ((self.max_messages is not None
              and len(items) - self._head > self.max_messages)
@@ -81,7 +85,7 @@ class StreamLog:
                 (max_messages is not None
                  and len(items) - head > max_messages)
                 or (max_bytes is not None and self._bytes > max_bytes)):
-            self._bytes -= len(items[head])
+            self._bytes -= len(items[head][0])
             head += 1
         self.dropped_messages += head - self._head
         self._head = head
@@ -90,8 +94,8 @@ class StreamLog:
             self._base += head
             self._head = 0
 
-    def read(self, offset: int, limit: int) -> tuple[int, list[bytes]]:
-        """Return ``(start, bodies)``: up to *limit* entries from *offset*.
+    def read(self, offset: int, limit: int) -> tuple[int, list[Entry]]:
+        """Return ``(start, entries)``: up to *limit* ``(body, published_at)`` from *offset*.
 
         ``start`` is *offset*, or ``first_offset`` when retention already
         dropped *offset* (the caller detects the gap by comparing).

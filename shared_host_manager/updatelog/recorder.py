@@ -289,13 +289,15 @@ class Recorder(ReporterRecorder, CacheObserver, DecisionObserver):
     # -- the cache's observer (under the cache lock) -----------------------------------------
 
     def stream(self, body: bytes, offset: int | None, now: float, sends: Sequence[Send],
-               cell: str | None = None) -> None:
+               cell: str | None = None, heard: float | None = None) -> None:
         """A stream message was applied (the bytes as received); ``cell``: read from that
-        cell's stream, at its own offsets."""
-        if cell is None:
-            self._record_step([RX_STREAM, now, offset, body], sends, now)
-        else:
-            self._record_step([RX_CELL_STREAM, now, cell, offset, body], sends, now)
+        cell's stream, at its own offsets; ``heard``: its source heard then, not now (a
+        restart's backlog)."""
+        record: list[Any] = ([RX_STREAM, now, offset, body] if cell is None
+                             else [RX_CELL_STREAM, now, cell, offset, body])
+        if heard is not None:
+            record.append(heard)
+        self._record_step(record, sends, now)
 
     def control(self, body: bytes, now: float, sends: Sequence[Send] | None = None) -> None:
         """A control message was applied (scheduler) or handled (reporter)."""

@@ -522,11 +522,14 @@ class Replayer:
             msg = self._decode(rec, f[1])
             if msg is None:
                 return
-            effects = f[2] if len(f) > 2 else None
+            # a backlog message's publish time (format.py; absent from older logs: now)
+            heard = f[2] if len(f) > 2 and type(f[2]) in (int, float) else None
+            rest = f[3:] if heard is not None else f[2:]
+            effects = rest[0] if rest else None
             if tracer is not None:
                 where = f"stream offset {offset}" if cell is None else f"cell {cell} stream offset {offset}"
                 tracer.begin(_Step(rec.index, now, kind, "stream", msg, where))
-            sends = receiver.receive(msg, now)
+            sends = receiver.receive(msg, now, heard)
         elif kind == RX_CONTROL or kind == RESTORE:
             msg = self._decode(rec, f[0])
             if msg is None:

@@ -257,6 +257,8 @@ class Scheduler:
         self.tracker: RequestTracker | None = None
         self.pclock = PartyClock(0.0, 1.0)
         self.cursor = 0
+        #: the stream's newest offset when this incarnation started: its backlog's end
+        self.backlog_end = -1
         self.incarnation = 0
         self.next_save = 0.0
         keyring = Keyring(master=MASTER) if world.profile.signing else None
@@ -296,6 +298,7 @@ class Scheduler:
             cache.set_recorder(recorder)
             self.recorders.append(recorder)
         self.cache = cache
+        self.backlog_end = w.stream_first + len(w.stream) - 1
         offset = cache.load(self.state_path)
         self.cursor = w.stream_first if offset is None else offset + 1
         config = SchedulerConfig()
@@ -376,7 +379,8 @@ class FaultWorld:
         self.parties = ([BROKER] + [r.name for r in self.reporters]
                         + [s.name for s in self.schedulers])
         # the network
-        self.stream: list[bytes] = []
+        #: (body, publish time on its publisher's wall clock), as the kombu stream's shm-ts
+        self.stream: list[tuple[bytes, float]] = []
         self.stream_first = 0  # offset of stream[0]
         self.in_flight: list[tuple[float, int, str, bytes]] = []  # (due, n, to, body)
         self._sent = 0
@@ -413,9 +417,10 @@ class FaultWorld:
         p, rng = self.profile, self.rng
         if self.faulty and (self.parted(reporter.name, BROKER) or rng.random() < p.stream_drop):
             return  # the publish failed for good (design §7.1: a gap at the next heartbeat)
-        self.stream.append(body)
+        entry = (body, reporter.wall_offset + self.now)
+        self.stream.append(entry)
         if self.faulty and rng.random() < p.stream_duplicate:
-            self.stream.append(body)  # a publish retry stored twice
+            self.stream.append(entry)  # a publish retry stored twice
         if self.faulty and len(self.stream) >= 2 and rng.random() < p.stream_reorder:
             self.stream[-1], self.stream[-2] = self.stream[-2], self.stream[-1]
 
@@ -553,7 +558,7 @@ class FaultWorld:
         an attack rather than a fault, which invariant 6 does not cover.
         """
         rng = self.rng
-        data = bytearray(rng.choice(self.stream)) if self.stream and rng.random() < 0.7 else None
+        data = bytearray(rng.choice(self.stream)[0]) if self.stream and rng.random() < 0.7 else None
         if data:
             if rng.random() < 0.5:
                 data = data[:rng.randrange(len(data))]
@@ -572,7 +577,7 @@ class FaultWorld:
             self.checker.violate("no_crash", f"decoder: {type(exc).__name__}: {exc}")
             return
         if rng.random() < 0.5:
-            self.stream.append(body)
+            self.stream.append((body, WALL_EPOCH + self.now))
         else:
             target = rng.choice([r.name for r in self.reporters] + [s.name for s in self.schedulers])
             self.in_flight.append((self.now, 0, target, body))
@@ -645,7 +650,9 @@ class FaultWorld:
             if n <= 0:
                 continue
             start = s.cursor - self.stream_first
-            batch = [(self.stream[start + i], s.cursor + i) for i in range(n)]
+            batch = [(body, offset, published if offset <= s.backlog_end else None)
+                     for offset, (body, published)
+                     in enumerate(self.stream[start:start + n], s.cursor)]
             s.cursor += n
             self._guard(s.name, cache.ingest_stream_batch, batch)
 

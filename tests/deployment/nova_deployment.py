@@ -90,6 +90,8 @@ PLACEMENT_MICROVERSION = "1.39"
 # SERVICE_DOWN_TIME is down (nova's API, the scheduler's ComputeFilter)
 REPORT_INTERVAL = 2
 SERVICE_DOWN_TIME = 20
+#: how often a compute publishes a heartbeat on the stream ([reporter] heartbeat_interval)
+STREAM_HEARTBEAT = 10.0
 #: a compute's RPC reply timeout (nova's: 60 s), below SERVICE_DOWN_TIME: see the computes' config
 COMPUTE_RPC_TIMEOUT = 15
 FLAVORS = {"shm.tiny": dict(ram=64, vcpus=1, disk=1),  # every server boots with it
@@ -463,7 +465,9 @@ class Deployment:
             "control_plane": dict(backend="oslo", transport_url=self.transport_url),
         }
         if cache:
-            sections["cache"] = dict(name=cache)
+            # a compute silent for SERVICE_DOWN_TIME is down in the drop-in's own view too
+            # (/status), as it is for nova's ComputeFilter
+            sections["cache"] = dict(name=cache, down_interval=SERVICE_DOWN_TIME)
         if reporter:
             sections["reporter"] = dict(name=reporter)
         # the API-side sources (nova-api's workers, nova-conductor): any free port each, so

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from nova_deployment import FIGURES, SERVICE_DOWN_TIME, DeploymentError, wait_until
+from nova_deployment import (
+    FIGURES,
+    SERVICE_DOWN_TIME,
+    STREAM_HEARTBEAT,
+    DeploymentError,
+    wait_until,
+)
 from openstack.compute.v2.server import Server
 
 REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
@@ -356,22 +362,26 @@ def test_cold_migrate_resize_and_live_migrate(deployment: Any) -> None:
 
 
 def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
-    """A compute killed (SIGKILL) and another stopped (SIGTERM) right after: once nova's API
-    shows both down and SERVICE_DOWN_TIME has passed since the kill, the scheduler restarts
-    (the drop-in restores the newest checkpoint of its view, which must keep the killed
-    compute as long silent as it is), then servers requested one by one all go elsewhere,
-    none fails; both start again and come up. In drop-in mode ``shm status --verify``
+    """A compute killed (SIGKILL) and another stopped (SIGTERM) right after; once nova's API
+    shows both down, the scheduler stops, and a third compute is killed while it is down,
+    after heartbeats the scheduler never read.  SERVICE_DOWN_TIME after that kill the
+    scheduler starts again: the drop-in restores the newest checkpoint of its view (which
+    must keep the first killed compute as long silent as it is) and catches up on the
+    stream (whose backlog of the third compute's heartbeats must count as heard when they
+    were published, not when read).  Servers requested one by one all go elsewhere, none
+    fails; the three start again and come up.  In drop-in mode ``shm status --verify``
     converges after."""
     dep = deployment
     _clean(dep)
     count = 3
-    down = {"stopped": dep.hosts[-1], "killed": dep.hosts[-2]}
+    down = {"stopped": dep.hosts[-1], "killed": dep.hosts[-2],
+            "killed_while_scheduler_down": dep.hosts[-3]}
     reps: list[dict[str, Any]] = []
     booted: list[Server] = []
     # the drop-in counts a host as heard when it applies its message: a scheduler behind
     # its stream sees the killed compute up for that much longer than nova's API does
     lag: dict[str, float | None] = {}
-    # drop-in: the killed and the stopped compute's views in the restarted scheduler
+    # drop-in: the down computes' views in the restarted scheduler
     restored: dict[str, str | None] = {}
     nodes = {how: dep.node_of(host) for how, host in down.items()} if dep.mode == "dropin" else {}
     try:
@@ -380,12 +390,18 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
         t0 = time.monotonic()
         dep.processes[down["stopped"]].stop()
         lag["after_kill"] = _stream_lag(dep)
-        for host in down.values():
-            dep.wait_service_down(host)
+        for how in ("killed", "stopped"):
+            dep.wait_service_down(down[how])
+        # the scheduler's checkpoints hold the first kill by now (checkpoint_interval 10 s)
+        dep.processes["scheduler"].stop()
+        time.sleep(STREAM_HEARTBEAT + 1)  # a heartbeat after the scheduler's last cut
+        dep.kill(down["killed_while_scheduler_down"])
+        t_kill = time.monotonic()
+        dep.wait_service_down(down["killed_while_scheduler_down"])
         # nova's API says down SERVICE_DOWN_TIME after the compute's last report through
         # the conductor (every report_interval); the drop-in's ComputeFilter counts from the
         # compute's last message on the stream, which a killed compute sent when it died
-        time.sleep(max(0.0, SERVICE_DOWN_TIME + 1 - (time.monotonic() - t0)))
+        time.sleep(max(0.0, SERVICE_DOWN_TIME + 1 - (time.monotonic() - t_kill)))
         dep.restart("scheduler")
         if nodes:
             views = dep.scheduler_views()
@@ -415,6 +431,8 @@ def test_a_stopped_and_a_killed_compute_get_nothing(deployment: Any) -> None:
                        "shm status --verify to converge after the restarts")
             FIGURES[dep.mode]["down_computes_verify_seconds"] = round(time.monotonic() - t3, 1)
     finally:
+        if not dep.processes["scheduler"].alive():
+            dep.restart("scheduler")
         for host in dep.hosts:  # a failure above may leave one down
             if not dep.processes[host].alive():
                 dep.restart(host)

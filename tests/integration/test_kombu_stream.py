@@ -211,17 +211,22 @@ class BatchCollector(Collector):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[int] = []
+        #: the publish time on_batch got with each message (its backlog's only)
+        self.published: list[float | None] = []
 
-    def on_batch(self, messages: list[tuple[bytes, int]]) -> None:
+    def on_batch(self, messages: list[tuple[bytes, int, float | None]]) -> None:
         with self._lock:
             self.calls.append(len(messages))
-        for raw, offset in messages:
+            self.published.extend(published for _, _, published in messages)
+        for raw, offset, _ in messages:
             self.on_message(raw, offset)
 
 
 def test_backlog_is_handed_over_in_batches_with_true_offsets(plane, wait_until):
     n = 2000
+    before = time.time()
     publish_range(plane, 0, n)
+    after = time.time()
     single, batched = Collector(), BatchCollector()
     a, b = plane.stream_consumer(), plane.stream_consumer()
     a.start(single.on_message, "first")
@@ -237,6 +242,9 @@ def test_backlog_is_handed_over_in_batches_with_true_offsets(plane, wait_until):
     assert len(batched.calls) < n / 10, batched.calls[:20]
     assert max(batched.calls) <= 512
     assert len(batched.threads) == 1 and threading.get_ident() not in batched.threads
+    # all of it was in the stream before the consumer started: its backlog, with the
+    # publisher's clock
+    assert all(before <= at <= after for at in batched.published), batched.published[:5]
 
 
 def test_batched_consumer_resumes_without_gap_or_duplicate(plane, wait_until):
@@ -253,6 +261,8 @@ def test_batched_consumer_resumes_without_gap_or_duplicate(plane, wait_until):
     c.stop()
     assert batched.indexes == list(range(300, 650))
     assert batched.gaps == []
+    # the backlog with its publish times, what was published after the start without
+    assert None not in batched.published[:300] and batched.published[300:] == [None] * 50
 
 
 def test_on_batch_exception_counts_the_batch_delivered(plane, wait_until, caplog):
@@ -260,7 +270,7 @@ def test_on_batch_exception_counts_the_batch_delivered(plane, wait_until, caplog
     seen: list[int] = []
 
     def on_batch(messages):
-        seen.extend(index(raw) for raw, _ in messages)
+        seen.extend(index(raw) for raw, _, _ in messages)
         raise RuntimeError("bad batch")
 
     consumer = plane.stream_consumer()

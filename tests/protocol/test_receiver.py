@@ -542,8 +542,31 @@ def test_restore_keeps_what_a_view_held_before_heard_since():
     r.receive(Snapshot("h1", 1, 5, {"compute": {"vcpus": 4}}), 100.0)
     r.restore(Snapshot("h1", 1, 4, {"compute": {"vcpus": 4}}), 101.0, last_heard=0.0)
     view = r.sources["h1"]
-    assert view.version == (1, 5) and view.last_heard == 101.0
+    assert view.version == (1, 5) and view.last_heard == 100.0
     assert view.state is SourceState.ACTIVE
+
+
+def test_a_message_heard_long_ago_does_not_bring_a_source_up():
+    """``heard``: a message of a restart's backlog, sent down_interval ago or more, is no
+    proof of life now: a new view is DOWN at once, a DOWN one stays so (also when the
+    message ends a goodbye), a later one brings it up; ``heard`` never counts past now."""
+    r = ReceiverMachine("s", down_interval=30.0)
+    doc = {"compute": {"vcpus": 4}}
+    r.receive(Batch([Snapshot("h1", 1, 1, doc), Heartbeat("h2", 1, 0, b"")]), 100.0, heard=60.0)
+    assert r.sources["h1"].state is SourceState.DOWN and r.sources["h1"].last_heard == 60.0
+    assert r.sources["h2"].state is SourceState.DOWN
+    assert r.stats["went_down"] == 2
+    r.receive(Snapshot("h1", 1, 2, doc), 100.0, heard=65.0)
+    assert r.sources["h1"].state is SourceState.DOWN and r.sources["h1"].version == (1, 2)
+    r.receive(Snapshot("h3", 1, 1, {**doc, "service": {"stopped": True}}), 100.0, heard=50.0)
+    r.receive(Snapshot("h3", 2, 1, doc), 100.0, heard=65.0)  # its next epoch, long ago
+    assert r.sources["h3"].state is SourceState.DOWN and r.sources["h3"].last_heard == 65.0
+    r.receive(Snapshot("h1", 1, 3, doc), 100.0, heard=75.0)
+    assert r.sources["h1"].state is SourceState.ACTIVE and r.sources["h1"].last_heard == 75.0
+    r.receive(Snapshot("h1", 1, 4, doc), 100.0, heard=70.0)  # never back in time
+    assert r.sources["h1"].last_heard == 75.0
+    r.receive(Snapshot("h1", 1, 5, doc), 100.0, heard=250.0)
+    assert r.sources["h1"].last_heard == 100.0
 
 
 def test_restore_of_a_goodbye_stays_down_without_counting_a_silence():

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ulog_harness import RECEIVER_PARAMS, MiniRun
 
+from protocol.codec import Encoder
 from protocol.messages import Snapshot
 from protocol.receiver import ReceiverMachine
 from shared_host_manager.cache import HostStateCache
@@ -387,6 +388,18 @@ def test_peer_claims_in_checkpoints_of_a_whole_session_and_of_a_format_1_log(min
     assert _peer_ledgers(result.receiver) == _peer_ledgers(old.caches["s1"].receiver)
 
 
+def _replays_with_dead_and_quiet_down(cache: HostStateCache, recorder: Recorder) -> None:
+    """``cache`` holds cn-dead and cn-quiet DOWN, cn-live up, and its log replays so."""
+    live = _live_states(cache)
+    recorder.close()
+    down = {s for s, v in cache.receiver.sources.items() if v.down}
+    assert down == {"cn-dead", "cn-quiet"}
+    result = replay(resolve_log(recorder.path))
+    assert result.ok and result.damage is None, result.mismatches[:3]
+    assert _states(result) == live
+    assert {s for s, v in result.receiver.sources.items() if v.down} == down
+
+
 def test_a_restored_views_silence_is_recorded_and_replayed(tmp_path):
     """A restore record carries when its source was last heard: replayed, the host that died
     before the state was saved is DOWN again, and the silent one goes DOWN when it did."""
@@ -406,14 +419,27 @@ def test_a_restored_views_silence_is_recorded_and_replayed(tmp_path):
     fresh.restore_state(data, "test")
     for now[0] in (8.0, 9.5, 11.0, 13.0):
         fresh.tick()
-    live = _live_states(fresh)
-    recorder.close()
-    down = {s for s, v in fresh.receiver.sources.items() if v.down}
-    assert down == {"cn-dead", "cn-quiet"}
-    result = replay(resolve_log(recorder.path))
-    assert result.ok and result.damage is None, result.mismatches[:3]
-    assert _states(result) == live
-    assert {s for s, v in result.receiver.sources.items() if v.down} == down
+    _replays_with_dead_and_quiet_down(fresh, recorder)
+
+
+def test_a_backlogs_publish_times_are_recorded_and_replayed(tmp_path):
+    """A stream message of a restart's backlog is recorded with when it counted as heard:
+    replayed, the host whose last word is in the backlog but long ago is DOWN again at once,
+    and the one that spoke recently goes DOWN when it did."""
+    wall, now = [1_700_000_000.0], [7.0]
+    fresh = HostStateCache(ReceiverMachine("s0", down_interval=30.0), lambda e, m: None,
+                           clock=lambda: now[0], wall_clock=lambda: wall[0])
+    recorder = Recorder(str(tmp_path), checkpoint_interval=0.1)
+    fresh.set_recorder(recorder)
+    now[0], wall[0] = 9.0, wall[0] + 2.0
+    doc = {"compute": {"vcpus": 4}}
+    fresh.ingest_stream_batch([
+        (Encoder().encode(Snapshot("cn-dead", 1, 1, doc)), 0, wall[0] - 60.0),
+        (Encoder().encode(Snapshot("cn-quiet", 1, 1, doc)), 1, wall[0] - 20.0),
+        (Encoder().encode(Snapshot("cn-live", 1, 1, doc)), 2, wall[0])])
+    for now[0] in (9.5, 11.0, 19.5):
+        fresh.tick()
+    _replays_with_dead_and_quiet_down(fresh, recorder)
 
 
 def test_a_later_part_replays_a_source_that_went_silent_before_it_as_down(mini_run):

@@ -45,7 +45,7 @@ def _drop_next_delta_batch(sched, armed: threading.Event, dropped: list):
         ingest(body, offset)
 
     def lossy_batch(messages):
-        for body, offset in messages:
+        for body, offset, _ in messages:
             lossy(body, offset)
 
     sched.cache.ingest_stream = lossy

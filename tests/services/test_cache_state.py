@@ -13,6 +13,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from protocol.codec import Decoder, Encoder
 from protocol.messages import Snapshot
 from protocol.receiver import ReceiverMachine
 from protocol.source_state import SourceState
@@ -188,3 +189,127 @@ def test_a_restarted_scheduler_sees_each_source_as_one_that_never_stopped(
     assert down(restored) == down(running)
     assert silent(restored, origin + 2.0) == pytest.approx(silent(running, 1000.0 + gap + 2.0),
                                                            abs=1e-6)
+
+
+# -- the backlog a restarted scheduler catches up on (design §4.4) ---------------------------
+
+class _Clocks:
+    """A scheduler's two clocks, set by the test: its own (``now``) and the wall clock."""
+
+    def __init__(self, now: float, wall: float) -> None:
+        self.now, self.wall = now, wall
+
+    def cache(self, down_interval: float = 30.0) -> HostStateCache:
+        return HostStateCache(ReceiverMachine("s0", down_interval=down_interval),
+                              lambda endpoint, msg: None, decoder=Decoder(),
+                              clock=lambda: self.now, wall_clock=lambda: self.wall)
+
+
+def _beat(source: str, seq: int) -> bytes:
+    """A source's next version on the stream (any message is proof of life)."""
+    return Encoder().encode(Snapshot(source, 1, seq, {"compute": {"vcpus": 4}}))
+
+
+def test_a_backlog_counts_as_heard_when_published_and_live_messages_when_applied():
+    """A scheduler made at wall-clock W reads, 10 s later, the last word of a host that died
+    at W - 35 and of one that spoke at W - 5 (published before W: the backlog of its
+    restart), and the messages of a live host whose publisher's clock is 50 s behind."""
+    wall = 1_700_000_000.0
+    clocks = _Clocks(now=3.0, wall=wall)
+    cache = clocks.cache()
+    clocks.now, clocks.wall = 13.0, wall + 10.0
+    cache.ingest_stream_batch([(_beat("cn-dead", 1), 0, wall - 35.0),
+                               (_beat("cn-recent", 1), 1, wall - 5.0),
+                               (_beat("cn-skewed", 1), 2, wall - 50.0 + 9.0),
+                               (_beat("cn-ahead", 1), 3, wall + 100.0)])
+    views = cache.receiver.sources
+    # 45 s ago: DOWN the moment it is read, without waiting for a look for silent views
+    assert views["cn-dead"].state is SourceState.DOWN
+    assert views["cn-dead"].last_heard == pytest.approx(13.0 - 45.0)
+    assert views["cn-recent"].state is SourceState.ACTIVE
+    assert views["cn-recent"].last_heard == pytest.approx(13.0 - 15.0)
+    # published before W by the scheduler's clock: read as 51 s ago, so DOWN until its next
+    # word; the next one, published after W by that clock, counts as heard when applied
+    assert views["cn-skewed"].state is SourceState.DOWN
+    assert cache.receiver.stats["went_down"] == 2
+    cache.ingest_stream_batch([(_beat("cn-skewed", 2), 4, wall - 50.0 + 61.0)])
+    assert views["cn-skewed"].state is SourceState.ACTIVE
+    assert views["cn-skewed"].last_heard == 13.0
+    # a publisher's clock ahead of ours counts no later than now
+    assert views["cn-ahead"].state is SourceState.ACTIVE
+    assert views["cn-ahead"].last_heard == 13.0
+    # cn-recent's 30 s of silence end at 28, as if it had been heard live
+    clocks.now = 27.5
+    cache.tick()
+    assert views["cn-recent"].state is SourceState.ACTIVE
+    clocks.now = 28.6
+    cache.tick()
+    assert views["cn-recent"].state is SourceState.DOWN
+
+
+def test_a_message_without_a_publish_time_counts_as_heard_when_applied():
+    clocks = _Clocks(now=3.0, wall=1_700_000_000.0)
+    cache = clocks.cache()
+    clocks.now = 100.0
+    cache.ingest_stream(_beat("cn-1", 1), 0)
+    cache.ingest_stream_batch([(_beat("cn-2", 1), 1, None)])
+    assert {v.last_heard for v in cache.receiver.sources.values()} == {100.0}
+
+
+@settings(max_examples=300, deadline=None)
+@given(sources=st.lists(st.tuples(st.floats(0.0, 120.0),
+                                  st.lists(st.floats(0.001, 0.999), max_size=4)),
+                        min_size=1, max_size=6),
+       gap=st.floats(1.0, 120.0), origin=st.floats(0.0, 1e4), down_interval=st.floats(1.0, 60.0))
+def test_a_restarted_scheduler_that_caught_up_sees_each_source_as_one_that_never_stopped(
+        sources, gap, origin, down_interval):
+    """Differential: a scheduler stops at a cut of its view and starts again ``gap``
+    wall-clock seconds later, on a clock of its own, restores the cut and reads the stream
+    from it: every message published meanwhile, in order, some sources still speaking and
+    some dead.  Two seconds later it holds the same sources DOWN, each silent as long, as
+    the scheduler that never stopped and read each message as it was published (silences
+    kept clear of down_interval by more than the receiver's once-a-second look).  Each
+    source: silent ``quiet`` seconds at the cut, then versions at the given fractions of
+    the gap."""
+    wall = 1_700_000_000.0
+    end = 1000.0 + gap + 2.0
+    last = {f"cn-{i}": 1000.0 + gap * max(at) if at else 1000.0 - quiet
+            for i, (quiet, at) in enumerate(sources)}
+    assume(all(abs(end - heard - down_interval) > 1.5 for heard in last.values()))
+    assume(all(abs(quiet - down_interval) > 1.5 for quiet, _ in sources))
+    published = sorted((1000.0 + gap * f, f"cn-{i}", seq)
+                       for i, (_, at) in enumerate(sources)
+                       for seq, f in enumerate(sorted(at), start=2))
+    running_clocks = _Clocks(now=0.0, wall=wall - 1000.0)
+    running = running_clocks.cache(down_interval)
+    for i, (quiet, _) in enumerate(sources):
+        running_clocks.now = 1000.0 - quiet
+        running_clocks.wall = wall - quiet
+        running.ingest_stream_batch([(_beat(f"cn-{i}", 1), i, None)])
+    running_clocks.now, running_clocks.wall = 1000.0, wall
+    running.tick()
+    data = running.dump_state()
+    backlog = []
+    for offset, (at, source, seq) in enumerate(published, start=len(sources)):
+        body = _beat(source, seq)
+        running_clocks.now, running_clocks.wall = at, wall + at - 1000.0
+        running.ingest_stream_batch([(body, offset, running_clocks.wall)])
+        backlog.append((body, offset, running_clocks.wall))
+    running_clocks.now, running_clocks.wall = end, wall + gap + 2.0
+    running.tick()
+
+    restarted_clocks = _Clocks(now=origin, wall=wall + gap)
+    restarted = restarted_clocks.cache(down_interval)
+    restarted.restore_state(data, "test")
+    restarted.ingest_stream_batch(backlog)
+    restarted_clocks.now, restarted_clocks.wall = origin + 2.0, wall + gap + 2.0
+    restarted.tick()
+
+    def down(cache: HostStateCache) -> set[str]:
+        return {s for s, v in cache.receiver.sources.items() if v.down}
+
+    def silent(cache: HostStateCache, now: float) -> dict[str, float]:
+        return {s: now - v.last_heard for s, v in cache.receiver.sources.items()}
+
+    assert down(restarted) == down(running)
+    assert silent(restarted, origin + 2.0) == pytest.approx(silent(running, end), abs=1e-6)

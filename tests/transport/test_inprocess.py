@@ -89,16 +89,21 @@ def test_order_and_offsets_from_first(sync_bus):
     assert consumer.last_offset == 99
 
 
-def test_backlog_goes_to_on_batch_as_body_offset_pairs(sync_bus):
+def test_on_batch_gets_offsets_and_the_backlogs_publish_times(sync_bus):
+    clock = iter(range(1000, 2000))
+    sync_bus.wall_clock = lambda: float(next(clock))
     _publish(sync_bus, 700)
-    calls: list[list[tuple[bytes, int]]] = []
+    calls: list[list[tuple[bytes, int, float | None]]] = []
     consumer = sync_bus.stream_consumer()
     consumer.start(lambda b, o: pytest.fail("on_message called despite on_batch"), 3,
                    on_batch=calls.append)
-    assert consumer.poll() == 697
-    assert [m for call in calls for m in call] == [(b"m%d" % i, i) for i in range(3, 700)]
+    _publish(sync_bus, 2)  # after the start: not the consumer's backlog
+    assert consumer.poll() == 699
+    assert [m for call in calls for m in call] == [
+        (b"m%d" % i, i, 1000.0 + i) for i in range(3, 700)] + [(b"m0", 700, None),
+                                                               (b"m1", 701, None)]
     assert 1 < len(calls) < 697  # a backlog, read in a few slices
-    assert consumer.last_offset == 699 and consumer.delivered == 697
+    assert consumer.last_offset == 701 and consumer.delivered == 699
 
 
 def test_each_consumer_reads_at_its_own_offset(sync_bus):

@@ -34,7 +34,9 @@ fields before the effects: :data:`RECORD_OPTIONAL`).
 encoded ResyncRequest], ...], "o": [[claim_id, source, outcome], ...]}``.
 
 =============  ==  ====================================================================
-RX_STREAM       1  now, stream offset, message bytes[, effects]
+RX_STREAM       1  now, stream offset, message bytes[, heard][, effects]  (heard, format 5:
+                   when the message was published, on the receiver's clock, for a message of
+                   the backlog a restarted scheduler catches up on; without it, at ``now``)
 RX_CONTROL      2  now, message bytes[, effects]      (resync answers, claim results;
                    on a reporter: claims and resync requests it handled)
 RX_DROPPED      3  now, plane ("stream"/"control"), offset, bytes (first 64 KiB): invalid, not applied
@@ -67,8 +69,9 @@ HOST_MANAGER   17  now, {step, id, ...}                 (a step of a decision ma
                    manager outside the engine: nova's handlers in the drop-in; see
                    shared_host_manager/nova/decision_log.py for the steps)
 PUBLISHED      20  now, message bytes                  (a reporter's batch, as published)
-RX_CELL_STREAM 21  now, cell, stream offset, message bytes[, effects]  (format 3: a message of
-                   that cell's stream, design §4.6; RX_STREAM is the deployment's stream)
+RX_CELL_STREAM 21  now, cell, stream offset, message bytes[, heard][, effects]  (format 3: a
+                   message of that cell's stream, design §4.6; RX_STREAM is the deployment's
+                   stream)
 =============  ==  ====================================================================
 """
 
@@ -83,12 +86,12 @@ from protocol import hashing
 
 #: the format this code writes: 2 lists the peer claims held in checkpoints, 3 records the
 #: cell streams' messages with their cell and offset (RX_CELL_STREAM), 4 a restored view's
-#: last heard (RESTORE)
-FORMAT = 4
+#: last heard (RESTORE), 5 a backlog message's publish time (RX_STREAM, RX_CELL_STREAM)
+FORMAT = 5
 
 
 #: the formats this code reads (1: checkpoints without peer claims)
-READABLE_FORMATS = (1, 2, 3, 4)
+READABLE_FORMATS = (1, 2, 3, 4, 5)
 
 
 #: the first format whose checkpoints list the peer claims held
@@ -245,5 +248,7 @@ RECORD_SHAPES: dict[int, tuple[tuple[type, ...], ...]] = {
 #: kind -> types of the optional fields that may follow its shape's, before the effects (a
 #: field absent from older logs; the effects, a map, are told apart by their type)
 RECORD_OPTIONAL: dict[int, tuple[tuple[type, ...], ...]] = {
+    RX_STREAM: ((int, float),),
+    RX_CELL_STREAM: ((int, float),),
     RESTORE: ((int, float),),
 }
