@@ -30,9 +30,10 @@ Life cycles managed here:
   (a backlog: a catch-up after a restart, a burst) in one call of up to
   ``_BATCH_MAX`` messages, reading on while more is buffered, so a busy
   scheduler's cache takes its lock once per backlog, not once per message.
-  Before its first attach (at "first" or an offset) such a consumer looks at
-  the stream's tail: the messages up to it are its backlog, handed over with
-  their publish times (``shm-ts``), the later ones without.
+  Before it attaches at "first" or an offset (a start, or a resume after a
+  lost connection) such a consumer looks at the stream's tail: the messages up
+  to it are its backlog, handed over with their publish times (``shm-ts``),
+  the later ones without.
 
 Offsets are *not* contiguous message counters: RabbitMQ 3.10 puts
 non-message chunks into the offset space (measured here: 100 messages in
@@ -394,8 +395,8 @@ class KombuStreamConsumer:
         # message): the staleness counts them all, the handler gets the backlog's only.
         self._pending: list[tuple[bytes, int, float | None]] = []
         self._pending_published: list[float | None] = []
-        #: the offset of the newest message in the stream when this consumer first
-        #: attached: the end of its backlog (-1: none; None: not known, or started at
+        #: the offset of the newest message in the stream when this consumer last
+        #: attached: the end of its backlog (-1: none; None: not known, or attached at
         #: "next" or "last")
         self._backlog_end: int | None = None
         self._spec: OffsetSpec = "first"
@@ -567,10 +568,11 @@ class KombuStreamConsumer:
             conn.ensure_connection(max_retries=0)
             channel = conn.channel()
             declare_stream(conn, channel, s.name, s.queue_arguments())
-            if self._first_attach_at is None and self._on_batch is not None \
-                    and self._spec not in ("next", "last"):
-                self._backlog_end = self._look_at_backlog(conn)
             attach_at = self._attach_argument()
+            if self._on_batch is not None and (attach_at == "first" or isinstance(attach_at, int)):
+                # what is in the stream now is read as a backlog: a (re)start's catch-up,
+                # or what was published while the connection was down
+                self._backlog_end = self._look_at_backlog(conn)
             queue = Queue(s.name, no_declare=True,
                           consumer_arguments={HEADER_OFFSET: attach_at})
             if self._first_attach_at is None:
@@ -598,8 +600,8 @@ class KombuStreamConsumer:
         return conn
 
     def _look_at_backlog(self, conn: Connection) -> int | None:
-        """The offset of the newest message in the stream before the first attach: the end
-        of this consumer's backlog (-1: none; None: not known)."""
+        """The offset of the newest message in the stream before an attach: the end of
+        this consumer's backlog (-1: none; None: not known)."""
         try:
             tail, _ = look_at_tail(conn, self.settings.name, _TailProbe._WINDOW, self._stop)
         except Exception as exc:  # noqa: BLE001 -- without it the backlog is read as live

@@ -257,8 +257,10 @@ class Scheduler:
         self.tracker: RequestTracker | None = None
         self.pclock = PartyClock(0.0, 1.0)
         self.cursor = 0
-        #: the stream's newest offset when this incarnation started: its backlog's end
+        #: the stream's newest offset when this incarnation started, or last came back from
+        #: a partition from the broker: its backlog's end (as the kombu consumer looks)
         self.backlog_end = -1
+        self.parted_from_broker = False
         self.incarnation = 0
         self.next_save = 0.0
         keyring = Keyring(master=MASTER) if world.profile.signing else None
@@ -639,8 +641,14 @@ class FaultWorld:
     def _read_stream(self) -> None:
         for s in self.schedulers:
             cache = s.cache
-            if cache is None or (self.faulty and self.parted(s.name, BROKER)):
+            if cache is None:
                 continue
+            if self.faulty and self.parted(s.name, BROKER):
+                s.parted_from_broker = True
+                continue
+            if s.parted_from_broker:  # reconnected: what it missed is its backlog
+                s.parted_from_broker = False
+                s.backlog_end = self.stream_first + len(self.stream) - 1
             if s.cursor < self.stream_first:
                 # retention dropped what this consumer had not read (design §4.4)
                 s.cursor = self.stream_first

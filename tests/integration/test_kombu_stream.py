@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -263,6 +264,38 @@ def test_batched_consumer_resumes_without_gap_or_duplicate(plane, wait_until):
     assert batched.gaps == []
     # the backlog with its publish times, what was published after the start without
     assert None not in batched.published[:300] and batched.published[300:] == [None] * 50
+
+
+def test_what_was_published_while_the_connection_was_down_is_a_backlog(
+        settings, rabbitmqctl, wait_until):
+    """A consumer that lost its connection looks at the tail again before it resumes: what
+    was published meanwhile comes with its publish times, as a restart's backlog does
+    (design §4.4), and what is published after the resume without."""
+    # reconnect after 4-6 s: time to publish while it is away
+    plane = KombuStreamDataPlane(dataclasses.replace(settings, reconnect_interval=5.0,
+                                                     reconnect_interval_max=5.0))
+    batched = BatchCollector()
+    consumer = plane.stream_consumer()
+    consumer.start(batched.on_message, "first", on_batch=batched.on_batch)
+    try:
+        assert consumer.wait_attached(10)
+        publish_range(plane, 0, 5)
+        assert wait_until(lambda: len(batched) >= 5, 10)
+        rabbitmqctl("close_all_connections", "test")
+        other = KombuStreamDataPlane(settings)  # a connection made after the cut
+        before = time.time()
+        publish_range(other, 5, 10)
+        after = time.time()
+        assert wait_until(lambda: len(batched) >= 10, 20)
+        publish_range(other, 10, 15)
+        assert wait_until(lambda: len(batched) >= 15, 10)
+        other.close()
+    finally:
+        consumer.stop()
+        plane.close()
+    assert batched.indexes == list(range(15)) and consumer.reconnects >= 1
+    assert batched.published[:5] == [None] * 5 and batched.published[10:] == [None] * 5
+    assert all(at is not None and before <= at <= after for at in batched.published[5:10])
 
 
 def test_on_batch_exception_counts_the_batch_delivered(plane, wait_until, caplog):
