@@ -177,6 +177,9 @@ def _stream_families(streams: dict[str, StreamConsumerStats]) -> Iterator[Metric
                                  "asked to resync)."),
         "duplicates": family(CounterMetricFamily, "shm_stream_duplicates", "Stream messages "
                              "dropped as publish-retry duplicates."),
+        "stamped_ahead": family(CounterMetricFamily, "shm_stream_stamped_ahead", "Stream "
+                                "messages stamped over a second ahead of this host's clock when "
+                                "applied: a publisher's clock is ahead (NTP)."),
     }
     staleness: dict[tuple[str, ...], Histogram] = {}
     for cell, stream in streams.items():

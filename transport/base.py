@@ -144,6 +144,9 @@ class StreamConsumerStats:
     state_since: float | None
     #: seconds from publish to applied, per message (None: no publish stamps)
     staleness: Histogram | None = None
+    #: messages whose publish stamp was over a second ahead of the wall clock here when
+    #: applied: a publisher's clock ahead of this one
+    stamped_ahead: int = 0
 
     @property
     def lag_offsets(self) -> int | None:

@@ -138,6 +138,8 @@ _TIMESTAMP_MARGIN = datetime.timedelta(seconds=2)
 # process lifetime, so this bounds memory, not correctness (a forgotten
 # publisher only loses dedup of its retry duplicates).
 _DEDUP_CAPACITY = 65536
+#: A publish stamp this far ahead of the consumer's wall clock counts as a clock ahead.
+_STAMPED_AHEAD = 1.0
 #: Most messages handed to ``on_batch`` in one call.
 _BATCH_MAX = 512
 #: Reading a backlog takes only what has already arrived (a zero timeout:
@@ -418,6 +420,7 @@ class KombuStreamConsumer:
         self.delivered = 0
         self.errors = 0
         self.duplicates = 0
+        self.stamped_ahead = 0
         self.gaps = 0
         self.reconnects = 0
         self.staleness = Histogram()
@@ -448,7 +451,8 @@ class KombuStreamConsumer:
             delivered=self.delivered, duplicates=self.duplicates, errors=self.errors,
             retention_gaps=self.gaps, applied_offset=last, tail_offset=tail,
             tail_checked_at=checked, applied_published_at=applied_at, tail_published_at=tail_at,
-            state_since=self._since, staleness=self.staleness)
+            state_since=self._since, staleness=self.staleness,
+            stamped_ahead=self.stamped_ahead)
 
     def _set_connected(self, connected: bool) -> None:
         if connected != self._connected or self._since is None:
@@ -659,9 +663,13 @@ class KombuStreamConsumer:
         self.delivered += len(pending)
 
     def _applied(self, published: list[float | None]) -> None:
-        """Staleness of messages just handed over (publish time to now, in seconds)."""
+        """Staleness of messages just handed over (publish time to now, in seconds), and
+        those stamped ahead of now (a publisher's clock ahead of ours)."""
         now = time.time()
-        self.staleness.observe_many(max(0.0, now - at) for at in published if at is not None)
+        ages = [now - at for at in published if at is not None]
+        if ages:
+            self.staleness.observe_many(max(0.0, age) for age in ages)
+            self.stamped_ahead += sum(age < -_STAMPED_AHEAD for age in ages)
         if published and published[-1] is not None:
             self._last_published = published[-1]
 

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from kombu import Connection
 
 from transport.kombu_stream import KombuStreamDataPlane, StreamSettings
 
@@ -296,6 +297,25 @@ def test_what_was_published_while_the_connection_was_down_is_a_backlog(
     assert batched.indexes == list(range(15)) and consumer.reconnects >= 1
     assert batched.published[:5] == [None] * 5 and batched.published[10:] == [None] * 5
     assert all(at is not None and before <= at <= after for at in batched.published[5:10])
+
+
+def test_a_publisher_clock_ahead_is_counted(plane, settings, rabbit_url, wait_until):
+    """A message stamped a minute ahead of the consumer's clock (a publisher whose clock is
+    ahead: its backlog would count as heard when read) is counted, one stamped now is not."""
+    batched = BatchCollector()
+    consumer = plane.stream_consumer()
+    consumer.start(batched.on_message, "first", on_batch=batched.on_batch)
+    try:
+        assert consumer.wait_attached(10)
+        with Connection(rabbit_url) as conn:
+            producer = conn.Producer()
+            for i, ahead in enumerate((60.0, 0.0)):
+                producer.publish(body(i), routing_key=settings.name, headers={
+                    "shm-ts": int((time.time() + ahead) * 1e9)})
+        assert wait_until(lambda: len(batched) >= 2, 10)
+    finally:
+        consumer.stop()
+    assert consumer.stats().stamped_ahead == 1
 
 
 def test_on_batch_exception_counts_the_batch_delivered(plane, wait_until, caplog):
