@@ -272,8 +272,9 @@ class HostStateCache:
         fall further behind the busier the scheduler was.
 
         "Published at" is the publisher's wall-clock time for a message of the consumer's
-        backlog (already in the stream when it started: what a restarted scheduler
-        catches up on), None for one published since (``transport.base.OnBatch``).  A
+        backlog (already in the stream when it started or resumed: what a restarted
+        scheduler catches up on, or what a broker outage held back), None for one published
+        since (``transport.base.OnBatch``).  A
         backlog message counts as heard when it was published, not now
         (``ReceiverMachine.receive``'s ``heard``; design §4.4), so that the last
         heartbeats of a compute that died while this scheduler was down do not make it

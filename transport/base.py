@@ -57,8 +57,9 @@ __all__ = [
 OnMessage = Callable[[bytes, int], None]
 #: Called with ``[(body, stream_offset, published_at), ...]``: messages read together, in
 #: stream order; ``published_at``, for a message of the consumer's backlog (in the stream
-#: before the consumer started), is the publisher's wall-clock time of the publish, in
-#: seconds; None for a message published since, or where the transport cannot tell.
+#: before the consumer started, or resumed after a lost connection), is the publisher's
+#: wall-clock time of the publish, in seconds; None for a message published since, or where
+#: the transport cannot tell.
 OnBatch = Callable[[list[tuple[bytes, int, float | None]]], None]
 #: Called with ``(requested_offset, first_offset_actually_delivered)``.
 OnRetentionGap = Callable[[int, int], None]
