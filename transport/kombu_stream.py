@@ -138,6 +138,11 @@ _TIMESTAMP_MARGIN = datetime.timedelta(seconds=2)
 # process lifetime, so this bounds memory, not correctness (a forgotten
 # publisher only loses dedup of its retry duplicates).
 _DEDUP_CAPACITY = 65536
+#: A look at a stream's tail (_look_at_tail): the deliveries asked for, the seconds it may
+#: take, and how long after the last delivery it ends.
+_LOOK_PREFETCH = 256
+_LOOK_WINDOW = 0.5
+_LOOK_QUIET = 0.05
 #: A publish stamp this far ahead of the consumer's wall clock counts as a clock ahead.
 _STAMPED_AHEAD = 1.0
 #: Most messages handed to ``on_batch`` in one call.
@@ -607,7 +612,7 @@ class KombuStreamConsumer:
         """The offset of the newest message in the stream before an attach: the end of
         this consumer's backlog (-1: none; None: not known)."""
         try:
-            tail, _ = look_at_tail(conn, self.settings.name, _TailProbe._WINDOW, self._stop)
+            tail, _ = _look_at_tail(conn, self.settings.name, self._stop)
         except Exception as exc:  # noqa: BLE001 -- without it the backlog is read as live
             LOG.warning("stream %s: could not look at the tail before attaching (%r): its "
                         "backlog counts as heard when read", self.settings.name, exc)
@@ -771,9 +776,6 @@ class _TailProbe:
     ``(offset, publish stamp in ns, checked at)``; all None until the first look.
     """
 
-    _PREFETCH = 256
-    _WINDOW = 0.5  # seconds a look may take
-    _QUIET = 0.05  # a look ends this long after the last delivery
 
     def __init__(self, settings: StreamSettings) -> None:
         self.settings = settings
@@ -788,7 +790,7 @@ class _TailProbe:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(self._WINDOW + self.settings.connect_timeout + 1)
+            self._thread.join(_LOOK_WINDOW + self.settings.connect_timeout + 1)
 
     def _run(self) -> None:
         s = self.settings
@@ -810,14 +812,14 @@ class _TailProbe:
         _release(conn)
 
     def _look(self, conn: Connection) -> None:
-        offset, stamp = look_at_tail(conn, self.settings.name, self._WINDOW, self._stop)
+        offset, stamp = _look_at_tail(conn, self.settings.name, self._stop)
         self.tail = (offset, stamp, time.time())
 
 
-def look_at_tail(conn: Connection, name: str, window: float, stop: threading.Event,
-                 ) -> tuple[int | None, int | None]:
+def _look_at_tail(conn: Connection, name: str, stop: threading.Event,
+                  ) -> tuple[int | None, int | None]:
     """The offset and publish stamp (ns) of the newest message in stream ``name`` (None,
-    None: the stream is empty, or nothing came within ``window`` seconds), read on a channel
+    None: the stream is empty, or nothing came within ``_LOOK_WINDOW``), read on a channel
     of its own on ``conn``: consumes at ``"last"`` (the broker sends the last chunk, then
     whatever arrives) and takes the highest offset seen until deliveries pause."""
     seen: list[tuple[int, int | None]] = []
@@ -832,13 +834,13 @@ def look_at_tail(conn: Connection, name: str, window: float, stop: threading.Eve
     try:
         queue = Queue(name, no_declare=True, consumer_arguments={HEADER_OFFSET: "last"})
         consumer = Consumer(channel, queues=[queue], no_ack=False, auto_declare=False,
-                            on_message=on_message, prefetch_count=_TailProbe._PREFETCH)
+                            on_message=on_message, prefetch_count=_LOOK_PREFETCH)
         consumer.consume()
-        deadline = time.monotonic() + window
+        deadline = time.monotonic() + _LOOK_WINDOW
         while time.monotonic() < deadline and not stop.is_set():
             count = len(seen)
             try:
-                conn.drain_events(timeout=_TailProbe._QUIET if seen else 0.1)
+                conn.drain_events(timeout=_LOOK_QUIET if seen else 0.1)
             except TimeoutError:
                 if seen and len(seen) == count:
                     break

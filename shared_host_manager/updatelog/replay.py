@@ -523,9 +523,7 @@ class Replayer:
             if msg is None:
                 return
             # a backlog message's publish time (format.py; absent from older logs: now)
-            heard = f[2] if len(f) > 2 and type(f[2]) in (int, float) else None
-            rest = f[3:] if heard is not None else f[2:]
-            effects = rest[0] if rest else None
+            heard, effects = _heard_and_effects(f, 2)
             if tracer is not None:
                 where = f"stream offset {offset}" if cell is None else f"cell {cell} stream offset {offset}"
                 tracer.begin(_Step(rec.index, now, kind, "stream", msg, where))
@@ -535,19 +533,13 @@ class Replayer:
             if msg is None:
                 return
             # a restore's source last heard then (format.py; absent from older logs: now)
-            heard = f[1] if kind == RESTORE and len(f) > 1 and type(f[1]) in (int, float) else None
-            rest = f[2:] if heard is not None else f[1:]
-            effects = rest[0] if rest else None
+            heard, effects = _heard_and_effects(f, 1)
             if kind == RESTORE and not isinstance(msg, Snapshot):
                 self._mismatch(rec, "restore", "a restore record holds no snapshot")
                 return
             if tracer is not None:
                 self._control_step(tracer, rec, msg)
-            if kind == RESTORE:
-                assert isinstance(msg, Snapshot)
-                sends = receiver.restore(msg, now, heard)
-            else:
-                sends = receiver.receive(msg, now)
+            sends = receiver.receive(msg, now, heard)  # a restore is a receive heard then
         elif kind == TICK:
             effects = f[0] if f else None
             if tracer is not None:
@@ -959,6 +951,14 @@ class Replayer:
     def close(self) -> None:
         if self.host_manager is not None:
             self.host_manager.close()
+
+
+def _heard_and_effects(fields: list[Any], at: int) -> tuple[float | None, Any]:
+    """A record's optional heard time at ``fields[at]`` (format.RECORD_OPTIONAL: a number,
+    absent from older logs) and the effects after it (None: none)."""
+    heard = fields[at] if len(fields) > at and type(fields[at]) in (int, float) else None
+    rest = fields[at + 1:] if heard is not None else fields[at:]
+    return heard, rest[0] if rest else None
 
 
 def _decision_key(d: dict[str, Any]) -> Any:
