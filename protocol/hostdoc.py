@@ -92,6 +92,11 @@ API_CATALOGUE = "catalogue"
 #: namespaces of the placement feed's source (placement's providers; design §11)
 PLACEMENT = "placement"
 PLACEMENT_META = "placement_meta"
+#: namespace of the placement feed's poll marker: ``started``, the wall-clock time (seconds) at
+#: which the feed's last complete poll began; every write placement's database committed
+#: before it is in the document (design §11, read-your-writes)
+PLACEMENT_POLL = "placement_poll"
+POLL_STARTED = "started"
 #: namespace of a scheduler's own document (membership)
 SCHEDULER = "scheduler"
 
@@ -221,8 +226,9 @@ def free_ram_mb(compute: Mapping[str, Any]) -> int:
 
 __all__ = [
     "AGGREGATES", "API_CATALOGUE", "API_NODES", "API_SERVICES", "API_SOURCE", "COMPUTE", "ENDPOINT",
-    "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "PLACEMENT", "PLACEMENT_META", "SCHEDULER", "SERVICE",
-    "STATS", "STOPPED", "VOLUMES", "Aggregate", "aggregates_key", "aggregates_of", "compute_of", "enabled",
+    "INSTANCES", "LOCALITY", "METRICS", "NUMA", "PCI", "PLACEMENT", "PLACEMENT_META", "PLACEMENT_POLL",
+    "POLL_STARTED", "SCHEDULER", "SERVICE", "STATS", "STOPPED", "VOLUMES", "Aggregate", "aggregates_key",
+    "aggregates_of", "compute_of", "enabled",
     "endpoint_of", "free_disk_gb", "free_ram_mb", "host_name", "instances_of", "is_host", "namespace",
     "node_name", "said_goodbye", "service_of", "supported_instances_of", "volume_hosts_of",
 ]

@@ -135,6 +135,12 @@ class SchedulerCollector:
                      "stale or no feed was ever heard.", 1 if placement["fresh"] else 0)
         yield _gauge("shm_placement_view_silent_seconds", "Seconds since the placement feed's "
                      "source was last heard (NaN: never).", placement["last_heard"])
+        yield _counter("shm_placement_view_fresh_waits", "Allocation candidate requests that "
+                       "waited for a poll of the placement feed begun after they arrived at nova's "
+                       "API (read-your-writes; those still without one after placement_fresh_wait "
+                       "go to placement, reason behind).", placement["counters"].get("waits", 0))
+        yield _counter("shm_placement_view_fresh_wait_seconds", "Seconds those requests waited, "
+                       "in all.", placement["waited_seconds"])
         yield _gauge("shm_placement_view_peer_claims", "The peers' announced claims in placement "
                      "this scheduler's placement view deducts until the feed's copy can hold them "
                      "(design §11).", placement["peer_claims_held"])

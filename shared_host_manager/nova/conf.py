@@ -100,6 +100,20 @@ Related options: placement_randomize_allocation_candidates,
 placement_max_allocation_candidates and
 placement_optimize_for_wide_provider_trees must be placement's own values.
 """),
+    cfg.FloatOpt("placement_fresh_wait", default=1.0, min=0.0, help="""
+(nova-scheduler) Read-your-writes for the answers from memory: a request is
+answered from the scheduler's copy of placement once that copy holds a poll
+of the placement feed begun after the request arrived at nova's API (the
+request context's timestamp), so a write to placement that returned before
+the request was made (a host added to an aggregate, a trait, an inventory) is
+in the answer, as in placement's own. The request waits at most this many
+seconds for such a poll, then asks placement (counted with reason behind).
+The wait is usually none: a request reaches the scheduler a poll interval or
+more after it arrived. 0: ask placement whenever the copy has no such poll
+yet. A feed that publishes no poll markers sets no bar.
+
+Related options: [placement_feed] poll_interval (the feed's).
+"""),
     cfg.BoolOpt("placement_randomize_allocation_candidates", default=False, help="""
 (nova-scheduler) placement's [placement] randomize_allocation_candidates,
 as placement.conf sets it. Answers from memory shuffle (or, with a limit,

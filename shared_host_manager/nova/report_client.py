@@ -17,8 +17,13 @@ scheduler's placement client, nova's shape) with two methods extended:
   :class:`~shared_host_manager.service.SchedulerService` as
   ``placement_view``).  When the view answers, the result is what nova's own
   method returns for that body: ``(allocation_requests, provider_summaries,
-  version)``.  When it does not (a request outside the covered set, no feed,
-  a stale view: the view's :class:`~shared_host_manager.placement.Unanswered`
+  version)``.  The view answers once it holds a poll of the feed begun after
+  the request arrived at nova's API (the context's ``timestamp``), waiting up
+  to ``[shared_host_manager] placement_fresh_wait`` for one: a write to
+  placement that returned before the request was made is in the answer
+  (read-your-writes; an aggregate's new host, say).  When it does not answer
+  (a request outside the covered set, no feed, a stale view, no such poll in
+  time: the view's :class:`~shared_host_manager.placement.Unanswered`
   reason), nova's own method asks placement.  Both are counted, the
   fallbacks per reason.
 * ``claim_resources``: nova's own method claims in placement, which stays the
@@ -92,6 +97,7 @@ ends with the process.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import random
 import threading
@@ -136,6 +142,18 @@ def _our_conf() -> Any:
         return None
 
 
+def asked_at(context: Any) -> float | None:
+    """When the request arrived at nova's API, wall-clock seconds: its RequestContext's
+    ``timestamp`` (nova sets it, naive UTC, when the API makes the context; it travels with
+    the context over RPC), or None when there is none."""
+    stamp = getattr(context, "timestamp", None)
+    if not isinstance(stamp, datetime.datetime):
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    return stamp.timestamp()
+
+
 def placement_config_from_conf(conf: Any = None) -> PlacementConfig:
     """placement's answer-changing options as ``[shared_host_manager] placement_*`` repeat them."""
     conf = _our_conf() if conf is None else conf
@@ -160,13 +178,18 @@ class SharedReportClient(report.SchedulerReportClient):
     def __init__(self, adapter: Any = None, *, view: Any = None,
                  view_provider: Callable[[], Any] | None = None, from_memory: bool | None = None,
                  placement_config: PlacementConfig | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, fresh_wait: float | None = None) -> None:
         super().__init__(adapter=adapter)
         conf = _our_conf()
         if from_memory is None:
             from_memory = bool(conf.placement_from_memory) if conf is not None else True
+        if fresh_wait is None:
+            fresh_wait = float(conf.placement_fresh_wait) if conf is not None else 1.0
         #: answer from the view when it can ([shared_host_manager] placement_from_memory)
         self.from_memory_enabled = from_memory
+        #: seconds a request waits for a poll of the feed newer than its arrival at nova's API
+        #: ([shared_host_manager] placement_fresh_wait)
+        self.fresh_wait = fresh_wait
         self.placement_config = placement_config or placement_config_from_conf(conf)
         self._view = view
         self._view_provider = view_provider
@@ -235,7 +258,8 @@ class SharedReportClient(report.SchedulerReportClient):
         if view is not None:
             version = report.SAME_SUBTREE_VERSION
             try:
-                body = view.answer(resources.to_querystring(), version, self._rng)
+                body = view.answer(resources.to_querystring(), version, self._rng,
+                                   asked_at=asked_at(context), wait=self.fresh_wait)
             except Exception:  # the view's fault must not fail nova's request: placement answers
                 LOG.exception("placement view: answering %s failed; asking placement", resources)
                 body = Unanswered("error")

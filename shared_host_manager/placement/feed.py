@@ -19,7 +19,13 @@ fed the database's answers and the clock:
   (uuid -> provider dict, or None: deleted), applied to :attr:`document`;
 * :meth:`published` -- whether the broker confirmed the publish of those
   changes: confirmed, their generations are :attr:`confirmed`; not confirmed,
-  they stay dirty and are read and published again at the next poll.
+  they stay dirty and are read and published again at the next poll;
+* :meth:`marker` -- the poll marker that may go out with a poll's changes:
+  the wall-clock time the poll began, when nothing is left dirty (every
+  write the database committed before that time is then in the document;
+  a read deferred past ``max_reads`` withholds it).  A scheduler's view
+  answers a request from memory once it holds a marker later than the
+  request's arrival at nova's API (read-your-writes, design §11).
 
 Losing a publish therefore delays a provider's change by at most one poll
 interval plus the publish timeout per failed attempt; losing a message on the
@@ -30,7 +36,8 @@ Life cycle::
 
     FeedMachine() --start(providers, fingerprint, now)--> document = every provider, all dirty
     each poll: wants_listing(fp, now)? --> plan(listing, fp, now) --> (read, delete)
-               changes(asked, read, deleted) --> publish them --> published(changes, ok)
+               changes(asked, read, deleted) --> publish them with marker(started)
+               --> published(changes, ok)
 
 Nothing here does I/O or reads a clock; not thread-safe (one runner thread).
 """
@@ -83,6 +90,12 @@ class FeedMachine:
         self.dirty = set(providers)
         self._fingerprint = fingerprint
         self._listed_at = now
+
+    def marker(self, started: float) -> float | None:
+        """The poll marker of a poll begun at wall-clock ``started``, asked once its plan is made
+        (or once no listing was wanted): ``started`` when no provider is left dirty, else None
+        (a deferred read: the document does not hold every write before ``started``)."""
+        return None if self.dirty else started
 
     def wants_listing(self, fingerprint: Any, now: float) -> bool:
         self.stats.polls += 1

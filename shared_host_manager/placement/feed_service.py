@@ -15,6 +15,7 @@ The source's document::
     placement:      {provider uuid: provider dict (shared_host_manager.placement.state) + created_at, id}
     placement_meta: {"traits": [...], "resource_classes": [...],
                      "allocation_ratio_storage": "double" | "single"}
+    placement_poll: {"started": <wall-clock seconds>}   (the poll marker, FeedMachine.marker)
     service:        {"endpoint": <reporter name>}      (the reporter's, for resyncs)
 
 Confirmation: after handing a poll's changes to the reporter, the feed calls
@@ -31,6 +32,7 @@ Life cycle::
                                document(), then start(sink): the poll thread
     poll thread:               confirm the first document; then every poll_interval:
                                fingerprint -> listing? -> read -> sink.change -> confirm
+                               (every complete poll publishes its marker, changes or not)
     ReporterService.stop():    stop(): the poll thread ends; the reporter's goodbye follows
 
 ``poll_interval=None``: no poll thread; whoever owns the feed calls
@@ -53,7 +55,7 @@ from oslo_config import cfg
 from compute_reporter import service as reporter_service
 from compute_reporter.service import ReporterService
 from protocol.document import DEL, SET, Document, Op
-from protocol.hostdoc import PLACEMENT, PLACEMENT_META
+from protocol.hostdoc import PLACEMENT, PLACEMENT_META, PLACEMENT_POLL, POLL_STARTED
 from shared_host_manager.conf import placement_feed as feed_conf
 from shared_host_manager.placement.database import PlacementDatabase
 from shared_host_manager.placement.feed import FeedMachine
@@ -67,15 +69,20 @@ class PlacementFeed:
     def __init__(self, database: PlacementDatabase, *, source_name: str = "placement",
                  poll_interval: float | None = 0.2, full_check_interval: float = 10.0,
                  max_reads: int = 2000, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time,
                  confirm: Callable[[], bool] | None = None) -> None:
         self.db = database
         self.source = source_name
         self.poll_interval = poll_interval
         self.clock = clock
+        #: the poll markers' clock (compared with the requests' arrival at nova's API)
+        self.wall_clock = wall_clock
         self.machine = FeedMachine(full_check_interval=full_check_interval, max_reads=max_reads)
         #: True once the broker confirmed what was handed to the reporter (see the module docstring)
         self.confirm: Callable[[], bool] = confirm or (lambda: True)
         self.meta: dict[str, Any] = {}
+        #: the marker of the first document (the wall-clock time its reads began)
+        self._first_marker: float | None = None
         self._sink: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,6 +105,8 @@ class PlacementFeed:
         doc: Document = {PLACEMENT_META: dict(self.meta)}
         if self.machine.document:
             doc[PLACEMENT] = dict(self.machine.document)
+        if self._first_marker is not None:
+            doc[PLACEMENT_POLL] = {POLL_STARTED: self._first_marker}
         return doc
 
     def start(self, sink: Any) -> None:
@@ -120,6 +129,7 @@ class PlacementFeed:
 
     def load(self) -> None:
         """Every provider and the names, read at once: the source's first document."""
+        self._first_marker = self.wall_clock()
         fingerprint = self.db.fingerprint()
         providers = self.db.read_all()
         self.meta = self._read_meta()
@@ -151,10 +161,17 @@ class PlacementFeed:
                             " ".join(str(exc).split())[:300], interval)
 
     def poll_once(self) -> dict[str, dict[str, Any] | None]:
-        """One look at the database; the changes handed to the reporter (and confirmed or not)."""
+        """One look at the database; the changes handed to the reporter (and confirmed or not),
+        with the poll's marker (published alone when nothing changed)."""
+        started = self.wall_clock()
         now = self.clock()
         fingerprint = self.db.fingerprint()
         if not self.machine.wants_listing(fingerprint, now):
+            marker = self.machine.marker(started)
+            sink = self._sink
+            if marker is not None and sink is not None:
+                sink.change(self.source, [[SET, PLACEMENT_POLL, POLL_STARTED, marker]])
+                self._confirmed()  # unconfirmed: the next poll's marker supersedes it
             self.last_poll_ok = now
             return {}
         listing = self.db.listing()
@@ -167,13 +184,17 @@ class PlacementFeed:
         if meta != self.meta:
             ops += [[SET, PLACEMENT_META, k, v] for k, v in meta.items() if self.meta.get(k) != v]
             self.meta = meta
+        marker = self.machine.marker(started)
+        if marker is not None:
+            ops.append([SET, PLACEMENT_POLL, POLL_STARTED, marker])
         if ops:
             sink = self._sink
             if sink is None:
                 self.machine.published(changes, False)
                 return changes
             sink.change(self.source, ops)
-            self.polls_with_changes += 1
+            if len(ops) > (marker is not None):
+                self.polls_with_changes += 1
             self.machine.published(changes, self._confirmed())
         self.last_poll_ok = now
         return changes

@@ -42,6 +42,9 @@ answer does not cover:
     a scheduler's :class:`~.view.PlacementView` has received nothing from the
     placement feed yet, or the feed's source has been silent or down longer
     than the view's ``max_staleness``
+``behind``
+    the view holds no poll marker of the feed from after the request arrived
+    at nova's API, within the wait allowed (read-your-writes)
 
 Life cycle: none; :func:`parse_querystring` is a pure function of the
 querystring and the microversion.
@@ -67,7 +70,7 @@ NOVA_MICROVERSION = "1.36"
 REASONS = (
     "microversion", "unknown_parameter", "invalid_request", "duplicate_parameter",
     "noncanonical_uuid", "repeated_class", "unknown_resource_class",
-    "unknown_trait", "sharing_provider", "no_feed", "stale",
+    "unknown_trait", "sharing_provider", "no_feed", "stale", "behind",
 )
 
 # placement's schemas.common.GROUP_PAT_1_33 and lib._QS_KEY_PATTERN_1_33

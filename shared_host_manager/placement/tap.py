@@ -22,7 +22,8 @@ thousand:
   snapshot) or a delta's keys were not noted, compares the whole namespace by
   value identity (document values are never changed in place); otherwise it
   looks up only the noted keys of the deltas applied since.  It also passes
-  the source's liveness (last heard, down) to the view.
+  the source's liveness (last heard, down) to the view, and, after the
+  changes, the feed's poll marker (``placement_poll``: read-your-writes).
 
 Life cycle: ``PlacementTap(view, receiver)`` -> ``attach(cache)`` -> called
 by the cache under its lock until the process ends.
@@ -34,7 +35,7 @@ import logging
 from typing import Any
 
 from protocol.document import DEL, SET
-from protocol.hostdoc import PLACEMENT, PLACEMENT_META
+from protocol.hostdoc import PLACEMENT, PLACEMENT_META, PLACEMENT_POLL, POLL_STARTED
 from protocol.messages import (
     ANNOUNCED_ACCEPTED,
     ANNOUNCED_ALLOCATIONS,
@@ -169,19 +170,22 @@ class PlacementTap:
                     traits=meta.get("traits"), resource_classes=meta.get("resource_classes"),
                     allocation_ratio_storage=meta.get("allocation_ratio_storage"))
             self.view.apply_providers(changes, sv.last_heard)
-            return
-        self.incremental_syncs += 1
-        assert keys is not None
-        for u in keys:
-            p = ns.get(u)
-            if self._held.get(u) is not p:
-                changes[u] = p
-                if p is None:
-                    self._held.pop(u, None)
-                else:
-                    self._held[u] = p
-        if changes:
-            self.view.apply_providers(changes, sv.last_heard)
+        else:
+            self.incremental_syncs += 1
+            assert keys is not None
+            for u in keys:
+                p = ns.get(u)
+                if self._held.get(u) is not p:
+                    changes[u] = p
+                    if p is None:
+                        self._held.pop(u, None)
+                    else:
+                        self._held[u] = p
+            if changes:
+                self.view.apply_providers(changes, sv.last_heard)
+        marker = (doc.get(PLACEMENT_POLL) or {}).get(POLL_STARTED)
+        if marker is not None:
+            self.view.polled(float(marker))
 
 
 __all__ = ["PlacementTap"]

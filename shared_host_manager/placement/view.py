@@ -50,6 +50,17 @@ been heard from for ``max_staleness`` seconds (reason ``stale``): placement
 answers those requests itself.  Every message of the source counts as heard,
 heartbeats included (:meth:`heard`).
 
+Read-your-writes: a request that says when it arrived at nova's API
+(``asked_at``, wall-clock seconds) is answered once the view holds a poll
+marker of the feed (:meth:`polled`: the wall-clock time a poll began whose
+every change the view applied) at or after it, so every placement write that
+returned before the request was made (an aggregate's new host, a trait, an
+inventory) is in the answer, as it is in placement's.  The request waits for
+that marker at most ``wait`` seconds, then is left to placement (reason
+``behind``); when no newer marker came for ``max_staleness`` (a feed that
+heartbeats but whose polls fail: placement's database unreachable), at once.
+A feed that publishes no markers (none held) sets no bar.
+
 Thread safety: :attr:`lock` guards :attr:`state` and everything else here;
 every method takes it.  The answer's allocation requests and provider
 summaries are the state's cached objects, shared with later answers:
@@ -57,7 +68,8 @@ read-only for the caller.
 
 Life cycle::
 
-    created --apply_providers / heard--> fed (answers while fresh)
+    created --apply_providers / heard--> fed (answers while fresh; a request asked
+                                              at t once a marker >= t came)
     fed --source_down, or silent > max_staleness--> stale (answers 'stale')
     stale --heard / apply_providers--> fed
 
@@ -117,6 +129,8 @@ class PlacementView:
         self.peer_claim_ttl = peer_claim_ttl
         self.config = config
         self.lock = threading.Lock()
+        #: notified when a newer poll marker arrives (the requests waiting for one)
+        self._marker_came = threading.Condition(self.lock)
         self.state = ProviderState()
         #: uuid -> the provider as the feed (or a correction) last gave it, without claims
         self._base: dict[str, Mapping[str, Any]] = {}
@@ -130,9 +144,16 @@ class PlacementView:
         self._peer_deadlines: deque[tuple[float, str]] = deque()
         self._last_applied: float | None = None
         self._last_heard: float | None = None
+        #: the newest poll marker applied (the feed's wall clock), None: the feed sends none
+        self._polled: float | None = None
+        #: when (the view's clock) the newest marker came
+        self._marker_at: float | None = None
+        #: seconds the requests waited for a poll marker, in all
+        self.waited = 0.0
         self._down = False
         #: the random source of randomize_allocation_candidates when the caller gives none
         self.rng = random.Random()
+        #: "waits" (requests that waited for a poll marker),
         #: "applied", "deleted", "older", "same" (the held copy again), "recreated", "claims",
         #: "claims_unknown", "corrections", "corrections_older", and of the peers' claims
         #: "peer_claims" (held), "peer_claims_included" (a newer generation after the acceptance),
@@ -195,6 +216,15 @@ class PlacementView:
         """The feed's source was heard from at ``now`` (any message of it, a heartbeat too)."""
         with self.lock:
             self._heard(now)
+
+    def polled(self, started: float) -> None:
+        """The feed's poll marker: every placement write committed before wall-clock ``started``
+        is in what the view applied.  Called after the changes that came with it."""
+        with self.lock:
+            if self._polled is None or started > self._polled:
+                self._polled = started
+                self._marker_at = self.clock()
+                self._marker_came.notify_all()
 
     def source_down(self) -> None:
         """The feed's source is down (its goodbye, or silence past the receiver's down interval)."""
@@ -314,12 +344,28 @@ class PlacementView:
                         return f"{uuid}/{rc}"
             return None
 
-    def answer(self, querystring: str, microversion: str,
-               rng: random.Random | None = None) -> dict[str, Any] | Unanswered:
+    def answer(self, querystring: str, microversion: str, rng: random.Random | None = None,
+               asked_at: float | None = None, wait: float = 0.0) -> dict[str, Any] | Unanswered:
         """placement's GET /allocation_candidates body from memory, or why not: the query/candidates
-        reasons, plus 'no_feed' (nothing received yet) and 'stale' (the feed's source silent or down
-        longer than max_staleness)."""
+        reasons, plus 'no_feed' (nothing received yet), 'stale' (the feed's source silent or down
+        longer than max_staleness) and 'behind' (no poll marker at or after ``asked_at`` within
+        ``wait`` seconds: the module docstring's read-your-writes)."""
         with self.lock:
+            if asked_at is not None and self._polled is not None and self._polled < asked_at:
+                assert self._marker_at is not None
+                quiet = self.clock() - self._marker_at
+                if quiet > self.max_staleness:  # the feed heartbeats but completes no poll
+                    return Unanswered("behind", f"no poll of the placement feed completed for "
+                                                f"{quiet:.1f} s")
+                self.counters["waits"] += 1
+                began = time.monotonic()
+                came = self._marker_came.wait_for(
+                    lambda: self._polled is not None and self._polled >= asked_at, wait)
+                self.waited += time.monotonic() - began
+                if not came:
+                    assert self._polled is not None
+                    return Unanswered("behind", f"the placement feed's newest poll began "
+                                                f"{asked_at - self._polled:.3f} s before the request")
             now = self.clock()
             why = self._unfresh(now)
             if why is not None:
@@ -343,6 +389,8 @@ class PlacementView:
                 "detail": None if why is None else why.detail,
                 "down": self._down,
                 "max_staleness": self.max_staleness,
+                "poll_marker": self._polled,
+                "waited_seconds": self.waited,
                 "claims_held": len(self._claims),
                 "peer_claims_held": sum(1 for claim in self._peer_claims.values() if claim.held),
                 "counters": dict(self.counters),

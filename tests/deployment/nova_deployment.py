@@ -769,13 +769,33 @@ class Deployment:
     def delete_group(self, group: str) -> None:
         self.conn.compute.delete_server_group(group, ignore_missing=False)
 
-    def boot(self, name: str, count: int = 1, *, group: str | None = None) -> None:
-        """One create request for ``count`` servers named ``name-<i>``."""
+    def create_aggregate(self, name: str, zone: str | None = None) -> str:
+        """``openstack aggregate create [--zone ZONE] NAME``; its id."""
+        return str(self.conn.compute.create_aggregate(name=name, availability_zone=zone).id)
+
+    def aggregate_add_host(self, aggregate: str, host: str) -> None:
+        self.conn.compute.add_host_to_aggregate(aggregate, host)
+
+    def aggregate_remove_host(self, aggregate: str, host: str) -> None:
+        self.conn.compute.remove_host_from_aggregate(aggregate, host)
+
+    def delete_aggregate(self, aggregate: str) -> None:
+        """The aggregate without its hosts, then the aggregate (nova refuses one with hosts)."""
+        for host in self.conn.compute.get_aggregate(aggregate).hosts or []:
+            self.aggregate_remove_host(aggregate, host)
+        self.conn.compute.delete_aggregate(aggregate, ignore_missing=False)
+
+    def boot(self, name: str, count: int = 1, *, group: str | None = None,
+             zone: str | None = None) -> None:
+        """One create request for ``count`` servers named ``name-<i>`` (in availability zone
+        ``zone`` when given)."""
         attrs: dict[str, Any] = dict(name=name, image_id=_fakes().IMAGE_ID,
                                      flavor_id=self.flavor_id, networks="none",
                                      min_count=count, max_count=count)
         if group:
             attrs["scheduler_hints"] = {"group": group}
+        if zone:
+            attrs["availability_zone"] = zone
         self.conn.compute.create_server(**attrs)
 
     def server(self, sid: str) -> Server:
@@ -796,6 +816,11 @@ class Deployment:
         """A live migration, the scheduler choosing the host (``host: null``,
         ``block_migration: "auto"``)."""
         self.conn.compute.live_migrate_server(sid, host=None, block_migration="auto")
+
+    def evacuate(self, sid: str) -> None:
+        """``openstack server evacuate``: the server of a compute that is down rebuilt on
+        another, the scheduler choosing it."""
+        self.conn.compute.evacuate_server(sid)
 
     def wait_server(self, sid: str, statuses: Iterable[str] = ("ACTIVE", "VERIFY_RESIZE"),
                     timeout: float = 180) -> Server:

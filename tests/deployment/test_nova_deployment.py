@@ -253,6 +253,21 @@ def test_deleted_servers_leave_no_usage(deployment: Any) -> None:
         assert not allocs, f"{server.name}: allocations left {allocs}"
 
 
+def _candidates(dep: Any, since: dict[str, float] | None = None) -> dict[str, float]:
+    """The drop-in scheduler's allocation candidate requests answered from memory, sent to
+    placement, and those that waited for a poll of the placement feed begun after they
+    arrived (read-your-writes); counted since ``since``."""
+    m = dep.scheduler_metrics()
+    now = dict(
+        from_memory=sum(v for k, v in m.items() if k.startswith(
+            "shm_allocation_candidates_total{") and 'source="memory"' in k),
+        from_placement=sum(v for k, v in m.items() if k.startswith(
+            "shm_placement_requests_total{") and 'kind="allocation_candidates"' in k),
+        waited=m.get("shm_placement_view_fresh_waits_total", 0.0),
+        waited_seconds=m.get("shm_placement_view_fresh_wait_seconds_total", 0.0))
+    return {k: v - (since or {}).get(k, 0.0) for k, v in now.items()}
+
+
 def test_allocation_candidates_from_memory(deployment: Any) -> None:
     """With ``shm placement-feed`` on placement's database, the drop-in's scheduler answers
     nova's allocation candidate queries from its placement view: a boot asks placement
@@ -261,27 +276,16 @@ def test_allocation_candidates_from_memory(deployment: Any) -> None:
     if dep.mode != "dropin":
         pytest.skip("stock nova asks placement")
     _clean(dep)
-
-    def counts() -> tuple[float, float]:
-        m = dep.scheduler_metrics()
-        memory = sum(v for k, v in m.items()
-                     if k.startswith("shm_allocation_candidates_total{") and 'source="memory"' in k)
-        asked = sum(v for k, v in m.items() if k.startswith("shm_placement_requests_total{")
-                    and 'kind="allocation_candidates"' in k)
-        return memory, asked
-
-    memory0, asked0 = counts()
+    before = _candidates(dep)
     name = _name()
     for i in range(SERVERS):
         dep.boot(f"{name}-{i}")
     servers = dep.wait_servers(name, SERVERS)
     try:
-        memory1, asked1 = counts()
-        FIGURES[dep.mode]["candidates"] = dict(from_memory=memory1 - memory0,
-                                               from_placement=asked1 - asked0)
+        got = _candidates(dep, before)
+        FIGURES[dep.mode]["candidates"] = got
         assert not _faults(servers), _faults(servers)
-        assert (memory1 - memory0, asked1 - asked0) == (SERVERS, 0), \
-            f"from memory {memory1 - memory0}, asked placement {asked1 - asked0}"
+        assert (got["from_memory"], got["from_placement"]) == (SERVERS, 0), got
     finally:
         dep.delete_servers(servers)
 
@@ -498,3 +502,92 @@ def test_a_deleted_compute_gets_nothing_until_it_starts_again(deployment: Any) -
             dep.restart(host)
         if booted:
             dep.delete_servers(booted)
+
+
+def test_a_zone_takes_servers_as_soon_as_a_host_joins_it(deployment: Any) -> None:
+    """An aggregate with an availability zone holds one compute at a time; REPEATS times, the
+    next compute takes the place of the last (the last's servers deleted, it removed from the
+    aggregate, the next added), and at once SERVERS servers are requested one by one in that
+    zone: all on the compute now in it, none in ERROR.  nova maps the zone to the aggregate in
+    placement: a scheduler whose copy of placement lags the move finds the last compute (a
+    server outside the zone) or no candidate (ERROR)."""
+    dep = deployment
+    _clean(dep)
+    zone = "z" + uuid.uuid4().hex[:6]
+    aggregate = dep.create_aggregate(_name(), zone)
+    reps: list[dict[str, Any]] = []
+    servers: list[Server] = []
+    last: str | None = None
+    before = _candidates(dep) if dep.mode == "dropin" else None
+    try:
+        for rep in range(REPEATS):
+            host = dep.hosts[rep % len(dep.hosts)]
+            name = _name()
+            if servers:  # nova refuses to take a host with servers out of their zone
+                dep.delete_servers(servers)
+                servers = []
+            t0 = time.monotonic()
+            if last is not None:
+                dep.aggregate_remove_host(aggregate, last)
+            dep.aggregate_add_host(aggregate, host)
+            last = host
+            t1 = time.monotonic()
+            for i in range(SERVERS):
+                dep.boot(f"{name}-{i}", zone=zone)
+            servers = dep.wait_servers(name, SERVERS)
+            hosts = _hosts(servers)
+            reps.append(dict(host=host, in_zone=hosts.get(host, 0), servers=SERVERS,
+                             errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
+                             faults=_faults(servers)[:3],
+                             seconds=dict(move=round(t1 - t0, 2),
+                                          servers=round(time.monotonic() - t1, 1))))
+    finally:
+        FIGURES[dep.mode]["zone"] = dict(
+            in_zone=sum(r["in_zone"] for r in reps), servers=sum(r["servers"] for r in reps),
+            errors=sum(r["errors"] for r in reps), repetitions=len(reps), per_repetition=reps)
+        if before is not None:
+            FIGURES[dep.mode]["zone_candidates"] = _candidates(dep, before)
+        if servers:
+            dep.delete_servers(servers)
+        dep.delete_aggregate(aggregate)
+    bad = [r for r in reps if r["in_zone"] != r["servers"] or r["errors"]]
+    assert not bad, f"servers outside the zone's one compute or in ERROR: {bad}"
+
+
+def test_the_server_of_a_dead_compute_is_evacuated_elsewhere(deployment: Any) -> None:
+    """A server; its compute killed (SIGKILL) and forced down, the server evacuated
+    (``openstack server evacuate``, the scheduler choosing): ACTIVE on another compute,
+    holding its flavor's resources there.  Started again, the dead compute deletes its copy
+    and its hold in placement: the server's resources are on its new host only."""
+    dep = deployment
+    _clean(dep)
+    name = _name()
+    dep.boot(name)
+    server = dep.wait_servers(name, 1)[0]
+    source = server.compute_host or "-"
+    moved: dict[str, Any] = dict(source=source)
+    try:
+        assert not _faults([server]), _faults([server])
+        dep.kill(source)
+        dep.force_down(source, True)
+        t0 = time.monotonic()
+        dep.evacuate(server.id)
+        server = dep.wait_server(server.id, ("ACTIVE", "ERROR"))
+        host = server.compute_host or "-"
+        moved.update(status=server.status, host=host, seconds=round(time.monotonic() - t0, 1))
+        assert server.status == "ACTIVE" and host != source, \
+            f"evacuated: {server.status} on {host} (from {source}), fault " \
+            f"{(server.fault or {}).get('message')}"
+        dep.restart(source)
+        dep.force_down(source, False)
+        dep.wait_service("nova-compute", source)
+        resources = dep.flavor_resources("shm.tiny")
+        allocs, used = _wait_held_on(dep, server.id, host, resources)
+        moved["held"] = allocs
+        assert allocs == used == {host: resources}, \
+            f"after {source} started again: the server's allocations {allocs}, usages {used}"
+    finally:
+        FIGURES[dep.mode]["evacuate"] = moved
+        if not dep.processes[source].alive():
+            dep.restart(source)
+        dep.delete_servers(dep.servers(name))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -84,7 +85,8 @@ class MemoryView:
                     self.state.apply(doc)
             self.fed = True
 
-    def answer(self, querystring: str, microversion: str, rng: Any = None) -> Any:
+    def answer(self, querystring: str, microversion: str, rng: Any = None,
+               asked_at: float | None = None, wait: float = 0.0) -> Any:
         with self.lock:
             if not self.fed:
                 return Unanswered("no_feed")
@@ -336,6 +338,26 @@ def test_placement_views_no_feed_and_stale_go_to_placement(placement, world):
     assert len(ours.get_allocation_candidates(ctx, resources_of(spec()))[0]) == 5  # placement's
     assert dict(empty.by_reason) == {"no_feed": 1}
     assert ours.from_memory == 1 and dict(ours.by_reason) == {"stale": 1}
+
+
+def test_a_view_answers_a_request_once_it_holds_a_poll_begun_after_the_request_came(placement,
+                                                                                  world):
+    """The request context's timestamp (nova-api made the context when the request came; it
+    travels with the context over RPC) bars answers from a view whose newest poll of the
+    feed began before it: after ``fresh_wait`` placement answers, counted ``behind``."""
+    view = placement_view(world)
+    ours = rc.SharedReportClient(placement.adapter(), view=view, from_memory=True, fresh_wait=0.0)
+    ctx = nova_context.get_admin_context()
+    came = rc.asked_at(ctx)
+    assert came is not None and abs(came - time.time()) < 60
+    assert rc.asked_at(nova_context.RequestContext.from_dict(ctx.to_dict())) == came
+    assert rc.asked_at(object()) is None
+    view.polled(came - 0.5)
+    theirs = ours.get_allocation_candidates(ctx, resources_of(spec()))
+    assert ours.from_memory == 0 and dict(ours.by_reason) == {"behind": 1}
+    view.polled(came + 0.001)
+    assert normal(ours.get_allocation_candidates(ctx, resources_of(spec()))) == normal(theirs)
+    assert ours.from_memory == 1 and view.counters["waits"] == 1
 
 
 def test_an_accepted_claim_is_noted_in_the_view(placement, world):

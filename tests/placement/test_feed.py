@@ -55,11 +55,15 @@ class FakeDb:
 
 
 
-def poll(m: FeedMachine, db: FakeDb, now: float, ok: bool, published: dict[str, Any]) -> None:
+def poll(m: FeedMachine, db: FakeDb, now: float, ok: bool, published: dict[str, Any]
+         ) -> float | None:
+    """One poll begun at ``now``, as the feed runs it; its marker when the broker stored its
+    publish (``ok``; a marker-only publish when no listing was wanted), else None."""
     fp = db.fingerprint()
     if not m.wants_listing(fp, now):
-        return
+        return m.marker(now) if ok else None
     read, deleted = m.plan(db.listing(), fp, now)
+    marker = m.marker(now)
     changes = m.changes(read, {u: db.providers[u] for u in read if u in db.providers}, deleted)
     if ok:
         for u, p in changes.items():
@@ -68,6 +72,7 @@ def poll(m: FeedMachine, db: FakeDb, now: float, ok: bool, published: dict[str, 
             else:
                 published[u] = p
     m.published(changes, ok)
+    return marker if ok else None
 
 
 STEP = st.one_of(
@@ -81,23 +86,29 @@ STEP = st.one_of(
 @given(st.lists(STEP, max_size=40), st.integers(1, 5))
 def test_any_changes_polled_anywhere_end_published(steps: list[tuple[str, Any, int]],
                                                    max_reads: int) -> None:
+    """... and every poll marker stored comes with every change made before its poll began
+    (read-your-writes); a poll that defers reads gives none."""
     db = FakeDb()
     m = FeedMachine(max_reads=max_reads, full_check_interval=1e9)
     # what the broker stored: an unconfirmed publish is taken here as lost
     published: dict[str, Any] = {}
     now = 0.0
     m.start({}, db.fingerprint(), now)
+    markers = 0
     for kind, a, b in steps:
         now += 1.0
         if kind == "change":
             db.change(a, b)
         elif kind == "delete":
             db.delete(a)
-        else:
-            poll(m, db, now, bool(a), published)
+        elif poll(m, db, now, bool(a), published) is not None:
+            markers += 1
+            assert published == db.providers
     for _ in range(20):  # quiet, every publish confirmed
         now += 1.0
-        poll(m, db, now, True, published)
+        marker = poll(m, db, now, True, published)
+        assert marker is None or published == db.providers
+    assert marker == now
     assert published == db.providers
     assert m.document == db.providers
     assert not m.dirty
@@ -220,3 +231,19 @@ def test_the_reader_reads_what_placement_holds(backend: str) -> None:
         if db is not None:
             db.close()
         p.close()
+
+
+def test_a_poll_that_defers_reads_gives_no_marker() -> None:
+    db = FakeDb()
+    m = FeedMachine(max_reads=2)
+    m.start({}, db.fingerprint(), 0.0)
+    assert m.marker(0.0) == 0.0  # the first document holds everything read at start
+    for i in range(3):
+        db.change(i, 1)
+    assert m.wants_listing(db.fingerprint(), 1.0)
+    read, _ = m.plan(db.listing(), db.fingerprint(), 1.0)
+    assert len(read) == 2 and m.marker(1.0) is None
+    m.published(m.changes(read, db.providers, []), True)
+    assert m.wants_listing(db.fingerprint(), 2.0)  # the deferred one
+    read, _ = m.plan(db.listing(), db.fingerprint(), 2.0)
+    assert len(read) == 1 and m.marker(2.0) == 2.0

@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid as uuid_mod
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -376,19 +377,66 @@ def test_every_change_through_placement_reaches_the_view(placement: PlacementApi
     assert scheduler_metrics.health(sched)[0]
 
 
+def test_a_request_made_after_a_write_returned_is_answered_with_it(placement: PlacementApi,
+                                                                  database: PlacementDatabase,
+                                                                  bus: Bus) -> None:
+    """Read-your-writes, single shot: right after each write through placement's REST API
+    returns, every query asked with that moment as its arrival (nova's request context's
+    timestamp) is answered from memory as placement answers it -- no polling until equal.
+    The view waits for a poll of the feed begun after that moment."""
+    p = placement
+    sched = bus.scheduler("s")
+    reporter, feed = bus.feed(database)
+    bus.start(sched, reporter)
+    converge(p, sched, what="the view after the feed's start")
+
+    def aggregates(u: str, aggs: list[str]) -> None:
+        p.ok("PUT", f"/resource_providers/{u}/aggregates",
+             {"resource_provider_generation": generation(p, u), "aggregates": aggs})
+
+    writes: list[tuple[str, Callable[[], None]]] = [
+        ("cn1 moved from the first aggregate to the second", lambda: aggregates(CN[0], [AGG[1]])),
+        ("cn2 joins the first aggregate", lambda: aggregates(CN[1], [AGG[0], AGG[1]])),
+        ("cn1 back in the first", lambda: aggregates(CN[0], [AGG[0]])),
+        ("cn3 disabled", lambda: p.ok("PUT", f"/resource_providers/{CN[2]}/traits", {
+            "resource_provider_generation": generation(p, CN[2]),
+            "traits": ["HW_CPU_X86_AVX2", "COMPUTE_STATUS_DISABLED"]})),
+        ("cn4's inventory down", lambda: p.ok("PUT", f"/resource_providers/{CN[3]}/inventories", {
+            "resource_provider_generation": generation(p, CN[3]),
+            "inventories": _inv(vcpu=2, mem=4096)})),
+        ("an allocation on cn2", lambda: allocate(p, str(uuid_mod.uuid4()), CN[1],
+                                                  {"VCPU": 10, "MEMORY_MB": 1024})),
+    ]
+    waits = sched.placement_view.counters["waits"]
+    for what, write in writes:
+        write()
+        asked = time.time()
+        for qs in QUERIES:
+            mine = sched.placement_view.answer(qs, MV, asked_at=asked, wait=CONVERGE)
+            status, theirs = p.request("GET", "/allocation_candidates?" + qs, version=MV)
+            assert status == 200, (qs, theirs)
+            assert not isinstance(mine, Unanswered), (what, qs, mine)
+            assert _comparable(mine) == _comparable(theirs), \
+                f"after {what}: {qs}: memory {_comparable(mine)} placement {_comparable(theirs)}"
+    # the first query after each write waited for the next poll (the feed polls every 0.05 s)
+    assert sched.placement_view.counters["waits"] > waits
+
+
 class FlakyConfirm:
     """The feed's ``confirm`` seam: the reporter's publish_now, except for the calls told to
-    fail -- answering False (not confirmed) or raising."""
+    fail -- answering False (not confirmed) or raising -- among those that confirm providers
+    read (``reading()``; not a poll's marker alone)."""
 
     def __init__(self, reporter: ReporterService) -> None:
         self.reporter = reporter
         self.lock = threading.Lock()
         self.fail: list[str] = []
         self.failed = 0
+        self.reading: Callable[[], bool] = lambda: True
 
     def __call__(self) -> bool:
         with self.lock:
-            how = self.fail.pop(0) if self.fail else None
+            how = self.fail.pop(0) if self.fail and self.reading() else None
         ok = self.reporter.publish_now(5.0)
         if how is None:
             return ok
@@ -413,6 +461,8 @@ def test_an_unconfirmed_publish_is_read_and_published_again(placement: Placement
 
     # no full check meanwhile: what is read again is read because it stayed dirty
     reporter, feed = bus.feed(database, flaky, full_check_interval=1e6)
+    # the providers of a poll's publish are listed until its confirm: a marker alone has none
+    confirms[0].reading = lambda: bool(feed.machine.listed)
     confirm = confirms[0]
     bus.start(sched, reporter)
     converge(p, sched, what="the view after the feed's start")

@@ -4,7 +4,9 @@ placement's own WSGI app on SQLite (:class:`simulator.placement_real.RealPlaceme
 feed reads placement's database through placement's own engine, has no thread of its own,
 and its reporter and one scheduler share a synchronous in-process bus: after
 ``poll_once()``, the reporter's flush and the bus's pump -- all in the test's thread -- the
-scheduler's placement view answers as placement does.  No waiting anywhere.
+scheduler's placement view answers as placement does, for a request made before the poll
+too (its marker; a request made after a write is not answered before the next poll).  No
+waiting anywhere.
 
 The scenario runs in a spawned process: placement's engine facade, its trait and
 resource-class sync flags and its policy enforcer are process-global, so placement's
@@ -18,6 +20,7 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,8 +82,8 @@ def _placement(p: RealPlacement) -> dict[str, int]:
     return {rp: s["resources"]["VCPU"]["used"] for rp, s in body["provider_summaries"].items()}
 
 
-def _view(sched: SchedulerService) -> dict[str, int]:
-    body = sched.placement_view.answer(QS, "1.36")
+def _view(sched: SchedulerService, asked_at: float | None = None) -> dict[str, int]:
+    body = sched.placement_view.answer(QS, "1.36", asked_at=asked_at)
     assert not isinstance(body, Unanswered), body
     return {rp: s["resources"]["VCPU"]["used"] for rp, s in body["provider_summaries"].items()}
 
@@ -109,15 +112,22 @@ def _scenario() -> None:
         p.ok("PUT", "/allocations/" + "c0000000-0000-4000-8000-000000000001",
              {"allocations": {UUIDS[0]: {"resources": {"VCPU": 3}}}, "project_id": "p",
               "user_id": "u", "consumer_generation": None}, version="1.28")
+        # a request made after the write returned is not answered from before the next poll
+        asked = time.time()
+        behind = sched.placement_view.answer(QS, "1.36", asked_at=asked, wait=0.0)
+        assert isinstance(behind, Unanswered) and behind.reason == "behind", behind
         changes = feed.poll_once()
         assert UUIDS[0] in changes
         bus.pump()
-        _same(_view(sched), p, {UUIDS[0]: 3, UUIDS[1]: 0})
+        _same(_view(sched, asked), p, {UUIDS[0]: 3, UUIDS[1]: 0})
 
-        # nothing changed: the poll publishes nothing, the view stays as placement is
+        # nothing changed: the poll publishes its marker alone, the view stays as placement is
         published = reporter.stats["published"]
+        asked = time.time()
         assert feed.poll_once() == {}
-        assert reporter.stats["published"] == published
+        bus.pump()
+        assert reporter.stats["published"] == published + 1
+        _same(_view(sched, asked), p, {UUIDS[0]: 3, UUIDS[1]: 0})
 
 
 def test_a_polled_feed_has_no_thread_and_is_current_after_poll_and_pump() -> None:

@@ -286,3 +286,82 @@ def test_a_peers_intent_is_held_at_most_max_staleness() -> None:
     view.heard(clock.now)
     assert uuids(view.answer(Q, MV)) == [uuid(1)]
     assert view.counters["peer_claims_expired"] == 1
+
+
+def test_a_request_is_answered_once_a_poll_begun_after_it_arrived_is_held() -> None:
+    """Read-your-writes: the feed's poll marker at or after the request's arrival answers it;
+    one from before it waits (here: not at all, or until a marker another thread applies) and
+    is left to placement (``behind``) when none comes in time.  A view that never held a
+    marker (a feed without them) sets no bar."""
+    import threading
+
+    clock = Clock()
+    view = PlacementView(clock=clock)
+    view.apply_providers({uuid(1): prov(1)}, clock.now)
+    assert uuids(view.answer(Q, MV, asked_at=1e12, wait=0.0)) == [uuid(1)]  # no marker yet
+    assert view.counters["waits"] == 0
+    view.polled(1000.0)
+    assert view.status()["poll_marker"] == 1000.0
+    assert uuids(view.answer(Q, MV, asked_at=999.5)) == [uuid(1)]
+    assert uuids(view.answer(Q, MV, asked_at=1000.0)) == [uuid(1)]
+    assert uuids(view.answer(Q, MV)) == [uuid(1)]  # no arrival time: no bar
+    assert view.counters["waits"] == 0
+    got = view.answer(Q, MV, asked_at=1000.5, wait=0.0)
+    assert isinstance(got, Unanswered) and got.reason == "behind" and "behind" in REASONS
+    assert "0.500 s" in got.detail
+    view.polled(900.0)  # an older marker (a feed restarted on a clock behind) never goes back
+    assert view.status()["poll_marker"] == 1000.0
+
+    # a poll begun after the request lands while it waits: its changes first, then its marker
+    def poll_lands() -> None:
+        view.apply_providers({uuid(1): prov(1, gen=2, used=8), uuid(2): prov(2)}, clock.now)
+        view.polled(1001.0)
+
+    timer = threading.Timer(0.05, poll_lands)
+    timer.start()
+    try:
+        assert uuids(view.answer(Q, MV, asked_at=1000.5, wait=30.0)) == [uuid(2)]
+    finally:
+        timer.cancel()
+    assert view.counters["waits"] == 2
+    assert 0.0 < view.status()["waited_seconds"] < 30.0
+    # no newer marker for max_staleness while the feed heartbeats (its polls fail): no wait
+    clock.now += view.max_staleness + 0.5
+    view.heard(clock.now)
+    got = view.answer(Q, MV, asked_at=1002.0, wait=30.0)
+    assert isinstance(got, Unanswered) and got.reason == "behind"
+    assert got.detail.startswith("no poll of the placement feed completed for 5.5 s")
+    assert view.counters["waits"] == 2
+
+
+def test_the_tap_hands_the_feeds_poll_marker_after_its_changes() -> None:
+    """The feed's ``placement_poll`` namespace reaches the view as its poll marker, in the
+    delta with the poll's changes (applied first) or alone; a marker-only delta reads no
+    provider."""
+    from protocol.document import SET
+    from protocol.hostdoc import PLACEMENT, PLACEMENT_META, PLACEMENT_POLL, POLL_STARTED
+    from protocol.messages import Delta, Snapshot
+    from protocol.receiver import ReceiverMachine
+    from shared_host_manager.placement.tap import PlacementTap
+
+    clock = Clock()
+    view = PlacementView(clock=clock)
+    receiver = ReceiverMachine("s1")
+    tap = PlacementTap(view, receiver)
+    doc = {PLACEMENT_META: {"traits": [], "resource_classes": []},
+           PLACEMENT: {uuid(1): prov(1)}, PLACEMENT_POLL: {POLL_STARTED: 500.0}}
+    for msg in (Snapshot("feed", 1, 1, doc),
+                Delta("feed", 1, 2, [[SET, PLACEMENT, uuid(1), prov(1, gen=2, used=8)],
+                                     [SET, PLACEMENT_POLL, POLL_STARTED, 501.0]]),
+                Delta("feed", 1, 3, [[SET, PLACEMENT_POLL, POLL_STARTED, 502.0]])):
+        receiver.receive(msg, clock.now)
+        tap.note(msg)
+        tap.sync()
+        if msg.seq == 1:
+            assert view.status()["poll_marker"] == 500.0
+            assert uuids(view.answer(Q, MV, asked_at=500.0)) == [uuid(1)]
+        if msg.seq == 2:
+            assert view.status()["poll_marker"] == 501.0
+            assert uuids(view.answer(Q, MV, asked_at=501.0)) == []
+    assert view.status()["poll_marker"] == 502.0
+    assert tap.full_syncs == 1 and tap.incremental_syncs == 2
