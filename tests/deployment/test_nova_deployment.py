@@ -554,6 +554,14 @@ def test_a_zone_takes_servers_as_soon_as_a_host_joins_it(deployment: Any) -> Non
     assert not bad, f"servers outside the zone's one compute or in ERROR: {bad}"
 
 
+def _ended(dep: Any, sid: str, kind: str) -> Any:
+    """The server's newest migration of type ``kind`` once it ended (done, failed or in
+    error), else None."""
+    mine = [m for m in dep.migrations(sid) if m.migration_type == kind]
+    newest = max(mine, key=lambda m: m.created_at or "", default=None)
+    return newest if newest is not None and newest.status in ("done", "failed", "error") else None
+
+
 def test_the_server_of_a_dead_compute_is_evacuated_elsewhere(deployment: Any) -> None:
     """A server; its compute killed (SIGKILL) and forced down, the server evacuated
     (``openstack server evacuate``, the scheduler choosing): ACTIVE on another compute,
@@ -572,9 +580,14 @@ def test_the_server_of_a_dead_compute_is_evacuated_elsewhere(deployment: Any) ->
         dep.force_down(source, True)
         t0 = time.monotonic()
         dep.evacuate(server.id)
-        server = dep.wait_server(server.id, ("ACTIVE", "ERROR"))
+        # the API answers once the evacuation is accepted (its migration record made), with
+        # the server still ACTIVE on the dead compute: the record says when it ended
+        evacuation = wait_until(lambda: _ended(dep, server.id, "evacuation"), 180,
+                                "the evacuation to end")
+        server = dep.wait_server(server.id, ("ACTIVE",))
         host = server.compute_host or "-"
-        moved.update(status=server.status, host=host, seconds=round(time.monotonic() - t0, 1))
+        moved.update(status=server.status, host=host, seconds=round(time.monotonic() - t0, 1),
+                     migration=evacuation.status)
         assert server.status == "ACTIVE" and host != source, \
             f"evacuated: {server.status} on {host} (from {source}), fault " \
             f"{(server.fault or {}).get('message')}"
