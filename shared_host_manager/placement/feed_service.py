@@ -166,24 +166,21 @@ class PlacementFeed:
         started = self.wall_clock()
         now = self.clock()
         fingerprint = self.db.fingerprint()
-        if not self.machine.wants_listing(fingerprint, now):
-            marker = self.machine.marker(started)
-            sink = self._sink
-            if marker is not None and sink is not None:
-                sink.change(self.source, [[SET, PLACEMENT_POLL, POLL_STARTED, marker]])
-                self._confirmed()  # unconfirmed: the next poll's marker supersedes it
-            self.last_poll_ok = now
-            return {}
-        listing = self.db.listing()
-        to_read, deleted = self.machine.plan(listing, fingerprint, now)
-        read = self.db.read(to_read)
-        changes = self.machine.changes(to_read, read, deleted)
-        ops: list[Op] = [[SET, PLACEMENT, u, p] if p is not None else [DEL, PLACEMENT, u]
-                         for u, p in changes.items()]
-        meta = self._read_meta()
-        if meta != self.meta:
-            ops += [[SET, PLACEMENT_META, k, v] for k, v in meta.items() if self.meta.get(k) != v]
-            self.meta = meta
+        changes: dict[str, dict[str, Any] | None] = {}
+        ops: list[Op] = []
+        if self.machine.wants_listing(fingerprint, now):
+            listing = self.db.listing()
+            to_read, deleted = self.machine.plan(listing, fingerprint, now)
+            read = self.db.read(to_read)
+            changes = self.machine.changes(to_read, read, deleted)
+            ops = [[SET, PLACEMENT, u, p] if p is not None else [DEL, PLACEMENT, u]
+                   for u, p in changes.items()]
+            meta = self._read_meta()
+            if meta != self.meta:
+                ops += [[SET, PLACEMENT_META, k, v] for k, v in meta.items()
+                        if self.meta.get(k) != v]
+                self.meta = meta
+        # a marker alone unconfirmed leaves nothing dirty: the next poll's supersedes it
         marker = self.machine.marker(started)
         if marker is not None:
             ops.append([SET, PLACEMENT_POLL, POLL_STARTED, marker])
