@@ -27,8 +27,10 @@ from openstack.compute.v2.server import Server
 REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
 SERVERS = int(os.environ.get("SHM_DEPLOYMENT_SERVERS", "6"))
 
-pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.nova, pytest.mark.rabbit,
-              pytest.mark.databases, pytest.mark.timeout(1800)]
+# background: the module runs beside the rest of the suite, in a pytest process of its own
+pytestmark = [pytest.mark.deployment, pytest.mark.background, pytest.mark.slow,
+              pytest.mark.nova, pytest.mark.rabbit, pytest.mark.databases,
+              pytest.mark.timeout(1800)]
 
 
 def _name() -> str:

@@ -443,6 +443,7 @@ def _restore_broker(rabbitmqctl, broker_back) -> None:
 # .ci/run sets SHM_RABBIT_RESTART_TESTS=1; on a shared machine set it only when alone.
 @pytest.mark.skipif(os.environ.get("SHM_RABBIT_RESTART_TESTS") != "1",
                     reason="restarts the broker app (CI sets SHM_RABBIT_RESTART_TESTS=1)")
+@pytest.mark.restarts_broker
 def test_broker_restart_while_publishing(plane, rabbitmqctl, broker_back, wait_until):
     n = 1500
     col = Collector()
