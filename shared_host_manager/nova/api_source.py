@@ -102,14 +102,17 @@ class ApiStateSource:
         none), read and written under one hold of the lock, so two changes of one key
         racing in this process cannot lose either's fields.  ``changed``: when the change
         was made (a record read from the database); None: now.  Once the change went to the
-        sink, waits for ``confirm`` (outside the lock: other changes go on meanwhile)."""
+        sink, waits for ``confirm`` (outside the lock: other changes go on meanwhile).
+
+        Every write is published, newly stamped, even one that leaves this process's copy
+        as it was: another process may have written another value since (nova-api's
+        workers taking a metadata change of one aggregate in turn), and the schedulers'
+        merge takes the entry stamped last.  Writes that change nothing the schedulers
+        read (a compute's heartbeat) do not come here (:meth:`service_changed`)."""
         with self._lock:
             held = self._doc.get(ns, {}).get(key)
             unstamped = None if held is None else {k: v for k, v in held.items() if k != "changed"}
-            entry = build(unstamped)
-            if unstamped == entry:
-                return  # a heartbeat's Service.save: nothing the schedulers read changed
-            entry = dict(entry, changed=self.wall() if changed is None else changed)
+            entry = dict(build(unstamped), changed=self.wall() if changed is None else changed)
             self._doc.setdefault(ns, {})[key] = entry
             ops: list[Op] = [[SET, ns, key, entry]]
             sink = self._sink

@@ -442,7 +442,11 @@ class Deployment:
             # the checks keep dozens of servers at once (nova's default: 10 per project)
             "quota": dict(instances=-1, cores=-1, ram=-1, server_groups=-1,
                           server_group_members=-1),
-            "scheduler": dict(workers=1, discover_hosts_in_cells_interval=-1),
+            # tenant isolation on (nova's require_tenant_aggregate request filter): it limits
+            # a project only while an aggregate names it (filter_tenant_id), as the tenant
+            # check sets and unsets it
+            "scheduler": dict(workers=1, discover_hosts_in_cells_interval=-1,
+                              limit_tenants_to_placement_aggregate=True),
             "conductor": dict(workers=self.conductor_workers),
             "oslo_concurrency": dict(lock_path=self.dir / "lock"),
             "oslo_messaging_notifications": dict(driver="noop"),
@@ -778,6 +782,10 @@ class Deployment:
 
     def aggregate_remove_host(self, aggregate: str, host: str) -> None:
         self.conn.compute.remove_host_from_aggregate(aggregate, host)
+
+    def set_aggregate_metadata(self, aggregate: str, metadata: dict[str, str | None]) -> None:
+        """``openstack aggregate set --property K=V`` (``unset`` for a None value)."""
+        self.conn.compute.set_aggregate_metadata(aggregate, metadata)
 
     def delete_aggregate(self, aggregate: str) -> None:
         """The aggregate without its hosts, then the aggregate (nova refuses one with hosts)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from nova_deployment import (
+    ADMIN_TOKEN,
     FIGURES,
     SERVICE_DOWN_TIME,
     STREAM_HEARTBEAT,
@@ -26,6 +27,9 @@ from openstack.compute.v2.server import Server
 
 REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
 SERVERS = int(os.environ.get("SHM_DEPLOYMENT_SERVERS", "6"))
+#: the tenant check's: each of its two aggregates named again after another worker unnamed it
+TENANT_REPEATS = max(REPEATS, 8)
+TENANT_SERVERS = max(SERVERS // 2, 1)
 
 # background: the module runs beside the rest of the suite, in a pytest process of its own
 pytestmark = [pytest.mark.deployment, pytest.mark.background, pytest.mark.slow,
@@ -554,6 +558,62 @@ def test_a_zone_takes_servers_as_soon_as_a_host_joins_it(deployment: Any) -> Non
         dep.delete_aggregate(aggregate)
     bad = [r for r in reps if r["in_zone"] != r["servers"] or r["errors"]]
     assert not bad, f"servers outside the zone's one compute or in ERROR: {bad}"
+
+
+def test_a_tenant_aggregate_takes_its_tenants_servers_as_soon_as_it_names_the_tenant(
+        deployment: Any) -> None:
+    """Tenant isolation (``[scheduler] limit_tenants_to_placement_aggregate``): one aggregate
+    on each of two computes, neither naming a project; TENANT_REPEATS times the other one
+    is given the project's ``filter_tenant_id`` and the last loses it, and at once
+    TENANT_SERVERS servers are requested one by one: all on the compute of the aggregate that
+    names the project now, none in ERROR.  nova's request filter reads the aggregates'
+    metadata per request (the drop-in: nova-api's catalogue on the stream): one that lags
+    the change sends the servers to the last compute, or anywhere, and placement's claim
+    would not refuse them.  Each aggregate is named, unnamed and named again by whichever of
+    nova-api's two workers takes the call, each publishing from its own copy of it."""
+    dep = deployment
+    _clean(dep)
+    project = ADMIN_TOKEN.split(":")[1]
+    aggregates = {host: dep.create_aggregate(_name()) for host in dep.hosts[:2]}
+    order = [dep.hosts[rep % 2] for rep in range(TENANT_REPEATS)]
+    reps: list[dict[str, Any]] = []
+    servers: list[Server] = []
+    named: str | None = None
+    before = _candidates(dep) if dep.mode == "dropin" else None
+    try:
+        for host, aggregate in aggregates.items():
+            dep.aggregate_add_host(aggregate, host)
+        for host in order:
+            name = _name()
+            t0 = time.monotonic()
+            dep.set_aggregate_metadata(aggregates[host], {"filter_tenant_id": project})
+            if named not in (None, host):
+                dep.set_aggregate_metadata(aggregates[named], {"filter_tenant_id": None})
+            named = host
+            t1 = time.monotonic()
+            for i in range(TENANT_SERVERS):
+                dep.boot(f"{name}-{i}")
+            booted = dep.wait_servers(name, TENANT_SERVERS)
+            servers += booted
+            hosts = _hosts(booted)
+            reps.append(dict(host=host, on_host=hosts.get(host, 0), servers=TENANT_SERVERS,
+                             errors=len(_faults(booted)), hosts=dict(sorted(hosts.items())),
+                             faults=_faults(booted)[:3],
+                             seconds=dict(metadata=round(t1 - t0, 2),
+                                          servers=round(time.monotonic() - t1, 1))))
+    finally:
+        FIGURES[dep.mode]["tenant"] = dict(
+            on_host=sum(r["on_host"] for r in reps), servers=sum(r["servers"] for r in reps),
+            errors=sum(r["errors"] for r in reps), repetitions=len(reps), per_repetition=reps)
+        if before is not None:
+            FIGURES[dep.mode]["tenant_candidates"] = _candidates(dep, before)
+        # the project goes anywhere again before anything else runs
+        for aggregate in aggregates.values():
+            dep.delete_aggregate(aggregate)
+        if servers:
+            dep.delete_servers(servers)
+    bad = [r for r in reps if r["on_host"] != r["servers"] or r["errors"]]
+    assert not bad, f"servers outside the tenant's aggregate or in ERROR: {bad}"
 
 
 def _ended(dep: Any, sid: str, kind: str) -> Any:

@@ -417,3 +417,49 @@ def test_api_workers_merged_say_what_was_written_last(writes):
                                "doc": w.document(w.source)})() for w in workers]
     merged = api_source.ApiState.from_views(views).services["h"]
     assert {name: merged[name] for name in truth} == truth
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["project-a", "project-b", None])),
+                max_size=12))
+def test_api_workers_merged_hold_each_aggregate_as_written_last(writes):
+    """Any interleaving of an aggregate's metadata changes over three API processes (nova-api's
+    workers take them in turn): the schedulers' merge holds the metadata written last.  A
+    worker that took a change whose value its own copy already held (it named the tenant
+    once, another worker unnamed it since) published nothing, and the other worker's older
+    entry stayed: servers went where the aggregate no longer sent them."""
+    clock = iter(float(t) for t in range(1, 1000))
+    workers = [api_source.ApiStateSource(f"nova-api-{i}", wall=lambda: next(clock)) for i in range(3)]
+
+    def aggregate(metadata: dict[str, str]) -> objects.Aggregate:
+        return objects.Aggregate(id=1, uuid="agg-1", name="tenants", hosts=["h"],
+                                 metadata=metadata)
+
+    truth: dict[str, str] = {}
+    for w in workers:
+        w.preload([], [aggregate(truth)])
+    for i, project in writes:
+        truth = {} if project is None else {"filter_tenant_id": project}
+        workers[i].aggregate_changed(aggregate(truth))
+    views = [type("View", (), {"source": w.source, "version": (1, 0),
+                               "doc": w.document(w.source)})() for w in workers]
+    merged = api_source.ApiState.from_views(views).catalogue["agg-1"]
+    assert merged["metadata"] == truth
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans()), max_size=10))
+def test_api_workers_merged_hold_each_node_as_deleted_or_created_last(writes):
+    """A compute node deleted and created again in turn through several processes (nova-api
+    deletes, the conductor creates it when the compute starts again): the merge says what
+    was done last."""
+    clock = iter(float(t) for t in range(1, 1000))
+    workers = [api_source.ApiStateSource(f"nova-api-{i}", wall=lambda: next(clock)) for i in range(3)]
+    deleted = False
+    for w in workers:
+        w.node_changed("node-1", deleted=False)
+    for i, deleted in writes:
+        workers[i].node_changed("node-1", deleted=deleted)
+    views = [type("View", (), {"source": w.source, "version": (1, 0),
+                               "doc": w.document(w.source)})() for w in workers]
+    assert api_source.ApiState.from_views(views).nodes["node-1"]["deleted"] is deleted

@@ -12,6 +12,9 @@ from integration.conftest import KOMBU_URL, _probe, _unavailable
 
 from simulator.bench_stream import _ready, _share, main
 
+# minutes of CPU: beside the rest of the suite, in a pytest process of its own
+pytestmark = pytest.mark.background
+
 
 def test_the_sources_are_shared_out_evenly_over_the_cells() -> None:
     assert [_share(10, 4, k) for k in range(4)] == [3, 3, 2, 2]

@@ -21,6 +21,9 @@ from simulator.faults.planted import PlantedBug
 from simulator.faults.run import reproduce, run_schedules
 from simulator.faults.world import FaultWorld
 
+# minutes of CPU: beside the rest of the suite, in a pytest process of its own
+pytestmark = pytest.mark.background
+
 SEED = int(os.environ["SHM_FAULTS_SEED"])
 #: CI's figure (the issue asks for at least 2 000 a run); SHM_FAULTS_SCHEDULES to change it
 SCHEDULES = int(os.environ.get("SHM_FAULTS_SCHEDULES", "2000"))

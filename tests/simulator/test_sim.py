@@ -13,6 +13,9 @@ from simulator.run import run_mode, summary_table
 from simulator.simulation import SimConfig, Simulation
 from simulator.workload import Workload
 
+# minutes of CPU: beside the rest of the suite, in a pytest process of its own
+pytestmark = pytest.mark.background
+
 SMALL = dict(nodes=40, schedulers=2, clients=4, requests=300, duration=0.0, fill=0.7,
              hosts_per_reporter=20, heartbeat_interval=1.0, progress=False)
 

@@ -21,6 +21,9 @@ from shm_cli import sim as sim_cmd
 from simulator import run_transport
 from simulator.processes import ChildProcess, staleness
 
+# minutes of CPU: beside the rest of the suite, in a pytest process of its own
+pytestmark = pytest.mark.background
+
 
 @pytest.fixture(scope="module")
 def rabbit() -> str:
