@@ -108,7 +108,7 @@ class BackgroundFailure(Exception):
 
 
 class BackgroundTest(pytest.Item):
-    """The parent's stand-in for a test the child runs: same node id, markers and keywords."""
+    """The parent's stand-in for a test the child runs: same node id, markers and location."""
 
     def __init__(self, *, child: _Child, location: tuple[Any, int | None, str],
                  **kwargs: Any) -> None:
@@ -132,6 +132,10 @@ class BackgroundTest(pytest.Item):
             if report["outcome"] == "failed":
                 raise BackgroundFailure(f"{when} failed in the background run "
                                         f"({report['duration']:.1f} s):\n{report['longrepr']}")
+        if "teardown" not in phases:  # the child died during it (a crash, a kill)
+            raise BackgroundFailure(f"the background run ended (exit {self.child.proc.returncode}) "
+                                    f"during this test; its log ({self.child.log}) ends "
+                                    f"with:\n{self.child.tail()}")
 
     def repr_failure(self, excinfo: Any, style: Any = None) -> str:
         if isinstance(excinfo.value, BackgroundFailure | TimeoutError):

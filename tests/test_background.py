@@ -63,6 +63,22 @@ def test_last():
     open("ended", "w").write("")
 """
 
+# the child dies in the middle of a test: that test and those after it fail in the parent
+DIES = """
+import os, pytest
+
+pytestmark = pytest.mark.background
+
+def test_before():
+    pass
+
+def test_dies():
+    os._exit(3)
+
+def test_after():
+    pass
+"""
+
 
 def _run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], int]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
@@ -100,3 +116,14 @@ def test_a_background_module_alone_runs_in_the_parent(tmp_path):
     assert result.returncode == 0, result.stdout
     assert int((tmp_path / "background-pid").read_text()) == pid
     assert "background run" not in result.stdout
+
+
+@pytest.mark.slow
+def test_a_background_run_that_dies_fails_the_test_it_was_in_and_those_after(tmp_path):
+    (tmp_path / "test_c.py").write_text(DIES)
+    result, _ = _run(tmp_path, "test_a.py::test_in_the_parent", "test_c.py")
+    out = result.stdout
+    assert result.returncode == 1, out
+    assert "PASSED test_c.py::test_before" in out
+    assert "FAILED test_c.py::test_dies" in out and "ended (exit 3) during this test" in out
+    assert "FAILED test_c.py::test_after" in out and "without running this test" in out
