@@ -510,6 +510,30 @@ def test_a_deleted_compute_gets_nothing_until_it_starts_again(deployment: Any) -
             dep.delete_servers(booted)
 
 
+def _one_by_one(dep: Any, count: int, host: str, key: str, zone: str | None = None,
+                **seconds: float) -> tuple[list[Server], dict[str, Any]]:
+    """``count`` servers requested one after another (in ``zone``) and waited for: them, and
+    the repetition's figures (``key``: how many are on ``host``; in ERROR; where; the
+    seconds of the steps before, given, and of the servers)."""
+    name = _name()
+    started = time.monotonic()
+    for i in range(count):
+        dep.boot(f"{name}-{i}", zone=zone)
+    servers = dep.wait_servers(name, count)
+    hosts = _hosts(servers)
+    return servers, {"host": host, key: hosts.get(host, 0), "servers": count,
+                     "errors": len(_faults(servers)), "hosts": dict(sorted(hosts.items())),
+                     "faults": _faults(servers)[:3],
+                     "seconds": dict(seconds, servers=round(time.monotonic() - started, 1))}
+
+
+def _totals(reps: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The figures of a check's repetitions, summed, and each of them."""
+    return {key: sum(r[key] for r in reps), "servers": sum(r["servers"] for r in reps),
+            "errors": sum(r["errors"] for r in reps), "repetitions": len(reps),
+            "per_repetition": reps}
+
+
 def test_a_zone_takes_servers_as_soon_as_a_host_joins_it(deployment: Any) -> None:
     """An aggregate with an availability zone holds one compute at a time; REPEATS times, the
     next compute takes the place of the last (the last's servers deleted, it removed from the
@@ -528,7 +552,6 @@ def test_a_zone_takes_servers_as_soon_as_a_host_joins_it(deployment: Any) -> Non
     try:
         for rep in range(REPEATS):
             host = dep.hosts[rep % len(dep.hosts)]
-            name = _name()
             if servers:  # nova refuses to take a host with servers out of their zone
                 dep.delete_servers(servers)
                 servers = []
@@ -537,20 +560,11 @@ def test_a_zone_takes_servers_as_soon_as_a_host_joins_it(deployment: Any) -> Non
                 dep.aggregate_remove_host(aggregate, last)
             dep.aggregate_add_host(aggregate, host)
             last = host
-            t1 = time.monotonic()
-            for i in range(SERVERS):
-                dep.boot(f"{name}-{i}", zone=zone)
-            servers = dep.wait_servers(name, SERVERS)
-            hosts = _hosts(servers)
-            reps.append(dict(host=host, in_zone=hosts.get(host, 0), servers=SERVERS,
-                             errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
-                             faults=_faults(servers)[:3],
-                             seconds=dict(move=round(t1 - t0, 2),
-                                          servers=round(time.monotonic() - t1, 1))))
+            servers, rep_figures = _one_by_one(dep, SERVERS, host, "in_zone", zone=zone,
+                                               move=round(time.monotonic() - t0, 2))
+            reps.append(rep_figures)
     finally:
-        FIGURES[dep.mode]["zone"] = dict(
-            in_zone=sum(r["in_zone"] for r in reps), servers=sum(r["servers"] for r in reps),
-            errors=sum(r["errors"] for r in reps), repetitions=len(reps), per_repetition=reps)
+        FIGURES[dep.mode]["zone"] = _totals(reps, "in_zone")
         if before is not None:
             FIGURES[dep.mode]["zone_candidates"] = _candidates(dep, before)
         if servers:
@@ -584,27 +598,17 @@ def test_a_tenant_aggregate_takes_its_tenants_servers_as_soon_as_it_names_the_te
         for host, aggregate in aggregates.items():
             dep.aggregate_add_host(aggregate, host)
         for host in order:
-            name = _name()
             t0 = time.monotonic()
             dep.set_aggregate_metadata(aggregates[host], {"filter_tenant_id": project})
             if named not in (None, host):
                 dep.set_aggregate_metadata(aggregates[named], {"filter_tenant_id": None})
             named = host
-            t1 = time.monotonic()
-            for i in range(TENANT_SERVERS):
-                dep.boot(f"{name}-{i}")
-            booted = dep.wait_servers(name, TENANT_SERVERS)
+            booted, rep_figures = _one_by_one(dep, TENANT_SERVERS, host, "on_host",
+                                              metadata=round(time.monotonic() - t0, 2))
             servers += booted
-            hosts = _hosts(booted)
-            reps.append(dict(host=host, on_host=hosts.get(host, 0), servers=TENANT_SERVERS,
-                             errors=len(_faults(booted)), hosts=dict(sorted(hosts.items())),
-                             faults=_faults(booted)[:3],
-                             seconds=dict(metadata=round(t1 - t0, 2),
-                                          servers=round(time.monotonic() - t1, 1))))
+            reps.append(rep_figures)
     finally:
-        FIGURES[dep.mode]["tenant"] = dict(
-            on_host=sum(r["on_host"] for r in reps), servers=sum(r["servers"] for r in reps),
-            errors=sum(r["errors"] for r in reps), repetitions=len(reps), per_repetition=reps)
+        FIGURES[dep.mode]["tenant"] = _totals(reps, "on_host")
         if before is not None:
             FIGURES[dep.mode]["tenant_candidates"] = _candidates(dep, before)
         # the project goes anywhere again before anything else runs
