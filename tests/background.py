@@ -1,8 +1,9 @@
 """Test modules that run in a pytest process of their own, beside the rest of the suite.
 
-A module marked ``background`` (tests/deployment: a real nova deployment, minutes of
-waiting on its processes) runs in a child ``python -m pytest`` started once collection has
-selected its tests, while the parent runs everything else; both cores work instead of one.
+The modules marked ``background`` (tests/deployment: a real nova deployment, minutes of
+waiting on its processes; the simulator's longest modules) run one after another in one
+child ``python -m pytest`` started once collection has selected their tests, while the
+parent runs everything else; both cores work instead of one.
 In the parent each of its tests is a :class:`BackgroundTest` with the same node id, markers
 and place in the report: put after the other tests, it waits for the child's report of that
 test and ends as it did there (passed, failed with the child's traceback, skipped).
