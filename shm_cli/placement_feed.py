@@ -60,6 +60,10 @@ class FeedCollector(reporter_metrics.ReporterCollector):
         yield GaugeMetricFamily("shm_placement_feed_dirty", "Providers waiting to be read and "
                                 "published again (an unconfirmed publish, a deferred read).",
                                 value=f["dirty"])
+        yield GaugeMetricFamily("shm_placement_feed_over_capacity_providers", "Providers whose "
+                                "usage in placement exceeds what placement's claims allow "
+                                "((total - reserved) * allocation_ratio), in any class.",
+                                value=f["over_capacity"])
         age = f["last_poll_age"]
         yield GaugeMetricFamily("shm_placement_feed_last_poll_age_seconds", "Seconds since the "
                                 "feed's last poll that reached placement's database (NaN: none "
@@ -75,7 +79,9 @@ class FeedCollector(reporter_metrics.ReporterCollector):
 
 def status_extra(feed: PlacementFeed) -> dict[str, Any]:
     """The feed's keys in /status (what ``shm status`` shows as "placement feed")."""
-    return {"placement_feed": feed.figures()}
+    over = {name: {rc: [used, cap] for rc, (used, cap) in classes.items()}
+            for name, classes in feed.over_capacity.values()}
+    return {"placement_feed": {**feed.figures(), "over_capacity_providers": over}}
 
 
 def summary(service: ReporterService, feed: PlacementFeed) -> str:

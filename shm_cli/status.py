@@ -181,6 +181,10 @@ def _rows(st: dict[str, Any]) -> dict[str, str]:
         rows["placement feed"] = (f"{feed['providers']} providers, last poll "
                                   f"{_age(feed.get('last_poll_age'))} ago; {feed.get('dirty', 0)} "
                                   f"dirty, {feed.get('errors', 0)} failed polls")
+        over = feed.get("over_capacity_providers") or {}
+        if over:
+            rows["placement feed"] += (f"; [red]over capacity: {', '.join(sorted(over)[:3])}"
+                                       f"{' ...' if len(over) > 3 else ''}[/red]")
     view = st.get("placement")
     if view:
         rows["placement view"] = _placement_view(view)

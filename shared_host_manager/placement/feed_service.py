@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from oslo_config import cfg
@@ -59,6 +59,7 @@ from protocol.hostdoc import PLACEMENT, PLACEMENT_META, PLACEMENT_POLL, POLL_STA
 from shared_host_manager.conf import placement_feed as feed_conf
 from shared_host_manager.placement.database import PlacementDatabase
 from shared_host_manager.placement.feed import FeedMachine
+from shared_host_manager.placement.state import Provider
 
 LOG = logging.getLogger(__name__)
 
@@ -93,6 +94,9 @@ class PlacementFeed:
         #: calls of ``confirm`` that raised (taken as unconfirmed)
         self.confirm_errors = 0
         self.last_poll_ok: float | None = None
+        #: providers holding more than placement's claims allow: uuid -> (name, {rc: (used,
+        #: capacity)}); replaced, never changed in place (the metrics thread reads it)
+        self.over_capacity: dict[str, tuple[str, dict[str, tuple[int, float]]]] = {}
 
     # -- ResourceTracker -----------------------------------------------------------------
 
@@ -134,6 +138,7 @@ class PlacementFeed:
         providers = self.db.read_all()
         self.meta = self._read_meta()
         self.machine.start(providers, fingerprint, self.clock())
+        self._check_capacity(providers)
         self._loaded = True
         LOG.info("placement feed: %d resource providers read from placement's database",
                  len(providers))
@@ -173,6 +178,7 @@ class PlacementFeed:
             to_read, deleted = self.machine.plan(listing, fingerprint, now)
             read = self.db.read(to_read)
             changes = self.machine.changes(to_read, read, deleted)
+            self._check_capacity(changes)
             ops = [[SET, PLACEMENT, u, p] if p is not None else [DEL, PLACEMENT, u]
                    for u, p in changes.items()]
             meta = self._read_meta()
@@ -196,6 +202,32 @@ class PlacementFeed:
         self.last_poll_ok = now
         return changes
 
+    def _check_capacity(self, providers: Mapping[str, Mapping[str, Any] | None]) -> None:
+        """:attr:`over_capacity` for ``providers`` (uuid -> provider dict, None: deleted), and a
+        warning for each one that goes over or whose excess changes.  The feed is the one
+        process that sees placement's usages beside its inventories: a provider over capacity
+        is an inventory lowered under its allocations, or a claim placement should have
+        refused, which nothing else reports."""
+        storage = self.db.allocation_ratio_storage
+        over = dict(self.over_capacity)
+        for uuid, doc in providers.items():
+            was = over.pop(uuid, None)
+            now = Provider.from_dict(doc).over_capacity(storage) if doc is not None else {}
+            if now:
+                name = str(doc.get("name", uuid)) if doc is not None else uuid
+                over[uuid] = (name, now)
+                if was is None or was[1] != now:
+                    LOG.warning(
+                        "placement feed: resource provider %s (%s) holds more than its capacity: "
+                        "%s. Either its inventory was lowered under its allocations, or placement "
+                        "accepted a claim beyond capacity: placement.conf's [placement] "
+                        "allocation_conflict_retry_count = 1 avoids that", name, uuid,
+                        ", ".join(f"{rc} {used} of {cap:.15g}" for rc, (used, cap) in sorted(now.items())))
+            elif was is not None:
+                LOG.info("placement feed: resource provider %s (%s) is within its capacity again",
+                         was[0], uuid)
+        self.over_capacity = over
+
     def _confirmed(self) -> bool:
         """``confirm()``, an exception taken as "not confirmed": the providers stay dirty and are
         read and published again at the next poll, as after a timeout."""
@@ -211,6 +243,7 @@ class PlacementFeed:
         return {"providers": len(self.machine.document), "dirty": len(self.machine.dirty),
                 "errors": self.errors, "polls_with_changes": self.polls_with_changes,
                 "confirm_errors": self.confirm_errors,
+                "over_capacity": len(self.over_capacity),
                 # seconds since the last poll that reached the database (None: none yet)
                 "last_poll_age": None if self.last_poll_ok is None
                 else max(0.0, self.clock() - self.last_poll_ok),

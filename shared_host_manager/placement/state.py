@@ -142,6 +142,11 @@ class Inventory:
             raise ValueError(f"step_size must be >= 1, got {inv.step_size}")
         return inv
 
+    def capacity(self, storage: str = "double") -> float:
+        """What placement's claim lets be allocated in all (``_check_capacity_exceeded``:
+        ``(total - reserved) * allocation_ratio``, the ratio as its Python side reads it)."""
+        return (self.total - self.reserved) * ratios(self.allocation_ratio, storage)[1]
+
     def to_dict(self) -> dict[str, Any]:
         return {"total": self.total, "reserved": self.reserved, "min_unit": self.min_unit,
                 "max_unit": self.max_unit, "step_size": self.step_size,
@@ -184,6 +189,13 @@ class Provider:
     @property
     def nested(self) -> bool:
         return self.parent_provider_uuid is not None or self.root_provider_uuid != self.uuid
+
+    def over_capacity(self, storage: str = "double") -> dict[str, tuple[int, float]]:
+        """The resource classes this provider holds more of than placement's claim allows:
+        rc -> (used, capacity).  Placement keeps allocations an inventory change leaves
+        beyond capacity; any other excess is a claim it should have refused."""
+        return {rc: (used, inv.capacity(storage)) for rc, inv in self.inventories.items()
+                if (used := self.usages.get(rc, 0)) > inv.capacity(storage)}
 
     @property
     def canonical(self) -> bool:
@@ -229,14 +241,14 @@ class _Columns:
             setattr(self, name, new)
 
     def set(self, slot: int, inv: Inventory, used: int, storage: str) -> None:
-        sql_ratio, py_ratio = ratios(inv.allocation_ratio, storage)
+        sql_ratio = ratios(inv.allocation_ratio, storage)[0]
         self.has[slot] = True
         self.min_unit[slot] = inv.min_unit
         self.max_unit[slot] = inv.max_unit
         self.step[slot] = inv.step_size
         self.used[slot] = used
         self.avail[slot] = (inv.total - inv.reserved) * sql_ratio
-        self.cap[slot] = int((inv.total - inv.reserved) * py_ratio)
+        self.cap[slot] = int(inv.capacity(storage))
 
     def clear(self, slot: int) -> None:
         self.has[slot] = False

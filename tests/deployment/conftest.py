@@ -11,7 +11,10 @@ Sizes: ``SHM_DEPLOYMENT_COMPUTES`` (4), ``SHM_DEPLOYMENT_REPEATS`` (2: repetitio
 the forced-down and disabled checks), ``SHM_DEPLOYMENT_SERVERS`` (6 per repetition),
 ``SHM_DEPLOYMENT_MODES`` (``dropin``). ``SHM_DEPLOYMENT_FIGURES=FILE`` writes the
 figures of the run as JSON; ``SHM_DEPLOYMENT_KEEP=1`` keeps every run directory (the
-logs; a failed run's is always kept).
+logs; a failed run's is always kept); ``SHM_DEPLOYMENT_DEBUG=1`` has every service log at
+debug level (nova's scheduler then logs the hosts it weighed and claimed);
+``SHM_DEPLOYMENT_PLACEMENT_RETRIES`` is placement's ``[placement]
+allocation_conflict_retry_count`` (1, as docs/deploy-nova.md says; placement's default is 10).
 """
 
 from __future__ import annotations
@@ -52,7 +55,10 @@ def deployment(request: pytest.FixtureRequest) -> Any:
     if missing:
         pytest.fail(f"{mode} mode cannot be deployed: " + "; ".join(missing), pytrace=False)
     started = time.monotonic()
-    dep = nd.Deployment(mode, computes=COMPUTES)
+    dep = nd.Deployment(mode, computes=COMPUTES,
+                        debug=os.environ.get("SHM_DEPLOYMENT_DEBUG") == "1",
+                        placement_retries=int(os.environ.get("SHM_DEPLOYMENT_PLACEMENT_RETRIES",
+                                                             "1")))
     dep.start()
     FIGURES.setdefault(mode, {})["start_seconds"] = round(time.monotonic() - started, 1)
     failed_before = request.session.testsfailed

@@ -36,6 +36,7 @@ keeps it running until interrupted (its endpoints and run directory are printed)
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import re
@@ -97,6 +98,8 @@ COMPUTE_RPC_TIMEOUT = 15
 FLAVORS = {"shm.tiny": dict(ram=64, vcpus=1, disk=1),  # every server boots with it
            "shm.small": dict(ram=128, vcpus=2, disk=2)}  # the resize check's
 ADMIN_TOKEN = "admin:admin"
+#: the scheduler processes: the first runs always, the second while a check needs two
+SCHEDULERS = ("scheduler", "scheduler-2")
 
 
 class DeploymentError(RuntimeError):
@@ -248,7 +251,7 @@ class Deployment:
     """A nova deployment of ``computes`` fake-driver computes in ``mode`` (see the module doc)."""
 
     def __init__(self, mode: str = "stock", *, computes: int = 4, workdir: str | None = None,
-                 api_workers: int = 2, debug: bool = False) -> None:
+                 api_workers: int = 2, debug: bool = False, placement_retries: int = 1) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {sorted(MODES)}")
         self.mode = mode
@@ -261,12 +264,12 @@ class Deployment:
         self.api_workers = api_workers
         self.conductor_workers = 1
         self.debug = debug
+        self.placement_retries = placement_retries
         self.ports = {name: free_port() for name in ("api", "placement", "fakes")}
-        publishers = ["scheduler", *self.hosts] + (["placement-feed"] if mode == "dropin" else [])
+        publishers = [*SCHEDULERS, *self.hosts] + (["placement-feed"] if mode == "dropin" else [])
         self.metrics_ports = {name: free_port() for name in publishers}
         self.processes: dict[str, Process] = {}
         self.cell1_uuid: str | None = None
-        self.flavor_id: str | None = None
         self.flavor_ids: dict[str, str] = {}
         self.timings: dict[str, float] = {}
         self._conn: openstack.connection.Connection | None = None
@@ -288,7 +291,9 @@ class Deployment:
         return f"http://127.0.0.1:{self.ports['fakes']}"
 
     def metrics_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{port}" for port in self.metrics_ports.values()]
+        """The endpoints of the publishers that run (a second scheduler only while started)."""
+        return [f"http://127.0.0.1:{port}" for name, port in self.metrics_ports.items()
+                if name in self.processes]
 
     def db_url(self, name: str) -> str:
         return (f"mysql+pymysql://{MYSQL['user']}:{MYSQL['password']}@{MYSQL['host']}:"
@@ -319,7 +324,6 @@ class Deployment:
             self.timings["control"] = time.monotonic() - t0
             self._start_computes()
             self.flavor_ids = {name: self._ensure_flavor(name) for name in FLAVORS}
-            self.flavor_id = self.flavor_ids["shm.tiny"]
             self.timings["ready"] = time.monotonic() - t0
         except BaseException:
             self.stop(keep=True)
@@ -471,7 +475,8 @@ class Deployment:
         if cache:
             # a compute silent for SERVICE_DOWN_TIME is down in the drop-in's own view too
             # (/status), as it is for nova's ComputeFilter
-            sections["cache"] = dict(name=cache, down_interval=SERVICE_DOWN_TIME)
+            sections["cache"] = dict(name=cache, down_interval=SERVICE_DOWN_TIME,
+                                     membership_interval=1)
         if reporter:
             sections["reporter"] = dict(name=reporter)
         # the API-side sources (nova-api's workers, nova-conductor): any free port each, so
@@ -487,6 +492,9 @@ class Deployment:
             database=dict(connection=self.db_url("nova_cell0")))))
         (etc / "placement.conf").write_text(self._ini({
             "DEFAULT": dict(debug=self.debug),
+            # as docs/deploy-nova.md says (placement.conf): placement's own default retries a
+            # claim that lost a generation race in its transaction, which can overcommit
+            "placement": dict(allocation_conflict_retry_count=self.placement_retries),
             "api": dict(auth_strategy="noauth2"),
             "placement_database": dict(connection=self.db_url("placement")),
             "oslo_concurrency": dict(lock_path=self.dir / "lock"),
@@ -515,8 +523,13 @@ class Deployment:
             (etc / "shm-placement-feed.conf").write_text(feed)
         nova("api", self._shm_conf(reporter="api"))
         nova("conductor", self._shm_conf(reporter="conductor"))
-        nova("scheduler", self._shm_conf(cache="sched-1",
-                                         metrics_port=self.metrics_ports["scheduler"]))
+        for i, name in enumerate(SCHEDULERS, 1):
+            # several schedulers as docs/deploy-nova.md recommends: each puts the best host it
+            # owns first, and tells its peers what it claims; the second runs on a host of
+            # its own (nova's service record) and only while a check starts it
+            nova(name, self._shm_conf(cache=f"sched-{i}", metrics_port=self.metrics_ports[name]),
+                 DEFAULT=dict(host=name) if i > 1 else {},
+                 **({"shared_host_manager": dict(host_ownership=True)} if shm else {}))
         for host in self.hosts:
             state = self.dir / "state" / host
             state.mkdir(parents=True, exist_ok=True)
@@ -687,6 +700,19 @@ class Deployment:
             return set(self.hosts) <= fresh
         wait_until(reported, timeout, f"every compute reporting after {since.isoformat()}")
 
+    def start_scheduler(self, name: str = SCHEDULERS[1]) -> None:
+        """Start a further scheduler process (one of SCHEDULERS) and wait until it serves;
+        ``stop_scheduler`` stops it again (its service record stays, down)."""
+        if name not in self.processes:
+            self.processes[name] = self._service(name, self.names["scheduler"])
+            self.processes[name].log.touch()
+        self.restart(name)
+
+    def stop_scheduler(self, name: str = SCHEDULERS[1]) -> None:
+        proc = self.processes.pop(name, None)
+        if proc is not None:
+            proc.stop()
+
     def restart(self, *names: str) -> None:
         """Restart processes by name (``api``, ``conductor``, ``scheduler``, ``compute-N``)
         and wait until they serve again."""
@@ -729,11 +755,28 @@ class Deployment:
                 return str(flavor.id)
         return str(self.conn.compute.create_flavor(name=name, **FLAVORS[name]).id)
 
-    @staticmethod
-    def flavor_resources(name: str) -> dict[str, int]:
+    def create_flavor(self, name: str, ram: int, vcpus: int = 1, disk: int = 1) -> str:
+        """``openstack flavor create``: a flavor ``boot`` and ``resize`` then take by name."""
+        flavor_id = str(self.conn.compute.create_flavor(name=name, ram=ram, vcpus=vcpus,
+                                                        disk=disk).id)
+        self.flavor_ids[name] = flavor_id
+        return flavor_id
+
+    def delete_flavor(self, name: str) -> None:
+        self.conn.compute.delete_flavor(self.flavor_ids.pop(name), ignore_missing=True)
+
+    def inventories(self, rp: ResourceProvider) -> dict[str, dict[str, Any]]:
+        """Placement's inventories of ``rp``: resource class -> total, reserved,
+        allocation_ratio, min_unit, max_unit, step_size."""
+        inventories: dict[str, dict[str, Any]] = \
+            self.conn.placement.get(f"/resource_providers/{rp.id}/inventories").json()[
+                "inventories"]
+        return inventories
+
+    def flavor_resources(self, name: str) -> dict[str, int]:
         """What a server of flavor ``name`` holds in placement."""
-        f = FLAVORS[name]
-        return {"VCPU": f["vcpus"], "MEMORY_MB": f["ram"], "DISK_GB": f["disk"]}
+        f = self.conn.compute.get_flavor(self.flavor_ids[name])
+        return {"VCPU": f.vcpus, "MEMORY_MB": f.ram, "DISK_GB": f.disk}
 
     def services(self, binary: str = "nova-compute") -> list[Service]:
         return list(self.conn.compute.services(binary=binary))
@@ -794,17 +837,21 @@ class Deployment:
         self.conn.compute.delete_aggregate(aggregate, ignore_missing=False)
 
     def boot(self, name: str, count: int = 1, *, group: str | None = None,
-             zone: str | None = None) -> None:
-        """One create request for ``count`` servers named ``name-<i>`` (in availability zone
-        ``zone`` when given)."""
+             zone: str | None = None, flavor: str = "shm.tiny") -> None:
+        """One create request for ``count`` servers named ``name-<i>`` of ``flavor`` (in
+        availability zone ``zone`` when given)."""
         attrs: dict[str, Any] = dict(name=name, image_id=_fakes().IMAGE_ID,
-                                     flavor_id=self.flavor_id, networks="none",
+                                     flavor_id=self.flavor_ids[flavor], networks="none",
                                      min_count=count, max_count=count)
         if group:
             attrs["scheduler_hints"] = {"group": group}
         if zone:
             attrs["availability_zone"] = zone
         self.conn.compute.create_server(**attrs)
+
+    def boot_at_once(self, names: Iterable[str], flavor: str = "shm.tiny") -> None:
+        """One create request per name, all sent at the same time (a thread each)."""
+        self._parallel([functools.partial(self.boot, n, flavor=flavor) for n in names])
 
     def server(self, sid: str) -> Server:
         return self.conn.compute.get_server(sid)
@@ -923,10 +970,10 @@ class Deployment:
                 return str(hypervisor.id)
         raise DeploymentError(f"no hypervisor of {host}")
 
-    def scheduler_metrics(self) -> dict[str, float]:
-        """The scheduler's Prometheus samples, ``name{labels}`` -> value."""
-        _, text = http_get(f"http://127.0.0.1:{self.metrics_ports['scheduler']}/metrics",
-                           timeout=10)
+    def metrics(self, name: str = SCHEDULERS[0]) -> dict[str, float]:
+        """The Prometheus samples of the drop-in process ``name`` (a scheduler by default, the
+        placement feed, a compute), ``name{labels}`` -> value."""
+        _, text = http_get(f"http://127.0.0.1:{self.metrics_ports[name]}/metrics", timeout=10)
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
@@ -936,7 +983,7 @@ class Deployment:
 
     def goodbyes(self) -> int:
         """Goodbyes the scheduler has applied so far (drop-in mode)."""
-        return int(self.scheduler_metrics().get('shm_receiver_events_total{event="goodbyes"}', 0))
+        return int(self.metrics().get('shm_receiver_events_total{event="goodbyes"}', 0))
 
     def verify(self, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """``shm status --verify`` on the scheduler's and the computes' endpoints."""
@@ -948,6 +995,19 @@ class Deployment:
             raise DeploymentError(f"shm status --verify -> {proc.returncode}:\n"
                                   f"{proc.stdout}{proc.stderr}")
         return proc
+
+    def log_sizes(self, *names: str) -> dict[str, int]:
+        """Where the logs of ``names`` end now: ``log_count``'s ``since``."""
+        return {n: self.processes[n].log.stat().st_size for n in names}
+
+    def log_count(self, text: str, since: dict[str, int]) -> int:
+        """Lines holding ``text`` in the logs of ``since``'s processes, written after it."""
+        count = 0
+        for name, offset in since.items():
+            with open(self.processes[name].log, "rb") as f:
+                f.seek(offset)
+                count += sum(text.encode() in line for line in f)
+        return count
 
     def logs(self, *names: str, lines: int = 30) -> str:
         names = names or tuple(self.processes)

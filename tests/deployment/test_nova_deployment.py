@@ -18,6 +18,7 @@ import pytest
 from nova_deployment import (
     ADMIN_TOKEN,
     FIGURES,
+    SCHEDULERS,
     SERVICE_DOWN_TIME,
     STREAM_HEARTBEAT,
     DeploymentError,
@@ -30,6 +31,9 @@ SERVERS = int(os.environ.get("SHM_DEPLOYMENT_SERVERS", "6"))
 #: the tenant check's: each of its two aggregates named again after another worker unnamed it
 TENANT_REPEATS = max(REPEATS, 8)
 TENANT_SERVERS = max(SERVERS // 2, 1)
+#: the two-scheduler check's: servers of its flavor each compute holds, and requests beyond
+SLOTS = 3
+BEYOND = 2
 
 # background: the module runs beside the rest of the suite, in a pytest process of its own
 pytestmark = [pytest.mark.deployment, pytest.mark.background, pytest.mark.slow,
@@ -121,11 +125,117 @@ def test_anti_affinity(deployment: Any) -> None:
         dep.delete_group(group)
 
 
+def _slot_flavor(dep: Any) -> str:
+    """A flavor of which every compute holds exactly SLOTS servers, its name: its memory is
+    the smallest compute's allocatable memory over SLOTS (vcpus and disk hold far more)."""
+    def allocatable(inventory: dict[str, Any]) -> int:
+        return int((inventory["total"] - inventory["reserved"]) * inventory["allocation_ratio"])
+    ram = min(allocatable(dep.inventories(rp)["MEMORY_MB"]) for rp in dep.resource_providers())
+    name = "shm.slot"
+    dep.create_flavor(name, ram // SLOTS)
+    return name
+
+
+def _claims(dep: Any, since: dict[str, float] | None = None) -> dict[str, float]:
+    """The drop-in schedulers' claims sent to placement and refused, claims not sent (the
+    view knew placement would refuse them), and candidate requests each answered from
+    memory; counted since ``since``."""
+    now: collections.Counter[str] = collections.Counter()
+    for name in SCHEDULERS:
+        m = dep.metrics(name)
+        for key, value in m.items():
+            if key.startswith("shm_placement_requests_total{"):
+                kind = key.partition('kind="')[2].partition('"')[0]
+                if kind in ("claim", "claim_refused"):
+                    now[kind] += int(value)
+        now["claims_skipped"] += int(m.get("shm_placement_claims_skipped_total", 0))
+        now[f"{name}_from_memory"] = int(_candidates(dep, scheduler=name)["from_memory"])
+    return {k: v - (since or {}).get(k, 0.0) for k, v in now.items()}
+
+
+def _feed_over_capacity(dep: Any, used: dict[str, int]) -> int:
+    """The placement feed's count of providers over capacity, once it agrees with placement's
+    usages (``used``: servers' worth per compute) or 10 s passed."""
+    over = sum(n > SLOTS for n in used.values())
+
+    def count() -> int:
+        return int(dep.metrics("placement-feed").get("shm_placement_feed_over_capacity_providers",
+                                                     -1))
+    try:
+        wait_until(lambda: count() == over, 10, f"the feed to count {over} over capacity")
+    except DeploymentError:
+        pass  # the figure says what it counted
+    return count()
+
+
+def test_two_schedulers_fill_every_compute_to_its_last_slot(deployment: Any) -> None:
+    """Two scheduler processes, nova's requests going to either as RabbitMQ hands them out,
+    and a flavor of which each compute holds SLOTS servers.  REPEATS times, one create
+    request per slot and BEYOND more, all sent at once: every compute full with SLOTS ACTIVE
+    servers, exactly BEYOND in ERROR (no valid host).  Schedulers deciding at the same moment
+    race for the last slots; placement refuses the loser's claim and it tries its next host.
+    A drop-in view holding a free slot as taken (a peer's claim placement refused, a deleted
+    server) would put a server in ERROR with room left.  Placement must hold SLOTS servers'
+    resources on each compute, each server's on its own host: with its default
+    ``allocation_conflict_retry_count`` placement itself accepts a claim beyond a compute's
+    capacity now and then (docs/deploy-nova.md, placement.conf).  Each repetition starts as
+    soon as placement shows the last one's servers gone."""
+    dep = deployment
+    _clean(dep)
+    dep.start_scheduler()
+    flavor = _slot_flavor(dep)
+    resources = dep.flavor_resources(flavor)
+    count = SLOTS * len(dep.hosts) + BEYOND
+    reps: list[dict[str, Any]] = []
+    servers: list[Server] = []
+    try:
+        for _ in range(REPEATS):
+            if servers:
+                dep.delete_servers(servers)
+                servers = []
+                assert not _wait_zero_usage(dep), "usage left after the servers' deletion"
+            name = _name()
+            logs = dep.log_sizes(*SCHEDULERS)
+            claims = _claims(dep) if dep.mode == "dropin" else None
+            t0 = time.monotonic()
+            dep.boot_at_once([f"{name}-{i}" for i in range(count)], flavor=flavor)
+            servers = dep.wait_servers(name, count, timeout=300)
+            active = [s for s in servers if s.status == "ACTIVE"]
+            held = {s.name: dep.allocations(s.id) for s in servers}
+            rep = dict(active=len(active), errors=count - len(active),
+                       hosts=dict(sorted(_hosts(active).items())),
+                       held_elsewhere={s.name: held[s.name] for s in servers
+                                       if held[s.name] != ({s.compute_host: resources}
+                                                           if s.status == "ACTIVE" else {})},
+                       used={rp: u.get("MEMORY_MB", 0) // (resources["MEMORY_MB"] or 1)
+                             for rp, u in sorted(dep.usages().items())},
+                       faults=sorted(set(_faults(servers)))[:2],
+                       refused_in_logs=dep.log_count("Failed to save allocation", logs),
+                       seconds=round(time.monotonic() - t0, 1))
+            if claims is not None:
+                rep.update(_claims(dep, claims))
+                rep["feed_over_capacity"] = _feed_over_capacity(dep, rep["used"])
+            reps.append(rep)
+    finally:
+        FIGURES[dep.mode]["two_schedulers"] = dict(
+            slots=SLOTS, requests=count, repetitions=len(reps),
+            refused=sum(r["refused_in_logs"] for r in reps), per_repetition=reps)
+        if servers:
+            dep.delete_servers(servers)
+        dep.delete_flavor(flavor)
+        dep.stop_scheduler()
+    full = {host: SLOTS for host in dep.hosts}
+    bad = [r for r in reps if r["hosts"] != full or r["used"] != full or r["held_elsewhere"]
+           or r["errors"] != BEYOND or not all("No valid host" in f for f in r["faults"])
+           or r.get("feed_over_capacity", 0) != 0]
+    assert not bad, f"not every compute full with {SLOTS} servers and {BEYOND} in ERROR: {bad}"
+
+
 def _stream_lag(dep: Any) -> float | None:
     """How far behind its streams the drop-in's scheduler is, in seconds (stock: None)."""
     if dep.mode != "dropin":
         return None
-    lags = [v for k, v in dep.scheduler_metrics().items() if k.startswith("shm_stream_lag_seconds")]
+    lags = [v for k, v in dep.metrics().items() if k.startswith("shm_stream_lag_seconds")]
     return max(lags, default=None)
 
 
@@ -259,11 +369,12 @@ def test_deleted_servers_leave_no_usage(deployment: Any) -> None:
         assert not allocs, f"{server.name}: allocations left {allocs}"
 
 
-def _candidates(dep: Any, since: dict[str, float] | None = None) -> dict[str, float]:
+def _candidates(dep: Any, since: dict[str, float] | None = None,
+                scheduler: str = SCHEDULERS[0]) -> dict[str, float]:
     """The drop-in scheduler's allocation candidate requests answered from memory, sent to
     placement, and those that waited for a poll of the placement feed begun after they
     arrived (read-your-writes); counted since ``since``."""
-    m = dep.scheduler_metrics()
+    m = dep.metrics(scheduler)
     now = dict(
         from_memory=sum(v for k, v in m.items() if k.startswith(
             "shm_allocation_candidates_total{") and 'source="memory"' in k),

@@ -63,7 +63,7 @@ def running() -> Iterator[tuple[Any, ...]]:
                  scheduler_metrics.serve(sched, _conf(), port=0)]
     try:
         wait_for(lambda: sched.placement_view.status()["providers"] == 3, what="the placement view")
-        yield feed, sched, [e.url for e in endpoints if e is not None]
+        yield feed, sched, [e.url for e in endpoints if e is not None], p
     finally:
         for e in endpoints:
             if e is not None:
@@ -76,7 +76,7 @@ def running() -> Iterator[tuple[Any, ...]]:
 
 
 def test_status_shows_the_feed_and_the_view_and_verify_counts_the_feed(running, capsys) -> None:
-    feed, sched, urls = running
+    feed, sched, urls, _ = running
     with sched.cache.lock:
         assert not is_host(sched.receiver.sources[feed.source].doc)
         assert live_peers(sched.receiver, sched.clock()) == []
@@ -94,3 +94,44 @@ def test_status_shows_the_feed_and_the_view_and_verify_counts_the_feed(running, 
     out = capsys.readouterr().out
     assert "placement feed" in out and "placement view" in out
     assert "verify: 1 sources of 1 reporter(s), 1 scheduler(s)" in out and "all 1 agree" in out
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} at {url}")
+
+
+def _inventory(p: RealPlacement, rp: str, total: int) -> None:
+    generation = p.ok("GET", f"/resource_providers/{rp}")["generation"]
+    p.ok("PUT", f"/resource_providers/{rp}/inventories",
+         {"resource_provider_generation": generation, "inventories": {"VCPU": {"total": total}}})
+
+
+def test_a_provider_over_capacity_is_warned_counted_and_shown_until_it_fits_again(
+        running, caplog) -> None:
+    """placement keeps an inventory lowered under its allocations (it only logs it); the
+    feed, the one process that reads usages beside inventories, says so: a warning naming
+    the provider and the class, the gauge, /status and ``shm status``; and once the
+    inventory holds its usage again, that it does."""
+    feed, _, urls, p = running
+    rp, name = UUIDS[0], "cn-" + UUIDS[0][:8]
+    p.ok("PUT", f"/allocations/{UUIDS[2]}",
+         {"allocations": {rp: {"resources": {"VCPU": 6}}}, "project_id": "p", "user_id": "u",
+          "consumer_generation": None, "consumer_type": "INSTANCE"})
+    assert _metric(urls[0], "shm_placement_feed_over_capacity_providers") == 0.0
+    caplog.set_level("INFO", logger="shared_host_manager.placement.feed_service")
+    _inventory(p, rp, 4)
+    wait_for(lambda: feed.figures()["over_capacity"] == 1, what="the feed to see the excess")
+    assert f"resource provider {name} ({rp}) holds more than its capacity: VCPU 6 of 4" \
+        in caplog.text
+    assert _metric(urls[0], "shm_placement_feed_over_capacity_providers") == 1.0
+    feed_st = status_cli.fetch(urls[0])
+    assert feed_st["placement_feed"]["over_capacity_providers"] == {name: {"VCPU": [6, 4.0]}}
+    assert f"over capacity: {name}" in status_cli._rows(feed_st)["placement feed"]
+    _inventory(p, rp, 8)
+    wait_for(lambda: feed.figures()["over_capacity"] == 0, what="the feed to see it fit")
+    assert f"resource provider {name} ({rp}) is within its capacity again" in caplog.text
+    assert "over capacity" not in status_cli._rows(status_cli.fetch(urls[0]))["placement feed"]

@@ -23,7 +23,7 @@ from shared_host_manager.placement import (
     parse_querystring,
 )
 from shared_host_manager.placement.query import query_of_resource_request
-from shared_host_manager.placement.state import ratios
+from shared_host_manager.placement.state import Provider, ratios
 
 AGG = "aaaaaaaa-0000-4000-8000-000000000001"
 
@@ -294,6 +294,18 @@ def test_single_precision_ratios() -> None:
     assert body["provider_summaries"][uuid(1)]["resources"]["VCPU"]["capacity"] == 7
     # 7 fits int(10 * 0.7) but not 10 * 0.699999988
     assert uuids(answer(s, "resources=VCPU:7")) == []
+
+
+def test_over_capacity_is_usage_beyond_what_placements_claim_allows() -> None:
+    # placement's claim: used + amount <= (total - reserved) * ratio, the ratio read back
+    p = Provider.from_dict({**prov(1), "inventories": {
+        "VCPU": {"total": 10, "reserved": 2, "allocation_ratio": 1.5},
+        "MEMORY_MB": {"total": 10, "allocation_ratio": 0.7}},
+        "usages": {"VCPU": 12, "MEMORY_MB": 7}})
+    assert p.over_capacity("double") == {}
+    assert p.over_capacity("single") == {}  # 7 <= 10 * 0.7 as placement reads 0.7 back
+    more = Provider.from_dict({**p.to_dict(), "usages": {"VCPU": 13, "MEMORY_MB": 8, "DISK_GB": 5}})
+    assert more.over_capacity() == {"VCPU": (13, 12.0), "MEMORY_MB": (8, 7.0)}
 
 
 @pytest.mark.nova
