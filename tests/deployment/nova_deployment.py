@@ -265,7 +265,9 @@ class Deployment:
         self.conductor_workers = 1
         self.debug = debug
         self.placement_retries = placement_retries
-        self.ports = {name: free_port() for name in ("api", "placement", "fakes")}
+        #: "api" is served by every nova-api worker, "api-<i>" by worker i alone (api())
+        self.ports = {name: free_port() for name in (
+            "api", *(f"api-{i}" for i in range(1, api_workers + 1)), "placement", "fakes")}
         publishers = [*SCHEDULERS, *self.hosts] + (["placement-feed"] if mode == "dropin" else [])
         self.metrics_ports = {name: free_port() for name in publishers}
         self.processes: dict[str, Process] = {}
@@ -273,6 +275,7 @@ class Deployment:
         self.flavor_ids: dict[str, str] = {}
         self.timings: dict[str, float] = {}
         self._conn: openstack.connection.Connection | None = None
+        self._worker_conns: dict[int, openstack.connection.Connection] = {}
         self._created_dbs: list[str] = []
         self._vhost_created = False
 
@@ -592,7 +595,10 @@ class Deployment:
 
     # -- processes -------------------------------------------------------------------------
 
-    def _uwsgi(self, name: str, module: str, port: int, workers: int) -> Process:
+    def _uwsgi(self, name: str, module: str, port: int, workers: int,
+               worker_ports: Iterable[int] = ()) -> Process:
+        """uWSGI serving ``module`` on ``port`` with ``workers`` workers, and worker i alone on
+        the i-th of ``worker_ports`` (uWSGI's ``map-socket``)."""
         argv = [str(BIN / "uwsgi"), "--master", "--die-on-term", "--need-app",
                 "--http-socket", f"127.0.0.1:{port}", "--processes", str(workers),
                 "--threads", "1", "--enable-threads", "--virtualenv", sys.prefix,
@@ -603,6 +609,9 @@ class Deployment:
                 # uWSGI's http-socket closes every connection after its answer: say so, or
                 # clients that keep connections alive reuse a closed one
                 "--add-header", "Connection: close"]
+        for worker, worker_port in enumerate(worker_ports, 1):
+            argv += ["--http-socket", f"127.0.0.1:{worker_port}",
+                     "--map-socket", f"{worker}:{worker}"]
         if name == "api" and self.mode == "dropin":
             pass  # as etc/uwsgi/nova-api-shared.ini: the app loads in the master, workers fork
         else:
@@ -623,7 +632,8 @@ class Deployment:
                                  self._env(), self.dir / "logs" / "fakes.log")
         procs["placement"] = self._uwsgi("placement", "placement.wsgi.api:application",
                                          self.ports["placement"], 2)
-        procs["api"] = self._uwsgi("api", self.names["api"], self.ports["api"], self.api_workers)
+        procs["api"] = self._uwsgi("api", self.names["api"], self.ports["api"], self.api_workers,
+                                   [self.ports[f"api-{i}"] for i in range(1, self.api_workers + 1)])
         procs["conductor"] = self._service("conductor", self.names["conductor"])
         procs["scheduler"] = self._service("scheduler", self.names["scheduler"])
         if self.mode == "dropin":
@@ -747,6 +757,16 @@ class Deployment:
             self._conn = connect(self.api_url, self.placement_url)
         return self._conn
 
+    def api(self, worker: int | None = None) -> openstack.connection.Connection:
+        """The connection whose compute calls nova-api's worker ``worker`` (1, 2, ...) takes
+        alone; None: :attr:`conn`, any worker."""
+        if worker is None:
+            return self.conn
+        if worker not in self._worker_conns:
+            self._worker_conns[worker] = connect(
+                f"http://127.0.0.1:{self.ports[f'api-{worker}']}", self.placement_url)
+        return self._worker_conns[worker]
+
     # -- what the tests do -----------------------------------------------------------------
 
     def _ensure_flavor(self, name: str = "shm.tiny") -> str:
@@ -800,15 +820,17 @@ class Deployment:
         """``nova-manage cell_v2 discover_hosts``: maps computes that have no host mapping."""
         self._manage("cell_v2", "discover_hosts", "--verbose")
 
-    def force_down(self, host: str, down: bool = True) -> None:
-        self.conn.compute.update_service_forced_down(self.service(host), forced=down)
+    def force_down(self, host: str, down: bool = True, worker: int | None = None) -> None:
+        """``openstack compute service set [--down|--up]``, through nova-api's ``worker``."""
+        self.api(worker).compute.update_service_forced_down(self.service(host), forced=down)
 
-    def disable(self, host: str, disabled: bool = True) -> None:
+    def disable(self, host: str, disabled: bool = True, worker: int | None = None) -> None:
+        """``openstack compute service set [--disable|--enable]``, through ``worker``."""
         if disabled:
-            self.conn.compute.disable_service(self.service(host),
-                                              disabled_reason="deployment test")
+            self.api(worker).compute.disable_service(self.service(host),
+                                                     disabled_reason="deployment test")
         else:
-            self.conn.compute.enable_service(self.service(host))
+            self.api(worker).compute.enable_service(self.service(host))
 
     def create_group(self, name: str, policy: str = "anti-affinity") -> str:
         return str(self.conn.compute.create_server_group(name=name, policies=[policy]).id)
@@ -826,9 +848,11 @@ class Deployment:
     def aggregate_remove_host(self, aggregate: str, host: str) -> None:
         self.conn.compute.remove_host_from_aggregate(aggregate, host)
 
-    def set_aggregate_metadata(self, aggregate: str, metadata: dict[str, str | None]) -> None:
-        """``openstack aggregate set --property K=V`` (``unset`` for a None value)."""
-        self.conn.compute.set_aggregate_metadata(aggregate, metadata)
+    def set_aggregate_metadata(self, aggregate: str, metadata: dict[str, str | None],
+                               worker: int | None = None) -> None:
+        """``openstack aggregate set --property K=V`` (``unset`` for a None value), through
+        nova-api's ``worker``."""
+        self.api(worker).compute.set_aggregate_metadata(aggregate, metadata)
 
     def delete_aggregate(self, aggregate: str) -> None:
         """The aggregate without its hosts, then the aggregate (nova refuses one with hosts)."""
@@ -849,9 +873,12 @@ class Deployment:
             attrs["availability_zone"] = zone
         self.conn.compute.create_server(**attrs)
 
-    def boot_at_once(self, names: Iterable[str], flavor: str = "shm.tiny") -> None:
-        """One create request per name, all sent at the same time (a thread each)."""
-        self._parallel([functools.partial(self.boot, n, flavor=flavor) for n in names])
+    def boot_at_once(self, names: Iterable[str], flavor: str = "shm.tiny",
+                     group: str | None = None) -> None:
+        """One create request per name (in server group ``group``), all sent at the same
+        time (a thread each)."""
+        self._parallel([functools.partial(self.boot, n, flavor=flavor, group=group)
+                        for n in names])
 
     def server(self, sid: str) -> Server:
         return self.conn.compute.get_server(sid)
