@@ -280,6 +280,48 @@ def test_two_schedulers_keep_an_anti_affinity_group_apart(deployment: Any) -> No
     assert not bad, f"anti-affinity group members not one per compute, or in ERROR: {bad}"
 
 
+def test_two_schedulers_send_nothing_to_a_forced_down_or_disabled_compute(deployment: Any) -> None:
+    """Two scheduler processes; REPEATS times, one compute forced down (through nova-api's
+    first worker) and another disabled (through its second), a different pair each time, and
+    at once SERVERS create requests sent together: none lands on either, none in ERROR.  The
+    API call returns once its change is fenced at every scheduler (deploy-nova.md "Start"):
+    both schedulers must hold it for the requests either one decides."""
+    dep = deployment
+    _clean(dep)
+    dep.start_scheduler()
+    reps: list[dict[str, Any]] = []
+    servers: list[Server] = []
+    try:
+        for rep in range(REPEATS):
+            down, disabled = dep.hosts[rep % len(dep.hosts)], dep.hosts[(rep + 1) % len(dep.hosts)]
+            dep.force_down(down, True, worker=1)
+            dep.disable(disabled, True, worker=2)
+            name = _name()
+            t0 = time.monotonic()
+            dep.boot_at_once([f"{name}-{i}" for i in range(SERVERS)])
+            servers = dep.wait_servers(name, SERVERS, timeout=300)
+            hosts = _hosts(servers)
+            reps.append(dict(forced_down=down, on_forced_down=hosts.get(down, 0),
+                             disabled=disabled, on_disabled=hosts.get(disabled, 0),
+                             errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
+                             seconds=round(time.monotonic() - t0, 1)))
+            dep.delete_servers(servers)
+            servers = []
+            dep.force_down(down, False)
+            dep.disable(disabled, False)
+    finally:
+        FIGURES[dep.mode]["two_schedulers_excluded"] = dict(
+            on_excluded=sum(r["on_forced_down"] + r["on_disabled"] for r in reps),
+            servers=len(reps) * SERVERS, errors=sum(r["errors"] for r in reps),
+            repetitions=len(reps), per_repetition=reps)
+        if servers:
+            dep.delete_servers(servers)
+        dep.stop_scheduler()
+        _clean(dep)
+    bad = [r for r in reps if r["on_forced_down"] or r["on_disabled"] or r["errors"]]
+    assert not bad, f"servers on the forced-down or the disabled compute, or in ERROR: {bad}"
+
+
 def _stream_lag(dep: Any) -> float | None:
     """How far behind its streams the drop-in's scheduler is, in seconds (stock: None)."""
     if dep.mode != "dropin":
