@@ -28,6 +28,18 @@ IMAGE = {
     "updated_at": "2025-01-01T00:00:00Z", "file": f"/v2/images/{IMAGE_ID}/file",
     "self": f"/v2/images/{IMAGE_ID}", "schema": "/v2/schemas/image",
 }
+
+def _image(image_id: str, name: str, **properties: str) -> dict[str, Any]:
+    return {**IMAGE, "id": image_id, "name": name, "file": f"/v2/images/{image_id}/file",
+            "self": f"/v2/images/{image_id}", **properties}
+
+
+#: the rebuild check's: one the fake computes run (x86_64), one they cannot (aarch64:
+#: nova's ImagePropertiesFilter refuses every compute for it)
+REBUILD_IMAGE_ID = "2a6f1e9c-5f5d-4d49-9c43-6f1b3b2d0c02"
+FOREIGN_IMAGE_ID = "2a6f1e9c-5f5d-4d49-9c43-6f1b3b2d0c03"
+IMAGES = {i["id"]: i for i in (IMAGE, _image(REBUILD_IMAGE_ID, "cirros-new"),
+                               _image(FOREIGN_IMAGE_ID, "cirros-arm", hw_architecture="aarch64"))}
 # glanceclient builds its image model from this; nova takes the properties named here as
 # the image's own fields, any other as an image property
 IMAGE_SCHEMA = {"name": "image", "properties": {name: {} for name in IMAGE},
@@ -77,10 +89,11 @@ def application(environ: dict[str, Any], start_response: Any) -> list[bytes]:
     if path == "/v2/schemas/image":
         return _json(start_response, "200 OK", IMAGE_SCHEMA)
     if path == "/v2/images":
-        return _json(start_response, "200 OK", {"images": [IMAGE], "schema": "/v2/schemas/images"})
+        return _json(start_response, "200 OK", {"images": list(IMAGES.values()),
+                                                "schema": "/v2/schemas/images"})
     if path.startswith("/v2/images/"):
-        if path.split("/")[3] == IMAGE_ID:
-            return _json(start_response, "200 OK", IMAGE)
+        if path.split("/")[3] in IMAGES:
+            return _json(start_response, "200 OK", IMAGES[path.split("/")[3]])
         return _json(start_response, "404 Not Found", {"message": "no such image"})
     # neutron: every collection is empty, nothing else exists
     if path.startswith("/v2.0/"):

@@ -880,6 +880,11 @@ class Deployment:
         self._parallel([functools.partial(self.boot, n, flavor=flavor, group=group)
                         for n in names])
 
+    def rebuild(self, sid: str, image: str) -> None:
+        """``openstack server rebuild --image IMAGE``: the server on its own compute with
+        another image; nova asks the scheduler whether that compute fits the new image."""
+        self.conn.compute.rebuild_server(sid, image)
+
     def server(self, sid: str) -> Server:
         return self.conn.compute.get_server(sid)
 

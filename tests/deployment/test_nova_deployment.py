@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from deployment_fakes import FOREIGN_IMAGE_ID, REBUILD_IMAGE_ID
 from nova_deployment import (
     ADMIN_TOKEN,
     FIGURES,
@@ -822,6 +823,51 @@ def test_a_tenant_aggregate_takes_its_tenants_servers_as_soon_as_it_names_the_te
             dep.delete_servers(servers)
     bad = [r for r in reps if r["on_host"] != r["servers"] or r["errors"]]
     assert not bad, f"servers outside the tenant's aggregate or in ERROR: {bad}"
+
+
+def _image_of(server: Server) -> str:
+    return str((server.image or {}).get("id"))
+
+
+def test_a_rebuild_stays_on_its_compute_and_one_to_an_image_it_cannot_run_is_refused(
+        deployment: Any) -> None:
+    """One server rebuilt with another image: nova asks the scheduler whether the server's
+    own compute still fits (a rebuild request: that host only, no claim), and it comes back
+    ACTIVE there with the new image, holding what it held.  Rebuilt again with an image for
+    another architecture (``hw_architecture=aarch64``; the fake computes run x86_64), nova's
+    ImagePropertiesFilter refuses the compute: the rebuild fails as nova fails it (the server
+    in ERROR with the image it had, a no-valid-host fault), still on its compute and holding
+    the same resources there."""
+    dep = deployment
+    _clean(dep)
+    name = _name()
+    dep.boot(name)
+    server = dep.wait_servers(name, 1)[0]
+    host = server.compute_host or "-"
+    resources = dep.flavor_resources("shm.tiny")
+    figures: dict[str, Any] = dict(host=host)
+    try:
+        assert not _faults([server]), _faults([server])
+        # nova-api sets the rebuild's task state before it answers: the wait sees it end
+        dep.rebuild(server.id, REBUILD_IMAGE_ID)
+        server = dep.wait_server(server.id, ("ACTIVE",))
+        figures["rebuilt"] = dict(status=server.status, host=server.compute_host,
+                                  image=_image_of(server), held=dep.allocations(server.id))
+        assert (server.status, server.compute_host, _image_of(server)) == \
+            ("ACTIVE", host, REBUILD_IMAGE_ID), figures
+        assert dep.allocations(server.id) == {host: resources}, figures
+        dep.rebuild(server.id, FOREIGN_IMAGE_ID)
+        server = dep.wait_server(server.id, ("ACTIVE",))
+        fault = (server.fault or {}).get("message", "")
+        figures["refused"] = dict(status=server.status, host=server.compute_host,
+                                  image=_image_of(server), fault=fault,
+                                  held=dep.allocations(server.id))
+        assert server.status == "ERROR" and "No valid host" in fault, figures
+        assert (server.compute_host, _image_of(server)) == (host, REBUILD_IMAGE_ID), figures
+        assert dep.allocations(server.id) == {host: resources}, figures
+    finally:
+        FIGURES[dep.mode]["rebuild"] = figures
+        dep.delete_servers(dep.servers(name))
 
 
 def _ended(dep: Any, sid: str, kind: str) -> Any:

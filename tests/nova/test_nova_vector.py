@@ -22,6 +22,7 @@ the vector forms).
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 from unittest import mock
 
@@ -351,6 +352,29 @@ def _decide(side: Any, hosts: Any, spec: Any, index: int) -> tuple[list[Any], An
     return passed, weighed
 
 
+@contextlib.contextmanager
+def _filter_lines() -> Any:
+    """The INFO lines nova's filter handler (or the vector core in its place) logs meanwhile:
+    the filter that returned no host, and the filters' counts when none is left."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.INFO and record.getMessage().startswith("Filter"):
+                lines.append(record.getMessage())
+    loggers = [logging.getLogger(n) for n in ("nova.filters", vector.__name__)]
+    keep, levels = Keep(), [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(keep)
+        lg.setLevel(logging.INFO)
+    try:
+        yield lines
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.removeHandler(keep)
+            lg.setLevel(level)
+
+
 def _same_decision(theirs: tuple[list[Any], Any], ours: tuple[list[Any], Any]) -> None:
     (t_passed, t_weighed), (o_passed, o_weighed) = theirs, ours
     if isinstance(t_weighed, type) or isinstance(o_weighed, type):
@@ -396,9 +420,12 @@ def _decides_as_nova(params: Any, config: Any, req: Any) -> None:
         our_hosts = _candidates(list(rows))
         assert not rows.touched  # every host still a shell: the vector forms decide
         index = req["index"]
-        theirs = _decide(nova_side, theirs_hosts, spec_n, index)
-        mine = _decide(ours, our_hosts, spec_o, index)
+        with _filter_lines() as their_lines:
+            theirs = _decide(nova_side, theirs_hosts, spec_n, index)
+        with _filter_lines() as our_lines:
+            mine = _decide(ours, our_hosts, spec_o, index)
         _same_decision(theirs, mine)
+        assert our_lines == their_lines  # what an operator reads about a NoValidHost
         assert ours.counters["vector_filtered"] == 1  # the vector core decided, not nova's handler
         if not theirs[1] or isinstance(theirs[1], type):
             return

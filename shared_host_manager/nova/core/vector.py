@@ -633,12 +633,16 @@ def is_base_filter_all(f: Any) -> bool:
 
 def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec: Any,
                 index: int, counters: Any = None) -> list[int] | None:
-    """nova's BaseFilterHandler.get_filtered_objects over rows (None: a filter said stop)."""
+    """nova's BaseFilterHandler.get_filtered_objects over rows (None: a filter said stop),
+    with its INFO lines: the filter that returned no host, and the filters' counts when none
+    is left (what an operator reads when a request ends in NoValidHost)."""
     host = rows.host
     idx = np.asarray(idx_, dtype=np.int64)
+    results: list[str] = []
     for f in filters_:
         if not f.run_filter_for_index(index):
             continue
+        start = len(idx)
         vf = VECTOR_FILTERS.get(type(f))
         mask = None
         if vf is not None and is_base_filter_all(f):
@@ -664,9 +668,13 @@ def run_filters(filters_: Iterable[Any], rows: HostTable, idx_: list[int], spec:
             if objs is None:
                 return None
             idx = np.asarray([rows.row_of(o) for o in objs], dtype=np.int64)
+        results.append(f"{type(f).__name__}: (start: {start}, end: {len(idx)})")
         if not len(idx):
             LOG.info("Filter %s returned 0 hosts", type(f).__name__)
             break
+    if not len(idx):
+        LOG.info("Filtering removed all hosts for the request with instance ID '%s'. "
+                 "Filter results: %s", getattr(spec, "instance_uuid", None), results)
     return idx.tolist()
 
 
