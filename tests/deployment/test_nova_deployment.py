@@ -878,6 +878,52 @@ def _ended(dep: Any, sid: str, kind: str) -> Any:
     return newest if newest is not None and newest.status in ("done", "failed", "error") else None
 
 
+def test_an_evacuation_that_anti_affinity_forbids_is_refused(deployment: Any) -> None:
+    """An anti-affinity group with a member on every compute; one compute killed (SIGKILL)
+    and forced down, and its member evacuated with no host named: every other compute holds
+    a member, so the scheduler finds none, and the evacuation fails as nova fails it (its
+    migration in error, the member in ERROR with a no-valid-host fault, still on the dead
+    compute and holding what it held there); no other compute takes a second member."""
+    dep = deployment
+    _clean(dep)
+    group = dep.create_group(_name())
+    name = _name()
+    for i in range(len(dep.hosts)):  # each placed before the next is asked: no race to start
+        dep.boot(f"{name}-{i}", group=group)
+        dep.wait_servers(f"{name}-{i}", 1)
+    members = dep.wait_servers(name, len(dep.hosts))
+    source = dep.hosts[-1]
+    figures: dict[str, Any] = dict(source=source)
+    try:
+        assert not _faults(members) and set(_hosts(members)) == set(dep.hosts), \
+            f"members: {dict(_hosts(members))}, {_faults(members)}"
+        member = next(m for m in members if m.compute_host == source)
+        dep.kill(source)
+        dep.force_down(source, True)
+        dep.evacuate(member.id)
+        evacuation = wait_until(lambda: _ended(dep, member.id, "evacuation"), 180,
+                                "the evacuation to end")
+        member = dep.wait_server(member.id, ("ACTIVE",))
+        others = [dep.server(m.id) for m in members if m.id != member.id]
+        figures.update(migration=evacuation.status, status=member.status,
+                       host=member.compute_host, fault=(member.fault or {}).get("message"),
+                       held=dep.allocations(member.id),
+                       others=dict(sorted(_hosts(others).items())))
+        assert evacuation.status in ("error", "failed") and member.status == "ERROR" \
+            and "No valid host" in (figures["fault"] or ""), figures
+        assert member.compute_host == source, figures
+        assert figures["held"] == {source: dep.flavor_resources("shm.tiny")}, figures
+        assert figures["others"] == {h: 1 for h in dep.hosts if h != source}, figures
+    finally:
+        FIGURES[dep.mode]["evacuate_forbidden"] = figures
+        if not dep.processes[source].alive():
+            dep.restart(source)
+        dep.force_down(source, False)
+        dep.wait_service("nova-compute", source)
+        dep.delete_servers(dep.servers(name))
+        dep.delete_group(group)
+
+
 def test_the_server_of_a_dead_compute_is_evacuated_elsewhere(deployment: Any) -> None:
     """A server; its compute killed (SIGKILL) and forced down, the server evacuated
     (``openstack server evacuate``, the scheduler choosing): ACTIVE on another compute,
