@@ -212,7 +212,12 @@ class PlacementFeed:
         over = dict(self.over_capacity)
         for uuid, doc in providers.items():
             was = over.pop(uuid, None)
-            now = Provider.from_dict(doc).over_capacity(storage) if doc is not None else {}
+            try:
+                now = Provider.from_dict(doc).over_capacity(storage) if doc is not None else {}
+            except (KeyError, TypeError, ValueError) as exc:  # the check never stops a publish
+                LOG.warning("placement feed: resource provider %s: capacity not checked (%s)",
+                            uuid, exc)
+                now = {}
             if now:
                 name = str(doc.get("name", uuid)) if doc is not None else uuid
                 over[uuid] = (name, now)

@@ -247,3 +247,20 @@ def test_a_poll_that_defers_reads_gives_no_marker() -> None:
     assert m.wants_listing(db.fingerprint(), 2.0)  # the deferred one
     read, _ = m.plan(db.listing(), db.fingerprint(), 2.0)
     assert len(read) == 1 and m.marker(2.0) == 2.0
+
+
+def test_a_provider_the_capacity_check_cannot_read_is_still_published(caplog) -> None:
+    """The over-capacity check is an observation: a provider it cannot read (placement's
+    schema refuses a step_size of 0, so only a database edited by hand holds one) is named
+    in a warning and left out of the count, and the poll goes on."""
+    from types import SimpleNamespace
+
+    from shared_host_manager.placement.feed_service import PlacementFeed
+
+    feed = PlacementFeed(SimpleNamespace(allocation_ratio_storage="double"), poll_interval=None)
+    good = {"uuid": "a", "generation": 1, "inventories": {"VCPU": {"total": 4}},
+            "usages": {"VCPU": 5}}
+    bad = {"uuid": "b", "generation": 1, "inventories": {"VCPU": {"total": 4, "step_size": 0}}}
+    feed._check_capacity({"a": good, "b": bad})
+    assert list(feed.over_capacity) == ["a"] and feed.figures()["over_capacity"] == 1
+    assert "resource provider b: capacity not checked" in caplog.text
