@@ -194,8 +194,12 @@ class Provider:
         """The resource classes this provider holds more of than placement's claim allows:
         rc -> (used, capacity).  Placement keeps allocations an inventory change leaves
         beyond capacity; any other excess is a claim it should have refused."""
-        return {rc: (used, inv.capacity(storage)) for rc, inv in self.inventories.items()
-                if (used := self.usages.get(rc, 0)) > inv.capacity(storage)}
+        over: dict[str, tuple[int, float]] = {}
+        for rc, inv in self.inventories.items():
+            used, capacity = self.usages.get(rc, 0), inv.capacity(storage)
+            if used > capacity:
+                over[rc] = (used, capacity)
+        return over
 
     @property
     def canonical(self) -> bool:

@@ -19,21 +19,24 @@ import sys
 from typing import Any
 from wsgiref import simple_server
 
-IMAGE_ID = "2a6f1e9c-5f5d-4d49-9c43-6f1b3b2d0c01"
-IMAGE = {
-    "id": IMAGE_ID, "name": "cirros", "status": "active", "visibility": "public",
+#: what every image here has (glance's v2 fields)
+_IMAGE_FIELDS = {
+    "status": "active", "visibility": "public",
     "protected": False, "os_hidden": False, "disk_format": "raw", "container_format": "bare",
     "size": 1048576, "virtual_size": 1048576, "min_ram": 0, "min_disk": 0, "checksum": None,
     "owner": "admin", "tags": [], "created_at": "2025-01-01T00:00:00Z",
-    "updated_at": "2025-01-01T00:00:00Z", "file": f"/v2/images/{IMAGE_ID}/file",
-    "self": f"/v2/images/{IMAGE_ID}", "schema": "/v2/schemas/image",
+    "updated_at": "2025-01-01T00:00:00Z", "schema": "/v2/schemas/image",
 }
 
+
 def _image(image_id: str, name: str, **properties: str) -> dict[str, Any]:
-    return {**IMAGE, "id": image_id, "name": name, "file": f"/v2/images/{image_id}/file",
+    return {"id": image_id, "name": name, **_IMAGE_FIELDS, "file": f"/v2/images/{image_id}/file",
             "self": f"/v2/images/{image_id}", **properties}
 
 
+#: every server boots with it
+IMAGE_ID = "2a6f1e9c-5f5d-4d49-9c43-6f1b3b2d0c01"
+IMAGE = _image(IMAGE_ID, "cirros")
 #: the rebuild check's: one the fake computes run (x86_64), one they cannot (aarch64:
 #: nova's ImagePropertiesFilter refuses every compute for it)
 REBUILD_IMAGE_ID = "2a6f1e9c-5f5d-4d49-9c43-6f1b3b2d0c02"
@@ -92,8 +95,9 @@ def application(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         return _json(start_response, "200 OK", {"images": list(IMAGES.values()),
                                                 "schema": "/v2/schemas/images"})
     if path.startswith("/v2/images/"):
-        if path.split("/")[3] in IMAGES:
-            return _json(start_response, "200 OK", IMAGES[path.split("/")[3]])
+        image = IMAGES.get(path.split("/")[3])
+        if image is not None:
+            return _json(start_response, "200 OK", image)
         return _json(start_response, "404 Not Found", {"message": "no such image"})
     # neutron: every collection is empty, nothing else exists
     if path.startswith("/v2.0/"):

@@ -773,7 +773,7 @@ class Deployment:
         for flavor in self.conn.compute.flavors():
             if flavor.name == name:
                 return str(flavor.id)
-        return str(self.conn.compute.create_flavor(name=name, **FLAVORS[name]).id)
+        return self.create_flavor(name, **FLAVORS[name])
 
     def create_flavor(self, name: str, ram: int, vcpus: int = 1, disk: int = 1) -> str:
         """``openstack flavor create``: a flavor ``boot`` and ``resize`` then take by name."""

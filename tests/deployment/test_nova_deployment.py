@@ -7,11 +7,12 @@ check deletes what it made, and begins with no server left over.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +27,8 @@ from nova_deployment import (
     wait_until,
 )
 from openstack.compute.v2.server import Server
+
+from shared_host_manager.placement.state import Inventory
 
 REPEATS = int(os.environ.get("SHM_DEPLOYMENT_REPEATS", "2"))
 SERVERS = int(os.environ.get("SHM_DEPLOYMENT_SERVERS", "6"))
@@ -129,9 +132,8 @@ def test_anti_affinity(deployment: Any) -> None:
 def _slot_flavor(dep: Any) -> str:
     """A flavor of which every compute holds exactly SLOTS servers, its name: its memory is
     the smallest compute's allocatable memory over SLOTS (vcpus and disk hold far more)."""
-    def allocatable(inventory: dict[str, Any]) -> int:
-        return int((inventory["total"] - inventory["reserved"]) * inventory["allocation_ratio"])
-    ram = min(allocatable(dep.inventories(rp)["MEMORY_MB"]) for rp in dep.resource_providers())
+    ram = min(int(Inventory.from_dict(dep.inventories(rp)["MEMORY_MB"]).capacity())
+              for rp in dep.resource_providers())
     name = "shm.slot"
     dep.create_flavor(name, ram // SLOTS)
     return name
@@ -169,6 +171,17 @@ def _feed_over_capacity(dep: Any, used: dict[str, int]) -> int:
     return count()
 
 
+@contextlib.contextmanager
+def _second_scheduler(dep: Any) -> Iterator[None]:
+    """Every compute enabled and up, and the second scheduler process running meanwhile."""
+    _clean(dep)
+    dep.start_scheduler()
+    try:
+        yield
+    finally:
+        dep.stop_scheduler()
+
+
 def test_two_schedulers_fill_every_compute_to_its_last_slot(deployment: Any) -> None:
     """Two scheduler processes, nova's requests going to either as RabbitMQ hands them out,
     and a flavor of which each compute holds SLOTS servers.  REPEATS times, one create
@@ -182,49 +195,47 @@ def test_two_schedulers_fill_every_compute_to_its_last_slot(deployment: Any) -> 
     capacity now and then (docs/deploy-nova.md, placement.conf).  Each repetition starts as
     soon as placement shows the last one's servers gone."""
     dep = deployment
-    _clean(dep)
-    dep.start_scheduler()
-    flavor = _slot_flavor(dep)
-    resources = dep.flavor_resources(flavor)
     count = SLOTS * len(dep.hosts) + BEYOND
     reps: list[dict[str, Any]] = []
     servers: list[Server] = []
-    try:
-        for _ in range(REPEATS):
+    with _second_scheduler(dep):
+        flavor = _slot_flavor(dep)
+        resources = dep.flavor_resources(flavor)
+        try:
+            for _ in range(REPEATS):
+                if servers:
+                    dep.delete_servers(servers)
+                    servers = []
+                    assert not _wait_zero_usage(dep), "usage left after the servers' deletion"
+                name = _name()
+                logs = dep.log_sizes(*SCHEDULERS)
+                claims = _claims(dep) if dep.mode == "dropin" else None
+                t0 = time.monotonic()
+                dep.boot_at_once([f"{name}-{i}" for i in range(count)], flavor=flavor)
+                servers = dep.wait_servers(name, count, timeout=300)
+                active = [s for s in servers if s.status == "ACTIVE"]
+                held = {s.name: dep.allocations(s.id) for s in servers}
+                rep = dict(active=len(active), errors=count - len(active),
+                           hosts=dict(sorted(_hosts(active).items())),
+                           held_elsewhere={s.name: held[s.name] for s in servers
+                                           if held[s.name] != ({s.compute_host: resources}
+                                                               if s.status == "ACTIVE" else {})},
+                           used={rp: u.get("MEMORY_MB", 0) // (resources["MEMORY_MB"] or 1)
+                                 for rp, u in sorted(dep.usages().items())},
+                           faults=sorted(set(_faults(servers)))[:2],
+                           refused_in_logs=dep.log_count("Failed to save allocation", logs),
+                           seconds=round(time.monotonic() - t0, 1))
+                if claims is not None:
+                    rep.update(_claims(dep, claims))
+                    rep["feed_over_capacity"] = _feed_over_capacity(dep, rep["used"])
+                reps.append(rep)
+        finally:
+            FIGURES[dep.mode]["two_schedulers"] = dict(
+                slots=SLOTS, requests=count, repetitions=len(reps),
+                refused=sum(r["refused_in_logs"] for r in reps), per_repetition=reps)
             if servers:
                 dep.delete_servers(servers)
-                servers = []
-                assert not _wait_zero_usage(dep), "usage left after the servers' deletion"
-            name = _name()
-            logs = dep.log_sizes(*SCHEDULERS)
-            claims = _claims(dep) if dep.mode == "dropin" else None
-            t0 = time.monotonic()
-            dep.boot_at_once([f"{name}-{i}" for i in range(count)], flavor=flavor)
-            servers = dep.wait_servers(name, count, timeout=300)
-            active = [s for s in servers if s.status == "ACTIVE"]
-            held = {s.name: dep.allocations(s.id) for s in servers}
-            rep = dict(active=len(active), errors=count - len(active),
-                       hosts=dict(sorted(_hosts(active).items())),
-                       held_elsewhere={s.name: held[s.name] for s in servers
-                                       if held[s.name] != ({s.compute_host: resources}
-                                                           if s.status == "ACTIVE" else {})},
-                       used={rp: u.get("MEMORY_MB", 0) // (resources["MEMORY_MB"] or 1)
-                             for rp, u in sorted(dep.usages().items())},
-                       faults=sorted(set(_faults(servers)))[:2],
-                       refused_in_logs=dep.log_count("Failed to save allocation", logs),
-                       seconds=round(time.monotonic() - t0, 1))
-            if claims is not None:
-                rep.update(_claims(dep, claims))
-                rep["feed_over_capacity"] = _feed_over_capacity(dep, rep["used"])
-            reps.append(rep)
-    finally:
-        FIGURES[dep.mode]["two_schedulers"] = dict(
-            slots=SLOTS, requests=count, repetitions=len(reps),
-            refused=sum(r["refused_in_logs"] for r in reps), per_repetition=reps)
-        if servers:
-            dep.delete_servers(servers)
-        dep.delete_flavor(flavor)
-        dep.stop_scheduler()
+            dep.delete_flavor(flavor)
     full = {host: SLOTS for host in dep.hosts}
     bad = [r for r in reps if r["hosts"] != full or r["used"] != full or r["held_elsewhere"]
            or r["errors"] != BEYOND or not all("No valid host" in f for f in r["faults"])
@@ -242,36 +253,34 @@ def test_two_schedulers_keep_an_anti_affinity_group_apart(deployment: Any) -> No
     reported as an expected one, with its figures; the drop-in's schedulers tell each other
     what they claim, and must place every member."""
     dep = deployment
-    _clean(dep)
-    dep.start_scheduler()
     reps: list[dict[str, Any]] = []
     servers: list[Server] = []
     groups: list[str] = []
-    try:
-        for _ in range(REPEATS):
+    with _second_scheduler(dep):
+        try:
+            for _ in range(REPEATS):
+                if servers:
+                    dep.delete_servers(servers)
+                    servers = []
+                name = _name()
+                groups.append(dep.create_group(name))
+                logs = dep.log_sizes(*dep.hosts)
+                t0 = time.monotonic()
+                dep.boot_at_once([f"{name}-{i}" for i in range(len(dep.hosts))], group=groups[-1])
+                servers = dep.wait_servers(name, len(dep.hosts), timeout=300)
+                reps.append(dict(hosts=dict(sorted(_hosts(servers).items())),
+                                 errors=len(_faults(servers)), faults=_faults(servers)[:2],
+                                 # the compute's traceback of the policy check, once per member
+                                 rescheduled=dep.log_count("GroupAffinityViolation: ", logs),
+                                 seconds=round(time.monotonic() - t0, 1)))
+        finally:
+            FIGURES[dep.mode]["two_schedulers_anti_affinity"] = dict(
+                repetitions=len(reps), rescheduled=sum(r["rescheduled"] for r in reps),
+                per_repetition=reps)
             if servers:
                 dep.delete_servers(servers)
-                servers = []
-            name = _name()
-            groups.append(dep.create_group(name))
-            logs = dep.log_sizes(*dep.hosts)
-            t0 = time.monotonic()
-            dep.boot_at_once([f"{name}-{i}" for i in range(len(dep.hosts))], group=groups[-1])
-            servers = dep.wait_servers(name, len(dep.hosts), timeout=300)
-            reps.append(dict(hosts=dict(sorted(_hosts(servers).items())),
-                             errors=len(_faults(servers)), faults=_faults(servers)[:2],
-                             # the compute's traceback of the policy check, once per member
-                             rescheduled=dep.log_count("GroupAffinityViolation: ", logs),
-                             seconds=round(time.monotonic() - t0, 1)))
-    finally:
-        FIGURES[dep.mode]["two_schedulers_anti_affinity"] = dict(
-            repetitions=len(reps), rescheduled=sum(r["rescheduled"] for r in reps),
-            per_repetition=reps)
-        if servers:
-            dep.delete_servers(servers)
-        for group in groups:
-            dep.delete_group(group)
-        dep.stop_scheduler()
+            for group in groups:
+                dep.delete_group(group)
     apart = {host: 1 for host in dep.hosts}
     bad = [r for r in reps if r["hosts"] != apart or r["errors"]]
     if bad and dep.mode == "stock":
@@ -288,37 +297,35 @@ def test_two_schedulers_send_nothing_to_a_forced_down_or_disabled_compute(deploy
     API call returns once its change is fenced at every scheduler (deploy-nova.md "Start"):
     both schedulers must hold it for the requests either one decides."""
     dep = deployment
-    _clean(dep)
-    dep.start_scheduler()
     reps: list[dict[str, Any]] = []
     servers: list[Server] = []
-    try:
-        for rep in range(REPEATS):
-            down, disabled = dep.hosts[rep % len(dep.hosts)], dep.hosts[(rep + 1) % len(dep.hosts)]
-            dep.force_down(down, True, worker=1)
-            dep.disable(disabled, True, worker=2)
-            name = _name()
-            t0 = time.monotonic()
-            dep.boot_at_once([f"{name}-{i}" for i in range(SERVERS)])
-            servers = dep.wait_servers(name, SERVERS, timeout=300)
-            hosts = _hosts(servers)
-            reps.append(dict(forced_down=down, on_forced_down=hosts.get(down, 0),
-                             disabled=disabled, on_disabled=hosts.get(disabled, 0),
-                             errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
-                             seconds=round(time.monotonic() - t0, 1)))
-            dep.delete_servers(servers)
-            servers = []
-            dep.force_down(down, False)
-            dep.disable(disabled, False)
-    finally:
-        FIGURES[dep.mode]["two_schedulers_excluded"] = dict(
-            on_excluded=sum(r["on_forced_down"] + r["on_disabled"] for r in reps),
-            servers=len(reps) * SERVERS, errors=sum(r["errors"] for r in reps),
-            repetitions=len(reps), per_repetition=reps)
-        if servers:
-            dep.delete_servers(servers)
-        dep.stop_scheduler()
-        _clean(dep)
+    with _second_scheduler(dep):
+        try:
+            for rep in range(REPEATS):
+                n = len(dep.hosts)
+                down, disabled = dep.hosts[rep % n], dep.hosts[(rep + 1) % n]
+                dep.force_down(down, True, worker=1)
+                dep.disable(disabled, True, worker=2)
+                name = _name()
+                t0 = time.monotonic()
+                dep.boot_at_once([f"{name}-{i}" for i in range(SERVERS)])
+                servers = dep.wait_servers(name, SERVERS, timeout=300)
+                hosts = _hosts(servers)
+                reps.append(dict(forced_down=down, on_forced_down=hosts.get(down, 0),
+                                 disabled=disabled, on_disabled=hosts.get(disabled, 0),
+                                 errors=len(_faults(servers)), hosts=dict(sorted(hosts.items())),
+                                 seconds=round(time.monotonic() - t0, 1)))
+                dep.delete_servers(servers)
+                servers = []
+                dep.force_down(down, False)
+                dep.disable(disabled, False)
+        finally:
+            FIGURES[dep.mode]["two_schedulers_excluded"] = dict(
+                on_excluded=sum(r["on_forced_down"] + r["on_disabled"] for r in reps),
+                servers=len(reps) * SERVERS, errors=sum(r["errors"] for r in reps),
+                repetitions=len(reps), per_repetition=reps)
+            if servers:
+                dep.delete_servers(servers)
     bad = [r for r in reps if r["on_forced_down"] or r["on_disabled"] or r["errors"]]
     assert not bad, f"servers on the forced-down or the disabled compute, or in ERROR: {bad}"
 
